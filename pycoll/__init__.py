@@ -1,0 +1,19 @@
+"""pycoll: a UCC-style collective task/schedule engine for Python.
+
+A collective is a schedule (a DAG of tasks subscribed to each other's events); one progress engine
+per process starts work by priority while credit allows; transports move the bytes.
+"""
+
+from pycoll.engine import Context, Request, get_context, wait_all
+from pycoll.errors import CanceledError, ConfigError, PycollError, TimeoutError, TransportError
+from pycoll.events import Event, EventManager
+from pycoll.tasks import PipelinedSchedule, PipelineOrder, Schedule, Task, TaskState
+from pycoll.team import Team, local_teams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CanceledError", "ConfigError", "Context", "Event", "EventManager", "PipelineOrder",
+    "PipelinedSchedule", "PycollError", "Request", "Schedule", "Task", "TaskState", "Team",
+    "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all", "__version__",
+]

@@ -1,0 +1,113 @@
+"""``PYCOLL_*`` settings: one table, read from the environment, listed by ``pycoll info``.
+
+Every setting is declared once in :data:`SETTINGS` with its parser, default and description. Code
+reads a setting with :func:`get`; the value is parsed from the environment at each call, so tests
+may set variables at run time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+from pycoll.errors import ConfigError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40,
+          "TIB": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a byte count such as ``4096``, ``64K``, ``4M``, ``1.5G`` or ``inf`` (-> ``math.inf``
+    is not an int, so ``inf`` and ``0`` both mean "no limit" where a limit is asked for: returns 0)."""
+    s = str(text).strip()
+    if s.lower() in ("inf", "infinity", "unlimited", "none", "off"):
+        return 0
+    m = _SIZE_RE.match(s)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ConfigError(f"cannot parse byte count {text!r} (examples: 4096, 64K, 4M, 1G, inf)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_seconds(text: str) -> float:
+    """Parse a duration in seconds; ``0``, ``inf`` or ``none`` mean no limit (returns ``math.inf``)."""
+    s = str(text).strip().lower()
+    if s in ("inf", "infinity", "none", "off", "0"):
+        return math.inf
+    try:
+        value = float(s.rstrip("s"))
+    except ValueError:
+        raise ConfigError(f"cannot parse duration {text!r} (seconds, e.g. 30 or 2.5; 0 = none)") from None
+    if value < 0:
+        raise ConfigError(f"duration must be >= 0, got {text!r}")
+    return value if value > 0 else math.inf
+
+
+def parse_list(text: str) -> List[str]:
+    """Parse a comma-separated list (``mpi,shm``)."""
+    return [item.strip() for item in str(text).split(",") if item.strip()]
+
+
+def parse_level(text: str) -> str:
+    """Parse a logging level name."""
+    s = str(text).strip().upper()
+    if s not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"PYCOLL_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {text!r}")
+    return s
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``PYCOLL_*`` environment variable."""
+
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+SETTINGS: Dict[str, Setting] = {}
+
+
+def _declare(name: str, default: str, parse: Callable[[str], Any], doc: str) -> None:
+    SETTINGS[name] = Setting(name, default, parse, doc)
+
+
+_declare("PYCOLL_CREDIT_BYTES", "inf", parse_bytes,
+         "Most bytes in flight per process (ByteScheduler's credit): a task that takes credit posts only "
+         "while it fits, or when nothing else is in flight. 0 or inf: no limit.")
+_declare("PYCOLL_PARTITION_BYTES", "inf", parse_bytes,
+         "Tasks that can be split (collectives, copies) larger than this are split into fragments of at "
+         "most this size that inherit the parent's priority. Must be equal on all ranks. 0 or inf: no "
+         "partitioning.")
+_declare("PYCOLL_TIMEOUT", "300", parse_seconds,
+         "Seconds a collective may take before it fails with pycoll.TimeoutError naming what it waited "
+         "on. 0 or inf: wait forever.")
+_declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
+         "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
+
+
+def get(name: str) -> Any:
+    """The parsed value of setting ``name`` (from the environment, else its default)."""
+    setting = SETTINGS[name]
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return setting.parse(setting.default)
+    try:
+        return setting.parse(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+
+
+def describe() -> List[Tuple[str, str, str]]:
+    """(name, effective value as text, description) for every setting, for ``pycoll info``."""
+    rows = []
+    for name, setting in SETTINGS.items():
+        raw = os.environ.get(name)
+        shown = raw if raw else f"{setting.default} (default)"
+        rows.append((name, shown, setting.doc))
+    return rows

@@ -1,0 +1,314 @@
+"""The progress engine: one :class:`Context` per process runs every schedule.
+
+Read :meth:`Context.progress` top to bottom; it is the whole engine:
+
+1. poll the transports (they complete receives and sends);
+2. progress the tasks in flight that are polled;
+3. fail tasks whose deadline passed;
+4. start ready tasks in priority order (lower number first, FIFO within a priority) while the
+   credit allows: a task that takes credit holds ``nbytes`` from post to completion, and the head
+   of the queue waits while it does not fit (unless nothing is in flight). Tasks larger than the
+   partition size that can be split start as fragments inheriting their priority.
+
+:meth:`Context.wait_for` drives ``progress`` until a task finishes, backing off when nothing moves
+(spin, then ``sched_yield``, then sleeps growing to 1 ms) so a waiting rank leaves the core to the
+others.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, List, Optional
+
+from pycoll import config
+from pycoll.errors import TimeoutError
+from pycoll.events.manager import Event
+from pycoll.tasks.schedule import Schedule
+from pycoll.tasks.task import CANCELED, COMPLETED, ERROR, FINISHED, IN_PROGRESS, NOT_READY, Task
+
+log = logging.getLogger("pycoll")
+
+_monotonic = time.monotonic
+_heappush = heapq.heappush
+_heappop = heapq.heappop
+
+
+def _parts_completed(task: Task, parts: Task, data: Any) -> None:
+    if task.state is IN_PROGRESS:
+        task.complete()
+
+
+def _parts_failed(task: Task, parts: Task, data: Any) -> None:
+    if task.state is IN_PROGRESS:
+        if parts.error is not None:
+            task.fail(parts.error)
+        else:
+            task.cancel()
+
+
+class Backoff:
+    """Idle back-off for a waiting rank: spin ``spin_s``, then yield until ``yield_s``, then sleep
+    with the sleep doubling from ``sleep_min_s`` to ``sleep_max_s``. ``reset()`` when work moved."""
+
+    __slots__ = ("spin_s", "yield_s", "sleep_min_s", "sleep_max_s", "_idle_since", "_sleep")
+
+    def __init__(self, spin_s: float = 20e-6, yield_s: float = 2e-3, sleep_min_s: float = 20e-6,
+                 sleep_max_s: float = 1e-3) -> None:
+        self.spin_s = spin_s
+        self.yield_s = yield_s
+        self.sleep_min_s = sleep_min_s
+        self.sleep_max_s = sleep_max_s
+        self._idle_since = 0.0
+        self._sleep = sleep_min_s
+
+    def reset(self) -> None:
+        self._idle_since = 0.0
+        self._sleep = self.sleep_min_s
+
+    def idle(self) -> None:
+        """Called after a progress pass that moved nothing."""
+        now = _monotonic()
+        if not self._idle_since:
+            self._idle_since = now
+            return
+        idle = now - self._idle_since
+        if idle < self.spin_s:
+            return
+        if idle < self.yield_s:
+            os.sched_yield()
+            return
+        time.sleep(self._sleep)
+        self._sleep = min(self._sleep * 2, self.sleep_max_s)
+
+
+class Context:
+    """A progress engine: a priority queue of ready tasks, a credit gate and the tasks in flight.
+
+    Args:
+        credit_bytes: most bytes in flight (0: no limit); default ``PYCOLL_CREDIT_BYTES``.
+        partition_bytes: split tasks larger than this (0: never); default ``PYCOLL_PARTITION_BYTES``.
+        timeout: default timeout in seconds for collectives; default ``PYCOLL_TIMEOUT``.
+    """
+
+    def __init__(self, *, credit_bytes: Optional[int] = None, partition_bytes: Optional[int] = None,
+                 timeout: Optional[float] = None) -> None:
+        self.credit_bytes = config.get("PYCOLL_CREDIT_BYTES") if credit_bytes is None else int(credit_bytes)
+        self.partition_bytes = (config.get("PYCOLL_PARTITION_BYTES") if partition_bytes is None
+                                else int(partition_bytes))
+        self.timeout = config.get("PYCOLL_TIMEOUT") if timeout is None else float(timeout or math.inf)
+        self.in_flight = 0  # bytes of credit held by tasks in progress
+        self._ready: list = []  # heap of (priority, seq, task)
+        self._seq = itertools.count()
+        self._active: List[Task] = []  # polled tasks in progress
+        self._deadlines: list = []  # heap of (deadline, seq, task)
+        self._transports: List[Any] = []
+        self._progress_hooks: List[Callable[[], int]] = []
+        self.lock = threading.RLock()
+        self.stats = {"posted": 0, "completed_polled": 0, "partitioned": 0, "credit_waits": 0}
+        #: Called with (task, ready_time, start_time) when a task starts; set by tracing.
+        self.on_start: Optional[Callable[[Task], None]] = None
+
+    # ----------------------------------------------------------------------------- submission
+    def submit(self, task: Task, priority: Optional[int] = None) -> Request:
+        """Start ``task`` (as soon as its dependencies, priority and credit allow) and return a
+        :class:`Request` for it."""
+        from pycoll.engine.request import Request
+
+        if task.state is not NOT_READY:
+            raise RuntimeError(f"{task!r} was already submitted; reset() it to run it again")
+        if priority is not None:
+            task.priority = priority
+        task._prio = task.priority if task.priority is not None else 0
+        with self.lock:
+            task._activate(self)
+            self._start_ready()
+        return Request(task, self)
+
+    def _enqueue(self, task: Task) -> None:
+        """Queue a task whose dependencies are done (called from task handlers)."""
+        task._t_ready = _monotonic() if self.on_start is not None else 0.0
+        _heappush(self._ready, (task._prio, next(self._seq), task))
+
+    def _release_credit(self, task: Task) -> None:
+        self.in_flight -= task._credit
+        task._credit = 0
+
+    def add_transport(self, transport: Any) -> None:
+        """Poll ``transport.progress()`` on every pass (once, however often it is added)."""
+        if transport not in self._transports:
+            self._transports.append(transport)
+
+    def remove_transport(self, transport: Any) -> None:
+        if transport in self._transports:
+            self._transports.remove(transport)
+
+    # ----------------------------------------------------------------------------- the engine
+    def progress(self) -> int:
+        """One pass of the engine; returns how many things moved (0: idle)."""
+        with self.lock:
+            moved = 0
+            for transport in self._transports:
+                moved += transport.progress()
+            if self._active:
+                moved += self._progress_active()
+            if self._deadlines and self._deadlines[0][0] <= _monotonic():
+                moved += self._expire()
+            if self._ready:
+                moved += self._start_ready()
+            return moved
+
+    def _progress_active(self) -> int:
+        finished = 0
+        still: List[Task] = []
+        for task in self._active:
+            if task.state is IN_PROGRESS:
+                try:
+                    task.progress()
+                except Exception as exc:
+                    task.fail(exc)
+                if task.state is IN_PROGRESS:
+                    still.append(task)
+                    continue
+            finished += 1
+        self._active = still
+        return finished
+
+    def _expire(self) -> int:
+        now = _monotonic()
+        expired = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, task, started_at = _heappop(self._deadlines)
+            if task.state is IN_PROGRESS and task._t_start == started_at:
+                waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
+                what = "; ".join(t.describe() for t in waiting[:8]) or "nothing left"
+                if len(waiting) > 8:
+                    what += f"; and {len(waiting) - 8} more"
+                task.fail(TimeoutError(
+                    f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}",
+                    task=task, waiting_on=waiting))
+                expired += 1
+        return expired
+
+    def _start_ready(self) -> int:
+        """Start queued tasks by priority while credit allows. Returns how many started."""
+        ready = self._ready
+        started = 0
+        limit = self.credit_bytes
+        while ready:
+            task = ready[0][2]
+            if task.state is not NOT_READY:  # canceled while queued
+                _heappop(ready)
+                continue
+            need = task.nbytes if task.takes_credit else 0
+            if need and limit and self.in_flight and self.in_flight + need > limit:
+                if self.partition_bytes and need > self.partition_bytes:
+                    pass  # split below: the fragments queue by themselves
+                else:
+                    self.stats["credit_waits"] += 1
+                    break
+            _heappop(ready)
+            started += 1
+            self._start(task, need)
+        return started
+
+    def _start(self, task: Task, need: int) -> None:
+        """Post one task: take its credit, publish STARTED, call ``post()``."""
+        task.state = IN_PROGRESS
+        self.stats["posted"] += 1
+        if task.timeout is not None and task.timeout != math.inf:
+            task._t_start = _monotonic()
+            _heappush(self._deadlines, (task._t_start + task.timeout, next(self._seq), task, task._t_start))
+        if self.on_start is not None:
+            self.on_start(task)
+        if task._subs is not None and task._subs[Event.STARTED]:
+            task.notify(Event.STARTED)
+        pb = self.partition_bytes
+        if pb and task.nbytes > pb:
+            parts = task.split(pb)
+            if parts:
+                self._start_partitioned(task, parts)
+                return
+        if need:
+            self.in_flight += need
+            task._credit = need
+        try:
+            task.post()
+        except Exception as exc:
+            task.fail(exc)
+            return
+        if task.polled and task.state is IN_PROGRESS:
+            self._active.append(task)
+
+    def _start_partitioned(self, task: Task, parts: List[Task]) -> None:
+        self.stats["partitioned"] += 1
+        sched = Schedule(name=f"{task.name}/parts")
+        for part in parts:
+            if part.priority is None:
+                part.priority = task._prio
+            sched.add(part)
+        task._parts = sched
+        sched.subscribe(Event.COMPLETED, task, _parts_completed)
+        sched.subscribe(Event.ERROR, task, _parts_failed)
+        sched.subscribe(Event.CANCELED, task, _parts_failed)
+        sched._prio = task._prio
+        sched.state = IN_PROGRESS
+        sched._ctx = self
+        sched.post()
+
+    # ----------------------------------------------------------------------------- waiting
+    def wait_for(self, task: Task, timeout: Optional[float] = None) -> None:
+        """Drive the engine until ``task`` finishes or ``timeout`` seconds pass (then raise
+        :class:`pycoll.TimeoutError`; the task keeps running)."""
+        if task.state in FINISHED:
+            return
+        deadline = _monotonic() + timeout if timeout is not None else None
+        backoff = Backoff()
+        progress = self.progress
+        while task.state is NOT_READY or task.state is IN_PROGRESS:
+            if progress():
+                backoff.reset()
+                continue
+            if deadline is not None and _monotonic() >= deadline:
+                waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
+                what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
+                raise TimeoutError(f"wait: {task.name} did not finish within {timeout:g} s; "
+                                   f"waiting on: {what}", task=task, waiting_on=waiting)
+            backoff.idle()
+
+    def run(self) -> None:
+        """Progress until nothing is queued or in flight (for tests and simple drivers)."""
+        backoff = Backoff()
+        while self._ready or self._active or self.in_flight:
+            if self.progress():
+                backoff.reset()
+            else:
+                backoff.idle()
+
+    def pending(self) -> int:
+        """Tasks queued or polled in flight."""
+        return len(self._ready) + len(self._active)
+
+
+_default: Optional[Context] = None
+_default_lock = threading.Lock()
+
+
+def get_context() -> Context:
+    """The process's default context (created on first use from the ``PYCOLL_*`` settings)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Context()
+    return _default
+
+
+from pycoll.engine.request import Request  # noqa: E402  (Request needs Context for typing only)
+
+__all__ = ["Backoff", "Context", "Request", "get_context", "COMPLETED", "ERROR", "CANCELED"]

@@ -1,0 +1,35 @@
+"""Exceptions raised by pycoll. Every error a user can catch derives from :class:`PycollError`."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+
+class PycollError(Exception):
+    """Base class of every pycoll error."""
+
+
+class TimeoutError(PycollError, builtins.TimeoutError):  # noqa: A001 - the public name is fixed
+    """A task or collective did not finish in time.
+
+    ``task`` is the task that timed out and ``waiting_on`` the unfinished tasks inside it (for a
+    schedule: the operations still in progress, each naming its peer where it has one).
+    """
+
+    def __init__(self, message: str, task: Any = None, waiting_on: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.task = task
+        self.waiting_on = list(waiting_on)
+
+
+class CanceledError(PycollError):
+    """The request's task was canceled before it finished."""
+
+
+class TransportError(PycollError):
+    """A transport failed: a peer vanished, a message was malformed, a library call failed."""
+
+
+class ConfigError(PycollError, ValueError):
+    """A setting (a ``PYCOLL_*`` variable or an argument naming one) could not be parsed."""

@@ -1,0 +1,8 @@
+"""Tasks and schedules: what a collective is built from."""
+
+from pycoll.tasks.pipelined import PipelinedSchedule, PipelineOrder
+from pycoll.tasks.schedule import Schedule
+from pycoll.tasks.task import CopyTask, FunctionTask, Task, TaskState
+
+__all__ = ["CopyTask", "FunctionTask", "PipelineOrder", "PipelinedSchedule", "Schedule", "Task",
+           "TaskState"]

@@ -1,0 +1,74 @@
+"""Built-in point-to-point tasks: send or receive one buffer to or from a team peer."""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Optional
+
+from pycoll.buffers import as_bytes
+from pycoll.tasks.task import Task
+
+
+class SendTask(Task):
+    """Sends ``buf`` to team rank ``peer`` with ``tag``; completes when the send completed locally.
+
+    Takes credit for its bytes: credit limits what a rank injects.
+    """
+
+    __slots__ = ("team", "buf", "peer", "tag", "req")
+
+    def __init__(self, team: Any, buf: Any, peer: int, tag: Hashable, *, name: Optional[str] = None,
+                 priority: Optional[int] = None) -> None:
+        self.buf = as_bytes(buf)
+        super().__init__(name or "send", priority=priority, nbytes=self.buf.nbytes)
+        self.team = team
+        self.peer = peer
+        self.tag = tag
+        self.req = None
+
+    def post(self) -> None:
+        self.req = self.team.isend(self.buf, self.peer, self.tag)
+        if self.req.test():
+            self.complete()
+
+    def progress(self) -> None:
+        if self.req.test():
+            self.complete()
+
+    def on_cancel(self) -> None:
+        if self.req is not None:
+            self.req.cancel()
+
+    def describe(self) -> str:
+        return f"{self.name}: send of {self.buf.nbytes} B to rank {self.peer} (tag {self.tag!r})"
+
+
+class RecvTask(Task):
+    """Receives into ``buf`` from team rank ``peer`` with ``tag``. Takes no credit."""
+
+    __slots__ = ("team", "buf", "peer", "tag", "req")
+    takes_credit = False
+
+    def __init__(self, team: Any, buf: Any, peer: int, tag: Hashable, *, name: Optional[str] = None,
+                 priority: Optional[int] = None) -> None:
+        self.buf = as_bytes(buf, writable=True)
+        super().__init__(name or "recv", priority=priority, nbytes=self.buf.nbytes)
+        self.team = team
+        self.peer = peer
+        self.tag = tag
+        self.req = None
+
+    def post(self) -> None:
+        self.req = self.team.irecv(self.buf, self.peer, self.tag)
+        if self.req.test():
+            self.complete()
+
+    def progress(self) -> None:
+        if self.req.test():
+            self.complete()
+
+    def on_cancel(self) -> None:
+        if self.req is not None:
+            self.req.cancel()
+
+    def describe(self) -> str:
+        return f"{self.name}: receive of {self.buf.nbytes} B from rank {self.peer} (tag {self.tag!r})"

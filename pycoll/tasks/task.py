@@ -1,0 +1,294 @@
+"""Tasks: the unit of work the progress engine posts, progresses and completes.
+
+A task is an :class:`~pycoll.events.EventManager` (others subscribe to it) and a listener (it
+subscribes to the tasks it depends on). Its life::
+
+    NOT_READY --(all dependencies done, parent started; queued by priority; credit allows)--> IN_PROGRESS
+    IN_PROGRESS --complete()--> COMPLETED      IN_PROGRESS --fail(exc) / exception--> ERROR
+    NOT_READY | IN_PROGRESS --cancel()--> CANCELED
+
+Write a task by subclassing :class:`Task` and overriding :meth:`Task.post` (start the work) and
+:meth:`Task.progress` (advance it; called by the engine while the task is in progress); call
+:meth:`Task.complete` when done. A plain ``Task()`` is a no-op that completes when posted.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Union
+
+from pycoll.events.manager import N_EVENTS, Event, EventManager
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.engine.context import Context
+
+
+class TaskState(enum.IntEnum):
+    """Where a task is in its life."""
+
+    NOT_READY = 0
+    IN_PROGRESS = 1
+    COMPLETED = 2
+    ERROR = 3
+    CANCELED = 4
+
+
+NOT_READY = TaskState.NOT_READY
+IN_PROGRESS = TaskState.IN_PROGRESS
+COMPLETED = TaskState.COMPLETED
+ERROR = TaskState.ERROR
+CANCELED = TaskState.CANCELED
+FINISHED = (COMPLETED, ERROR, CANCELED)
+
+_STARTED = Event.STARTED
+_COMPLETED = Event.COMPLETED
+_ERROR = Event.ERROR
+_CANCELED = Event.CANCELED
+
+
+# Default handlers: what a task does when a task it subscribed to publishes an event.
+# Signature: handler(listener, source, data).
+def dependency_done(task: Task, source: Any, data: Any) -> None:
+    """A dependency completed (or started, for an ORDERED pipeline): one fewer to wait for."""
+    task._pending -= 1
+    if task._pending == 0 and task.state is NOT_READY:
+        task._ctx._enqueue(task)
+
+
+def dependency_failed(task: Task, source: Any, data: Any) -> None:
+    """A dependency failed or was canceled: this task will never run; cancel it with the cause."""
+    if task.state is NOT_READY:
+        task.cancel(cause=getattr(source, "error", None))
+
+
+def ignore(task: Task, source: Any, data: Any) -> None:
+    """Handler that does nothing."""
+
+
+_DEFAULT_HANDLERS = [ignore] * N_EVENTS
+_DEFAULT_HANDLERS[Event.STARTED] = dependency_done
+_DEFAULT_HANDLERS[Event.COMPLETED] = dependency_done
+_DEFAULT_HANDLERS[Event.ERROR] = dependency_failed
+_DEFAULT_HANDLERS[Event.CANCELED] = dependency_failed
+
+TaskOrTasks = Union["Task", Iterable["Task"], None]
+
+
+class Task(EventManager):
+    """A unit of work with dependencies, a priority and a size in bytes.
+
+    Args:
+        name: shown in errors, traces and ``repr``.
+        priority: lower is more urgent; ``None`` inherits the enclosing schedule's (or 0).
+        nbytes: bytes this task moves; it takes that much credit while in progress (see
+            :attr:`takes_credit`) and decides whether the engine partitions it.
+        timeout: seconds from post after which the task fails with :class:`pycoll.TimeoutError`.
+    """
+
+    __slots__ = ("name", "priority", "nbytes", "timeout", "state", "error", "handlers", "result",
+                 "_pending", "_deps", "_ctx", "_prio", "_credit", "_parent", "_parts", "_t_ready",
+                 "_t_start", "__dict__")
+
+    #: Whether the task holds ``nbytes`` of credit while in progress. Receives and schedules do not:
+    #: throttling what a rank accepts (rather than what it injects) could make two ranks wait on
+    #: each other.
+    takes_credit = True
+    #: Whether the engine calls :meth:`progress` while the task is in progress. Tasks completed by
+    #: events (schedules) set it False.
+    polled = True
+
+    def __init__(self, name: Optional[str] = None, *, priority: Optional[int] = None, nbytes: int = 0,
+                 timeout: Optional[float] = None) -> None:
+        EventManager.__init__(self)
+        self.name = name if name is not None else type(self).__name__
+        self.priority = priority
+        self.nbytes = nbytes
+        self.timeout = timeout
+        self.state = NOT_READY
+        self.error: Optional[BaseException] = None
+        self.handlers = _DEFAULT_HANDLERS[:]
+        self.result: Any = None
+        self._pending = 1  # unfinished dependencies + 1 until the task is activated
+        self._deps: Optional[list] = None
+        self._ctx: Optional[Context] = None
+        self._prio = 0
+        self._credit = 0
+        self._parent: Optional[Task] = None
+        self._parts: Optional[Task] = None
+        self._t_ready = 0.0
+        self._t_start = 0.0
+
+    # ----------------------------------------------------------------------------- to override
+    def post(self) -> None:
+        """Start the work. Called once by the engine when the task starts. The default completes
+        at once (a no-op task, useful as a join point)."""
+        self.complete()
+
+    def progress(self) -> None:
+        """Advance the work; call :meth:`complete` when done. Called by the engine while the task
+        is in progress (if :attr:`polled`). Raising an exception fails the task."""
+
+    def on_cancel(self) -> None:
+        """Release what :meth:`post` started (outstanding transfers) when an in-progress task is
+        canceled or fails."""
+
+    def finalize(self) -> None:
+        """Release the task's resources for good (it will not be posted again)."""
+
+    def split(self, max_bytes: int) -> Optional[List[Task]]:
+        """Return fragments of at most ``max_bytes`` that together do this task's work, or
+        ``None`` if the task cannot be partitioned. The engine calls it for tasks larger than the
+        partition size."""
+        return None
+
+    def describe(self) -> str:
+        """One line saying what the task waits on (its peer, tag, ...), for timeout errors."""
+        return self.name
+
+    # ----------------------------------------------------------------------------- dependencies
+    def depends_on(self, task: Task, event: Event = Event.COMPLETED) -> None:
+        """Start only after ``task`` publishes ``event`` (COMPLETED, or STARTED for ordering).
+
+        If ``task`` fails or is canceled, this task is canceled with the same cause.
+        """
+        if self.state is not NOT_READY:
+            raise RuntimeError(f"{self!r}: dependencies can only be added before the task starts")
+        if event is not Event.COMPLETED and event is not Event.STARTED:
+            raise ValueError(f"a dependency waits for COMPLETED or STARTED, not {Event(event).name}")
+        if self._deps is None:
+            self._deps = []
+        self._deps.append((task, event))
+        self._pending += 1
+        task.subscribe(event, self)
+        task.subscribe(_ERROR, self)
+        task.subscribe(_CANCELED, self)
+        if task.state is COMPLETED or (event is _STARTED and task.state is not NOT_READY):
+            self._pending -= 1  # already satisfied
+
+    @property
+    def dependencies(self) -> List[Task]:
+        """The tasks this one waits for."""
+        return [t for t, _ in self._deps] if self._deps else []
+
+    # ----------------------------------------------------------------------------- state changes
+    @property
+    def done(self) -> bool:
+        """True once the task completed, failed or was canceled."""
+        return self.state >= COMPLETED
+
+    def complete(self, result: Any = None) -> None:
+        """Mark the task completed (from :meth:`post` or :meth:`progress`) and notify listeners."""
+        if self.state is not IN_PROGRESS:
+            if self.state in FINISHED:
+                return
+            raise RuntimeError(f"{self!r}: complete() called on a task that was never started")
+        self.state = COMPLETED
+        if result is not None:
+            self.result = result
+        if self._credit:
+            self._ctx._release_credit(self)
+        self.notify(_COMPLETED)
+
+    def fail(self, error: BaseException) -> None:
+        """Put the task in ERROR with ``error`` and notify listeners (dependants are canceled,
+        the enclosing schedule fails with the same error)."""
+        if self.state in FINISHED:
+            return
+        started = self.state is IN_PROGRESS
+        self.state = ERROR
+        self.error = error
+        if started:
+            self._stop()
+        if self._credit:
+            self._ctx._release_credit(self)
+        self.notify(_ERROR)
+
+    def cancel(self, cause: Optional[BaseException] = None) -> bool:
+        """Cancel the task if it has not finished; returns whether it was canceled."""
+        if self.state in FINISHED:
+            return False
+        started = self.state is IN_PROGRESS
+        self.state = CANCELED
+        if cause is not None:
+            self.error = cause
+        if started:
+            self._stop()
+        if self._credit:
+            self._ctx._release_credit(self)
+        self.notify(_CANCELED)
+        return True
+
+    def _stop(self) -> None:
+        """Stop in-progress work on failure or cancel: partitions first, then the task's own."""
+        if self._parts is not None:
+            self._parts.cancel()
+        try:
+            self.on_cancel()
+        except Exception:  # a failing cleanup must not hide the original error
+            pass
+
+    def reset(self) -> None:
+        """Make a finished task ready to be posted again (persistent collectives, pipeline slots)."""
+        if self.state is IN_PROGRESS:
+            raise RuntimeError(f"{self!r}: cannot reset a task in progress")
+        self.state = NOT_READY
+        self.error = None
+        self.result = None
+        self._credit = 0
+        self._parts = None
+        self._pending = 1 + (len(self._deps) if self._deps else 0)
+
+    # ----------------------------------------------------------------------------- engine side
+    def _activate(self, ctx: Context) -> None:
+        """The parent started (or the task was submitted): queue it once dependencies are done."""
+        self._ctx = ctx
+        self._pending -= 1
+        if self._pending == 0 and self.state is NOT_READY:
+            ctx._enqueue(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.state.name}>"
+
+
+class FunctionTask(Task):
+    """Calls ``fn(*args)`` when posted and completes with its return value (local work: a
+    reduction, a copy, a callback)."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Any, *args: Any, name: Optional[str] = None, priority: Optional[int] = None,
+                 nbytes: int = 0, timeout: Optional[float] = None) -> None:
+        super().__init__(name if name is not None else getattr(fn, "__name__", "function"),
+                         priority=priority, nbytes=nbytes, timeout=timeout)
+        self.fn = fn
+        self.args = args
+
+    def post(self) -> None:
+        self.complete(self.fn(*self.args))
+
+
+class CopyTask(Task):
+    """Copies ``src`` into ``dst`` (same size, any buffer-protocol objects). It takes credit for
+    its bytes and can be partitioned: the engine splits large copies into fragments."""
+
+    __slots__ = ("dst", "src")
+
+    def __init__(self, dst: Any, src: Any, *, name: Optional[str] = None, priority: Optional[int] = None,
+                 timeout: Optional[float] = None) -> None:
+        from pycoll.buffers import as_bytes
+
+        self.dst = as_bytes(dst, writable=True)
+        self.src = as_bytes(src)
+        if self.dst.nbytes != self.src.nbytes:
+            raise ValueError(f"CopyTask: dst has {self.dst.nbytes} bytes, src {self.src.nbytes}")
+        super().__init__(name or "copy", priority=priority, nbytes=self.dst.nbytes, timeout=timeout)
+
+    def post(self) -> None:
+        self.dst[:] = self.src
+        self.complete()
+
+    def split(self, max_bytes: int) -> Optional[List[Task]]:
+        n = self.dst.nbytes
+        return [CopyTask(self.dst[i:i + max_bytes], self.src[i:i + max_bytes],
+                         name=f"{self.name}[{k}]", priority=self.priority)
+                for k, i in enumerate(range(0, n, max_bytes))]

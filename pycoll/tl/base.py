@@ -1,0 +1,66 @@
+"""The transport interface every transport layer implements.
+
+A transport moves contiguous byte buffers between the ranks of one team: non-blocking tagged
+``isend``/``irecv`` to a peer (a rank of the team), requests that are tested and may be canceled,
+and a ``progress()`` the engine calls on every pass.
+
+Contract (the engine's deadlock-freedom rests on it): a send completes without the receiver having
+posted the matching receive (the transport buffers unexpected messages), so credit held by sends
+is always given back. Messages between one pair of ranks with the same tag match in order.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Hashable, Optional
+
+import numpy as np
+
+
+class TransportRequest:
+    """One outstanding send or receive."""
+
+    __slots__ = ("done", "error", "nbytes", "peer", "tag", "kind")
+
+    def __init__(self, kind: str, peer: int, tag: Hashable, nbytes: int) -> None:
+        self.kind = kind
+        self.peer = peer
+        self.tag = tag
+        self.nbytes = nbytes  # bytes of the buffer; for receives, bytes received once done
+        self.done = False
+        self.error: Optional[BaseException] = None
+
+    def test(self) -> bool:
+        """True once finished; raises the transport's error if it failed."""
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+    def cancel(self) -> None:
+        """Withdraw the operation if it has not finished (the default can't; transports override)."""
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "pending"
+        return f"<{self.kind} peer={self.peer} tag={self.tag!r} {self.nbytes} B {state}>"
+
+
+class Transport(abc.ABC):
+    """Point-to-point messaging among the ranks of one team."""
+
+    #: Short name (``local``, ``self``, ``mpi``, ``shm``, ``ucx``).
+    name = "base"
+
+    @abc.abstractmethod
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        """Start sending the bytes of ``buf`` (a uint8 view) to team rank ``peer``."""
+
+    @abc.abstractmethod
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        """Start receiving a message of at most ``buf.nbytes`` bytes from ``peer`` into ``buf``."""
+
+    def progress(self) -> int:
+        """Move pending messages; return how many operations finished (0: idle)."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 - optional, most transports hold nothing
+        """Release the transport's resources."""

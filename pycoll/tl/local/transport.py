@@ -1,0 +1,107 @@
+"""In-process transport for ``pycoll.local_teams``: every rank lives in this process.
+
+A :class:`LocalFabric` holds, per (destination, source, tag), the queue of receives posted and not
+yet matched, and the queue of messages sent before their receive was posted (copied, so the send
+completes at once). Matching is FIFO per (source, destination, tag), as in MPI.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Dict, Hashable, Tuple
+
+import numpy as np
+
+from pycoll.errors import TransportError
+from pycoll.tl.base import Transport, TransportRequest
+
+
+class _LocalRecv(TransportRequest):
+    __slots__ = ("buf", "fabric", "key")
+
+    def cancel(self) -> None:
+        if not self.done:
+            queue = self.fabric._posted.get(self.key)
+            if queue is not None and self in queue:
+                queue.remove(self)
+
+
+class LocalFabric:
+    """The shared message store of ``size`` in-process ranks."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._posted: Dict[Tuple[int, int, Hashable], deque] = defaultdict(deque)
+        self._unexpected: Dict[Tuple[int, int, Hashable], deque] = defaultdict(deque)
+        self.bytes_sent = [0] * size
+        self.messages_sent = [0] * size
+
+    def transport(self, rank: int) -> LocalTransport:
+        return LocalTransport(self, rank)
+
+    def deliver(self, src: int, dst: int, tag: Hashable, data: np.ndarray) -> None:
+        key = (dst, src, tag)
+        self.bytes_sent[src] += data.nbytes
+        self.messages_sent[src] += 1
+        posted = self._posted.get(key)
+        if posted:
+            req = posted.popleft()
+            if not posted:
+                del self._posted[key]
+            _fill(req, data)
+        else:
+            self._unexpected[key].append(data.copy())
+
+    def match(self, req: _LocalRecv) -> None:
+        queue = self._unexpected.get(req.key)
+        if queue:
+            data = queue.popleft()
+            if not queue:
+                del self._unexpected[req.key]
+            _fill(req, data)
+        else:
+            self._posted[req.key].append(req)
+
+    def pending_messages(self) -> int:
+        """Messages sent and not yet received (for tests: 0 after every collective)."""
+        return sum(len(q) for q in self._unexpected.values())
+
+
+def _fill(req: _LocalRecv, data: np.ndarray) -> None:
+    n = data.nbytes
+    if n > req.buf.nbytes:
+        req.error = TransportError(
+            f"local: message of {n} B from rank {req.peer} (tag {req.tag!r}) is larger than the "
+            f"receive buffer of {req.buf.nbytes} B")
+    else:
+        req.buf[:n] = data
+        req.nbytes = n
+    req.done = True
+
+
+class LocalTransport(Transport):
+    """One rank's end of a :class:`LocalFabric`."""
+
+    name = "local"
+
+    def __init__(self, fabric: LocalFabric, rank: int) -> None:
+        self.fabric = fabric
+        self.rank = rank
+
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        if not 0 <= peer < self.fabric.size:
+            raise ValueError(f"local: peer {peer} is not a rank of a team of {self.fabric.size}")
+        req = TransportRequest("send", peer, tag, buf.nbytes)
+        self.fabric.deliver(self.rank, peer, tag, buf)
+        req.done = True
+        return req
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        if not 0 <= peer < self.fabric.size:
+            raise ValueError(f"local: peer {peer} is not a rank of a team of {self.fabric.size}")
+        req = _LocalRecv("recv", peer, tag, buf.nbytes)
+        req.buf = buf
+        req.fabric = self.fabric
+        req.key = (self.rank, peer, tag)
+        self.fabric.match(req)
+        return req
