@@ -7,6 +7,7 @@ per process starts work by priority while credit allows; transports move the byt
 from pycoll.engine import Context, Request, get_context, wait_all
 from pycoll.errors import CanceledError, ConfigError, PycollError, TimeoutError, TransportError
 from pycoll.events import Event, EventManager
+from pycoll.ops import ReduceOp
 from pycoll.tasks import PipelinedSchedule, PipelineOrder, Schedule, Task, TaskState
 from pycoll.team import Team, local_teams
 
@@ -14,6 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CanceledError", "ConfigError", "Context", "Event", "EventManager", "PipelineOrder",
-    "PipelinedSchedule", "PycollError", "Request", "Schedule", "Task", "TaskState", "Team",
+    "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "Schedule", "Task", "TaskState", "Team",
     "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all", "__version__",
 ]

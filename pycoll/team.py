@@ -12,10 +12,19 @@ never match each other's messages.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Hashable, List, Optional
+import math
+from typing import Any, Dict, Hashable, List, Optional
 
-from pycoll.buffers import as_bytes
+import numpy as np
+
+from pycoll import algorithms
+from pycoll.algorithms.base import Channel, CollArgs
+from pycoll.buffers import as_array, as_bytes
 from pycoll.engine.context import Context, get_context
+from pycoll.engine.request import Request
+from pycoll.ops import ReduceOp, as_op, check_op
+from pycoll.tasks.schedule import Schedule
+from pycoll.tasks.task import Task
 from pycoll.tl.base import Transport, TransportRequest
 from pycoll.tl.local import LocalFabric
 
@@ -33,6 +42,7 @@ class Team:
         self.ctx = ctx if ctx is not None else get_context()
         self.name = name
         self._seq = itertools.count()
+        self._tag_uses: Dict[Hashable, int] = {}
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -51,6 +61,84 @@ class Team:
     def next_sequence(self) -> int:
         """The sequence number of the next untagged collective (matched across ranks by order)."""
         return next(self._seq)
+
+    def _coll_key(self, tag: Optional[Hashable]) -> tuple:
+        """The message key of a new collective: ``("c", seq)`` for untagged collectives (matched
+        by posting order), ``("u", tag, k)`` for the k-th use of a user tag (matched by tag)."""
+        if tag is None:
+            return ("c", next(self._seq))
+        uses = self._tag_uses.get(tag, 0)
+        self._tag_uses[tag] = uses + 1
+        return ("u", tag, uses)
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                  tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                  timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start an allreduce of ``sendbuf`` into ``recvbuf`` (``None``: in place); returns a
+        :class:`~pycoll.Request` whose ``wait()`` returns the output buffer.
+
+        ``algorithm`` forces one (``rd``, ``ring``, ``knomial``; options such as ``radix=`` go to
+        it); ``tag`` matches the collective across ranks by tag instead of posting order;
+        ``priority`` orders it in the engine (lower first); ``timeout`` (seconds) overrides
+        ``PYCOLL_TIMEOUT``.
+        """
+        op = as_op(op)
+        if recvbuf is None:
+            src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
+            out = sendbuf
+        else:
+            src = as_array(sendbuf, what="sendbuf")
+            dst = as_array(recvbuf, writable=True, what="recvbuf")
+            out = recvbuf
+            if src.dtype != dst.dtype or src.size != dst.size:
+                raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
+                                 f"{dst.dtype}; they must match")
+        check_op(op, src.dtype)
+        name = algorithm or algorithms.select("allreduce", self.size, dst.nbytes)
+        build = algorithms.get("allreduce", name)
+        key = self._coll_key(tag)
+        pb = self.ctx.partition_bytes
+        if pb and dst.nbytes > pb and self.size > 1:
+            task = self._partitioned(build, "allreduce", key, src, dst, op, pb, options)
+        else:
+            task = self._unit(build(self._args("allreduce", key, src, dst, op, name, options)), key)
+        return self._submit(task, priority, timeout, out)
+
+    def _unit(self, task: Task, key: tuple) -> Task:
+        """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes
+        while in progress, and starts whatever the credit once a peer has started it."""
+        task.credit = task.nbytes
+        if task.credit and self.ctx.credit_bytes:
+            self.ctx.watch_demand(task, self.transport, key)
+        return task
+
+    def _args(self, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp, name: str,
+              options: dict, root: int = 0) -> CollArgs:
+        label = f"{coll}#{key[1]}" if key[0] == "c" else f"{coll}[{key[1]!r}]"
+        return CollArgs(coll, self.rank, self.size, Channel(self.transport, key), src, dst, op, root,
+                        name=f"{label}:{name}@{self.rank}", options=options)
+
+    def _partitioned(self, build: Any, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray,
+                     op: ReduceOp, part_bytes: int, options: dict) -> Task:
+        """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
+        the part index): large work split so that urgent collectives can go in between."""
+        per = max(1, part_bytes // dst.itemsize)
+        sched = Schedule(name=f"{coll}#{key[1]}/parts@{self.rank}")
+        for i, lo in enumerate(range(0, dst.size, per)):
+            sl = slice(lo, lo + per)
+            part_key = (*key, "part", i)
+            sched.add(self._unit(build(self._args(coll, part_key, src[sl], dst[sl], op, coll, options)),
+                                 part_key))
+        return sched
+
+    def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any) -> Request:
+        t = self.ctx.timeout if timeout is None else timeout
+        task.timeout = None if (t is None or t == math.inf or t <= 0) else t
+        task.priority = priority
+        req = self.ctx.submit(task)
+        req._result = out
+        return req
 
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"

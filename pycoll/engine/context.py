@@ -108,6 +108,10 @@ class Context:
         self._active: List[Task] = []  # polled tasks in progress
         self._deadlines: list = []  # heap of (deadline, seq, task)
         self._transports: List[Any] = []
+        # Tasks that take credit and carry a message key: if a peer already started one (a message
+        # with its key arrived), it starts at once whatever the credit, so ranks that started
+        # collectives in different orders never wait on each other.
+        self._demand: dict = {}
         self._progress_hooks: List[Callable[[], int]] = []
         self.lock = threading.RLock()
         self.stats = {"posted": 0, "completed_polled": 0, "partitioned": 0, "credit_waits": 0}
@@ -205,20 +209,41 @@ class Context:
             if task.state is not NOT_READY:  # canceled while queued
                 _heappop(ready)
                 continue
-            need = task.nbytes if task.takes_credit else 0
+            need = task.credit
             if need and limit and self.in_flight and self.in_flight + need > limit:
-                if self.partition_bytes and need > self.partition_bytes:
+                if self.partition_bytes and task.nbytes > self.partition_bytes:
                     pass  # split below: the fragments queue by themselves
                 else:
                     self.stats["credit_waits"] += 1
+                    if self._demand:
+                        started += self._start_demanded()
                     break
             _heappop(ready)
             started += 1
             self._start(task, need)
         return started
 
+    def watch_demand(self, task: Task, transport: Any, key: tuple) -> None:
+        """Start ``task`` regardless of credit once ``transport.has_unexpected(key)`` (a peer
+        has started the collective with message key ``key``)."""
+        self._demand[task] = (transport, key)
+
+    def _start_demanded(self) -> int:
+        """Start credit-blocked tasks whose peers already started them (see ``watch_demand``)."""
+        started = 0
+        for task, (transport, key) in list(self._demand.items()):
+            if task.state is not NOT_READY:
+                del self._demand[task]
+            elif task._pending == 0 and transport.has_unexpected(key):
+                self.stats["demand_starts"] = self.stats.get("demand_starts", 0) + 1
+                started += 1
+                self._start(task, task.credit)  # its queue entry is skipped when popped
+        return started
+
     def _start(self, task: Task, need: int) -> None:
         """Post one task: take its credit, publish STARTED, call ``post()``."""
+        if self._demand:
+            self._demand.pop(task, None)
         task.state = IN_PROGRESS
         self.stats["posted"] += 1
         if task.timeout is not None and task.timeout != math.inf:

@@ -11,10 +11,11 @@ from pycoll.tasks.task import Task
 class SendTask(Task):
     """Sends ``buf`` to team rank ``peer`` with ``tag``; completes when the send completed locally.
 
-    Takes credit for its bytes: credit limits what a rank injects.
+    Takes no credit of its own: the collective it belongs to does (set ``credit`` to change it).
     """
 
     __slots__ = ("team", "buf", "peer", "tag", "req")
+    takes_credit = False
 
     def __init__(self, team: Any, buf: Any, peer: int, tag: Hashable, *, name: Optional[str] = None,
                  priority: Optional[int] = None) -> None:

@@ -85,13 +85,13 @@ class Task(EventManager):
         timeout: seconds from post after which the task fails with :class:`pycoll.TimeoutError`.
     """
 
-    __slots__ = ("name", "priority", "nbytes", "timeout", "state", "error", "handlers", "result",
+    __slots__ = ("name", "priority", "nbytes", "credit", "timeout", "state", "error", "handlers", "result",
                  "_pending", "_deps", "_ctx", "_prio", "_credit", "_parent", "_parts", "_t_ready",
                  "_t_start", "__dict__")
 
-    #: Whether the task holds ``nbytes`` of credit while in progress. Receives and schedules do not:
-    #: throttling what a rank accepts (rather than what it injects) could make two ranks wait on
-    #: each other.
+    #: Whether a new task of this kind takes ``nbytes`` of credit (``task.credit``) while in
+    #: progress. The unit of credit is a unit of communication: a collective (or one partition of
+    #: it) takes credit as a whole, so the sends, receives and reductions inside it take none.
     takes_credit = True
     #: Whether the engine calls :meth:`progress` while the task is in progress. Tasks completed by
     #: events (schedules) set it False.
@@ -103,6 +103,8 @@ class Task(EventManager):
         self.name = name if name is not None else type(self).__name__
         self.priority = priority
         self.nbytes = nbytes
+        #: Bytes of credit the task holds while in progress (0: it is never held back by credit).
+        self.credit = nbytes if self.takes_credit else 0
         self.timeout = timeout
         self.state = NOT_READY
         self.error: Optional[BaseException] = None
@@ -252,9 +254,10 @@ class Task(EventManager):
 
 class FunctionTask(Task):
     """Calls ``fn(*args)`` when posted and completes with its return value (local work: a
-    reduction, a copy, a callback)."""
+    reduction, a copy, a callback). Takes no credit."""
 
     __slots__ = ("fn", "args")
+    takes_credit = False
 
     def __init__(self, fn: Any, *args: Any, name: Optional[str] = None, priority: Optional[int] = None,
                  nbytes: int = 0, timeout: Optional[float] = None) -> None:

@@ -62,5 +62,10 @@ class Transport(abc.ABC):
         """Move pending messages; return how many operations finished (0: idle)."""
         return 0
 
+    def has_unexpected(self, key: tuple) -> bool:
+        """Whether a message whose tag starts with ``key`` arrived and waits for its receive
+        (a peer has started that collective). The engine asks this of credit-blocked work."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional, most transports hold nothing
         """Release the transport's resources."""

@@ -62,6 +62,13 @@ class LocalFabric:
         else:
             self._posted[req.key].append(req)
 
+    def has_unexpected(self, rank: int, key: tuple) -> bool:
+        n = len(key)
+        for (dst, _src, tag) in self._unexpected:
+            if dst == rank and isinstance(tag, tuple) and tag[:n] == key:
+                return True
+        return False
+
     def pending_messages(self) -> int:
         """Messages sent and not yet received (for tests: 0 after every collective)."""
         return sum(len(q) for q in self._unexpected.values())
@@ -95,6 +102,9 @@ class LocalTransport(Transport):
         self.fabric.deliver(self.rank, peer, tag, buf)
         req.done = True
         return req
+
+    def has_unexpected(self, key: tuple) -> bool:
+        return self.fabric.has_unexpected(self.rank, key)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:

@@ -1,0 +1,122 @@
+"""Ring allreduce: reduce-scatter then allgather around the ring (bandwidth-optimal: each rank
+sends and receives 2(n-1)/n of the buffer).
+
+The buffer is cut into ``n`` blocks; block ``b`` is reduced as it travels the ring and ends complete
+on rank ``b - 1``, which starts it around again for the allgather. Every block is further cut into
+fragments run through a :class:`~pycoll.tasks.PipelinedSchedule` (``depth`` in flight), so one
+fragment's reductions overlap the next one's transfers. One fragment is a DAG of plain tasks, for
+step ``s`` of ``n - 1``::
+
+    rs_recv[s] -> rs_reduce[s] -> rs_send[s+1]      (reduce-scatter: receive block r-s-1, add own)
+    rs_reduce[n-2] -> ag_send[0];  ag_recv[s] -> ag_send[s+1]   (allgather: pass blocks on)
+    rs_send[s] -> ag_recv[s]                        (a block is overwritten only once sent)
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from pycoll.algorithms.base import CollArgs, as_wire, block_bounds, copy_in, finish
+from pycoll.ops import ReduceOp, finish_avg, reduce_into
+from pycoll.tasks import FunctionTask, PipelinedSchedule, PipelineOrder, Schedule, Task
+from pycoll.tasks.p2p import RecvTask, SendTask
+
+#: Bytes of one pipeline fragment (all blocks together) and fragments in flight.
+FRAGMENT_BYTES = 1 << 20
+DEPTH = 2
+
+
+class _Reduce(FunctionTask):
+    """``out = received (op) own`` on one block fragment (and AVG's division on the last step)."""
+
+    def __init__(self, op: ReduceOp, divide_by: int, name: str) -> None:
+        super().__init__(self._reduce, name=name)
+        self.op = op
+        self.divide_by = divide_by
+        self.received = self.own = self.out = np.empty(0)
+
+    def _reduce(self) -> None:
+        reduce_into(self.received, self.own, self.op, out=self.out)
+        if self.divide_by:
+            finish_avg(self.out, self.divide_by)
+
+
+class _Slot:
+    """The tasks and scratch of one fragment slot."""
+
+    def __init__(self, args: CollArgs, frag_elems: int, slot: int) -> None:
+        n = args.size
+        self.schedule = Schedule(name=f"{args.name}/frag{slot}")
+        self.scratch = np.empty((n - 1) * frag_elems, dtype=args.dst.dtype)
+        ch, rank = args.channel, args.rank
+        left, right = (rank - 1) % n, (rank + 1) % n
+        empty = np.empty(0, np.uint8)
+        add = self.schedule.add
+        self.rs_recv: List[RecvTask] = []
+        self.rs_send: List[SendTask] = []
+        self.rs_red: List[_Reduce] = []
+        self.ag_send: List[SendTask] = []
+        self.ag_recv: List[RecvTask] = []
+        for s in range(n - 1):
+            self.rs_recv.append(add(RecvTask(ch, empty, left, 0, name=f"rs_recv{s}")))
+            self.rs_send.append(add(SendTask(ch, empty, right, 0, name=f"rs_send{s}"),
+                                    after=self.rs_red[s - 1] if s else None))
+            divide = n if (s == n - 2 and args.op is ReduceOp.AVG) else 0
+            self.rs_red.append(add(_Reduce(args.op, divide, f"rs_reduce{s}"), after=self.rs_recv[s]))
+        for s in range(n - 1):
+            self.ag_recv.append(add(RecvTask(ch, empty, left, 0, name=f"ag_recv{s}"),
+                                    after=self.rs_send[s]))
+            self.ag_send.append(add(SendTask(ch, empty, right, 0, name=f"ag_send{s}"),
+                                    after=self.ag_recv[s - 1] if s else self.rs_red[n - 2]))
+
+
+def _point(task, buf: np.ndarray, step: int) -> None:
+    task.buf = as_wire(buf)
+    task.nbytes = task.buf.nbytes
+    task.tag = step
+
+
+def build(args: CollArgs, fragment_bytes: int = FRAGMENT_BYTES, depth: int = DEPTH) -> Task:
+    n, count = args.size, args.count
+    if n == 1 or count == 0:
+        def trivial() -> None:
+            copy_in(args)
+            finish(args)
+        return FunctionTask(trivial, name=args.name, nbytes=args.nbytes)
+    bounds = block_bounds(count, n)
+    longest = bounds[1] - bounds[0]
+    itemsize = args.dst.itemsize
+    frag_elems = max(1, fragment_bytes // (n * itemsize))
+    n_frags = -(-longest // frag_elems)
+    src, dst, rank = args.src, args.dst, args.rank
+    steps_per_frag = 2 * (n - 1)
+    slots: dict = {}
+
+    def make(slot: int) -> Task:
+        state = _Slot(args, frag_elems, slot)
+        slots[state.schedule] = state
+        return state.schedule
+
+    def view(arr: np.ndarray, block: int, frag: int) -> np.ndarray:
+        lo = bounds[block] + frag * frag_elems
+        hi = min(bounds[block + 1], lo + frag_elems)
+        return arr[lo:max(lo, hi)]
+
+    def setup(schedule: Task, frag: int) -> None:
+        st = slots[schedule]
+        base = frag * steps_per_frag
+        for s in range(n - 1):
+            b_send, b_recv = (rank - s) % n, (rank - s - 1) % n
+            recv_view = view(dst, b_recv, frag)
+            scratch = st.scratch[s * frag_elems: s * frag_elems + recv_view.size]
+            _point(st.rs_recv[s], scratch, base + s)
+            _point(st.rs_send[s], view(src if s == 0 else dst, b_send, frag), base + s)
+            red = st.rs_red[s]
+            red.received, red.own, red.out = scratch, view(src, b_recv, frag), recv_view
+            _point(st.ag_send[s], view(dst, (rank + 1 - s) % n, frag), base + n - 1 + s)
+            _point(st.ag_recv[s], view(dst, (rank - s) % n, frag), base + n - 1 + s)
+
+    return PipelinedSchedule(n_frags, make, setup, depth=depth, order=PipelineOrder.PARALLEL,
+                             name=args.name)

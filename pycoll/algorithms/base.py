@@ -1,0 +1,177 @@
+"""What every algorithm gets: the collective's arguments and a channel to its peers.
+
+An algorithm is a function ``build(args) -> Task`` in its own file. It reaches peers only through
+``args.channel`` (``isend``/``irecv`` of byte buffers keyed by a step number), which the team binds
+to its transport; it never imports a transport. Small, latency-bound algorithms are one
+:class:`StepTask` (a resumable state machine written as a generator, like UCC's TL algorithms);
+bandwidth-bound ones are schedules of send/receive/reduce tasks, pipelined over fragments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generator, Hashable, List, Optional, Sequence
+
+import numpy as np
+
+from pycoll.ops import ReduceOp, finish_avg, reduce_into
+from pycoll.tasks.task import Task
+
+
+class Channel:
+    """Point-to-point messaging of one collective: every message is keyed by the collective's
+    key plus a step number, so concurrent collectives never match each other's messages."""
+
+    __slots__ = ("transport", "key")
+
+    def __init__(self, transport: Any, key: tuple) -> None:
+        self.transport = transport
+        self.key = key
+
+    def isend(self, buf: np.ndarray, peer: int, step: int) -> Any:
+        return self.transport.isend(buf, peer, (*self.key, step))
+
+    def irecv(self, buf: np.ndarray, peer: int, step: int) -> Any:
+        return self.transport.irecv(buf, peer, (*self.key, step))
+
+
+@dataclass
+class CollArgs:
+    """Arguments of one collective on one rank, after validation."""
+
+    coll: str
+    rank: int
+    size: int
+    channel: Channel
+    src: np.ndarray  # typed 1-D view; the same array as dst when in place
+    dst: np.ndarray
+    op: ReduceOp = ReduceOp.SUM
+    root: int = 0
+    name: str = ""
+    options: dict = field(default_factory=dict)
+
+    @property
+    def in_place(self) -> bool:
+        return self.src is self.dst or (self.src.size > 0 and np.shares_memory(self.src, self.dst))
+
+    @property
+    def count(self) -> int:
+        return self.dst.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.dst.nbytes
+
+
+def block_bounds(count: int, nblocks: int) -> List[int]:
+    """Offsets of ``nblocks`` near-equal blocks of ``count`` elements (``nblocks + 1`` entries);
+    the first ``count % nblocks`` blocks hold one element more."""
+    base, extra = divmod(count, nblocks)
+    bounds = [0]
+    for b in range(nblocks):
+        bounds.append(bounds[-1] + base + (1 if b < extra else 0))
+    return bounds
+
+
+def as_wire(arr: np.ndarray) -> np.ndarray:
+    """The bytes of a typed view, as the transports move them."""
+    return arr.view(np.uint8) if arr.dtype != np.uint8 else arr
+
+
+Waitable = Sequence[Any]
+
+
+class StepTask(Task):
+    """A collective written as a generator: ``run()`` yields lists of transport requests and is
+    resumed when all of them are done; returning completes the task.
+
+    This is UCC's resumable per-algorithm state machine, with Python keeping the state.
+    """
+
+    __slots__ = ("args", "_gen", "_wait")
+
+    def __init__(self, args: CollArgs, name: Optional[str] = None) -> None:
+        super().__init__(name or args.name, nbytes=args.nbytes)
+        self.args = args
+        self._gen: Optional[Generator[Waitable, None, None]] = None
+        self._wait: Waitable = ()
+
+    def run(self) -> Generator[Waitable, None, None]:  # pragma: no cover - abstract
+        raise TypeError(f"{type(self).__name__} must define run()")
+        yield ()
+
+    def post(self) -> None:
+        self._gen = self.run()
+        self._wait = ()
+        self._advance()
+
+    def progress(self) -> None:
+        for req in self._wait:
+            if not req.test():
+                return
+        self._advance()
+
+    def _advance(self) -> None:
+        gen = self._gen
+        while True:
+            try:
+                wait = next(gen)
+            except StopIteration:
+                self._gen = None
+                self._wait = ()
+                self.complete()
+                return
+            for req in wait:
+                if not req.test():
+                    self._wait = wait
+                    return
+
+    def on_cancel(self) -> None:
+        for req in self._wait:
+            req.cancel()
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
+
+    def describe(self) -> str:
+        pending = [r for r in self._wait if not r.done]
+        if not pending:
+            return self.name
+        parts = [f"{r.kind} of {r.nbytes} B {'to' if r.kind == 'send' else 'from'} rank {r.peer}"
+                 for r in pending]
+        return f"{self.name}: " + ", ".join(parts)
+
+    def reset(self) -> None:
+        super().reset()
+        self._gen = None
+        self._wait = ()
+
+
+def copy_in(args: CollArgs) -> None:
+    """Out of place: start from the caller's input in the output buffer."""
+    if not args.in_place and args.dst.size:
+        np.copyto(args.dst, args.src)
+
+
+def finish(args: CollArgs) -> None:
+    """AVG: divide once at the end."""
+    if args.op is ReduceOp.AVG:
+        finish_avg(args.dst, args.size)
+
+
+def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -> None:
+    """``out = parts[0] op parts[1] op ...`` in this order (so every rank computing it from the
+    same parts gets bitwise the same result); ``out`` may be one of the parts."""
+    if len(parts) == 1:
+        if parts[0] is not out:
+            np.copyto(out, parts[0])
+        return
+    acc = np.empty_like(out)
+    reduce_into(parts[0], parts[1], op, out=acc)
+    for part in parts[2:]:
+        reduce_into(acc, part, op)
+    np.copyto(out, acc)
+
+
+__all__ = ["Channel", "CollArgs", "StepTask", "as_wire", "block_bounds", "copy_in", "finish",
+           "reduce_ordered", "Hashable"]

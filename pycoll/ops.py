@@ -1,0 +1,165 @@
+"""Reduction operators and datatypes: which op applies to which dtype, and the numpy kernels.
+
+``ReduceOp`` names the MPI/torch operators; :func:`as_op` also accepts mpi4py's ``MPI.Op`` objects
+and names (``"sum"``). :func:`check_op` rejects a pair that makes no sense (BAND on float) with a
+``ValueError`` before anything is sent. :func:`reduce_into` combines two buffers in place with
+numpy; float16 and bfloat16 are combined in float32 and rounded once per step.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any, Dict, Optional
+
+import ml_dtypes
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    """Reduction operators (MPI's, plus AVG as in torch and NCCL)."""
+
+    SUM = "sum"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    LAND = "land"
+    LOR = "lor"
+    LXOR = "lxor"
+
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+#: dtypes pycoll reduces, by name.
+DTYPES: Dict[str, np.dtype] = {
+    name: np.dtype(name) for name in (
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+        "float32", "float64", "complex64", "complex128", "bool")
+}
+DTYPES["bfloat16"] = BFLOAT16
+
+_HALF = (np.dtype(np.float16), BFLOAT16)
+_FLOAT_OPS = {ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG}
+_COMPLEX_OPS = {ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG}
+_INT_OPS = set(ReduceOp)
+_BOOL_OPS = {ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR, ReduceOp.LAND,
+             ReduceOp.LOR, ReduceOp.LXOR}
+
+_MPI_NAMES = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PROD, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX,
+              "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR, "BXOR": ReduceOp.BXOR, "LAND": ReduceOp.LAND,
+              "LOR": ReduceOp.LOR, "LXOR": ReduceOp.LXOR}
+_ALIASES = {"product": ReduceOp.PROD, "mean": ReduceOp.AVG, "average": ReduceOp.AVG}
+
+
+def as_op(op: Any) -> ReduceOp:
+    """A :class:`ReduceOp` from a ReduceOp, a name (``"sum"``) or an ``mpi4py.MPI.Op``."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        name = op.strip().lower()
+        if name in _ALIASES:
+            return _ALIASES[name]
+        try:
+            return ReduceOp(name)
+        except ValueError:
+            pass
+        raise ValueError(f"unknown reduction {op!r}; use one of {[o.name for o in ReduceOp]}")
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(op, mpi.Op):
+        for name, rop in _MPI_NAMES.items():
+            if op == getattr(mpi, name):
+                return rop
+        raise ValueError(f"MPI.Op {op!r} is not supported (user-defined or MAXLOC/MINLOC/REPLACE)")
+    raise TypeError(f"op must be a pycoll.ReduceOp, a name or an MPI.Op, not {type(op).__name__}")
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """A supported numpy dtype from a dtype, a type or a name (``"bfloat16"``)."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+    if dt not in DTYPES.values():
+        raise ValueError(f"dtype {dt} is not supported; supported: {', '.join(DTYPES)}")
+    return dt
+
+
+def _kind(dt: np.dtype) -> str:
+    if dt == np.bool_:
+        return "bool"
+    if dt in _HALF or dt.kind == "f":
+        return "float"
+    if dt.kind == "c":
+        return "complex"
+    return "int"
+
+
+_VALID = {"float": _FLOAT_OPS, "complex": _COMPLEX_OPS, "int": _INT_OPS, "bool": _BOOL_OPS}
+
+
+def check_op(op: ReduceOp, dtype: np.dtype) -> None:
+    """Raise ``ValueError`` if ``op`` makes no sense for ``dtype``."""
+    kind = _kind(dtype)
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype {dtype} is not supported; supported: {', '.join(DTYPES)}")
+    if op not in _VALID[kind]:
+        allowed = ", ".join(o.name for o in ReduceOp if o in _VALID[kind])
+        raise ValueError(f"{op.name} is not defined for {dtype} (allowed for {kind}: {allowed})")
+
+
+_UFUNC = {
+    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+}
+_LOGICAL = {ReduceOp.LAND: np.logical_and, ReduceOp.LOR: np.logical_or, ReduceOp.LXOR: np.logical_xor}
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, out: Optional[np.ndarray] = None) -> None:
+    """``out = dst (op) src`` elementwise (``out`` defaults to ``dst``); AVG reduces as SUM (the
+    caller divides once at the end with :func:`finish_avg`)."""
+    if out is None:
+        out = dst
+    dt = dst.dtype
+    if op in _LOGICAL:
+        if dt == np.bool_:
+            _LOGICAL[op](dst, src, out=out)
+        else:
+            out[...] = _LOGICAL[op](dst, src)
+        return
+    ufunc = _UFUNC[op]
+    if dt in _HALF:
+        out[...] = ufunc(dst.astype(np.float32), src.astype(np.float32))
+    elif dt == np.bool_ and op in (ReduceOp.MIN, ReduceOp.MAX):
+        (np.logical_and if op is ReduceOp.MIN else np.logical_or)(dst, src, out=out)
+    else:
+        ufunc(dst, src, out=out)
+
+
+def finish_avg(buf: np.ndarray, n: int) -> None:
+    """Divide a SUM by ``n`` in place (integers round toward zero, as C and NCCL do)."""
+    if n == 1 or buf.size == 0:
+        return
+    if buf.dtype.kind in "iu":
+        q = np.abs(buf) // n if buf.dtype.kind == "i" else buf // n
+        buf[...] = np.where(buf < 0, -q, q) if buf.dtype.kind == "i" else q
+    elif buf.dtype in _HALF:
+        buf[...] = buf.astype(np.float32) / n
+    else:
+        np.divide(buf, n, out=buf)
+
+
+def reference(inputs: list, op: ReduceOp) -> np.ndarray:
+    """What a reduction of ``inputs`` should give, combined in rank order (for tests and --check)."""
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        reduce_into(acc, x, op)
+    if op is ReduceOp.AVG:
+        finish_avg(acc, len(inputs))
+    return acc
