@@ -143,6 +143,50 @@ class Team:
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
 
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_mpi(cls, comm: Any, ctx: Optional[Context] = None) -> Team:
+        """A team over an mpi4py intracommunicator (``COMM_WORLD`` or any sub-communicator).
+
+        The communicator is duplicated, so pycoll's messages never meet the caller's. Collective
+        over ``comm``: every rank calls it.
+        """
+        from mpi4py import MPI
+
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"Team.from_mpi needs an mpi4py intracommunicator, got {comm!r}")
+        dup = comm.Dup()
+        ctx = ctx if ctx is not None else get_context()
+        if dup.Get_size() == 1:
+            from pycoll.tl.self import SelfTransport
+
+            transport: Transport = SelfTransport()
+        else:
+            from pycoll.tl.mpi import MPITransport
+
+            transport = MPITransport(dup)
+            ctx.add_transport(transport)
+        name = comm.Get_name() or "mpi"
+        team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
+        team.comm = dup
+        return team
+
+    def split(self, color: Optional[int], key: int = 0) -> Optional[Team]:
+        """Split into sub-teams by ``color`` ordered by ``key`` (then rank), as ``MPI_Comm_split``;
+        ranks passing ``color=None`` get ``None``. Collective over the team."""
+        comm = getattr(self, "comm", None)
+        if comm is None:
+            raise TypeError(f"{self!r}: split needs a team made by Team.from_mpi")
+        from mpi4py import MPI
+
+        sub = comm.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            return Team.from_mpi(sub, self.ctx)
+        finally:
+            sub.Free()
+
 
 def local_teams(n: int, ctx: Optional[Context] = None) -> List[Team]:
     """``n`` ranks inside this process, exchanging messages through memory and all run by one

@@ -1,0 +1,315 @@
+"""MPI transport over one (duplicated, so private to pycoll) communicator.
+
+Message keys become MPI tags (MPICH allows 29 bits)::
+
+    bit 28      0: untagged collective   1: checked (user tag, partition, point to point)
+    bits 12-27  untagged: sequence number mod 2**16; checked: 16 bits of a 64-bit key hash
+    bits 0-11   step mod 2**12
+
+Untagged collectives match by posting order, so their sequence numbers are unique among those in
+flight and they use plain Irecv (the fast path). Keys with a user tag can collide in 16 bits, so
+each such message is preceded by a 32-byte header carrying the full 64-bit key hash and the step;
+the receiver probes (``Improbe``) its (source, tag) channel, reads headers, and receives each
+payload into the buffer of the receive whose key it names, or stashes it until that receive is
+posted. MPI's non-overtaking rule makes the payload the next message after its header.
+
+When the engine holds work back for lack of credit it asks :meth:`has_unexpected`; that drains
+every message that arrived without a matching receive into the stash, so a peer's sends complete
+(the transport contract) and the engine learns which collectives peers have started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import defaultdict, deque
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from pycoll.errors import TransportError
+from pycoll.tl.base import Transport, TransportRequest
+
+_CHECKED = 1 << 28
+_STEP_BITS = 12
+_STEP_MASK = (1 << _STEP_BITS) - 1
+_SLOT_MASK = 0xFFFF
+_HEADER = struct.Struct("<IIQQQ")  # magic, version, key hash, step, payload bytes
+_MAGIC = 0x50434F4C  # "PCOL"
+_VERSION = 1
+_HASHES: Dict[Any, int] = {}
+
+
+def key_hash(prefix: Hashable) -> int:
+    """A 64-bit hash of a key prefix, equal on every rank (from its repr)."""
+    h = _HASHES.get(prefix)
+    if h is None:
+        if len(_HASHES) > 65536:
+            _HASHES.clear()
+        h = int.from_bytes(hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest(), "little")
+        _HASHES[prefix] = h
+    return h
+
+
+def split_key(key: Hashable) -> Tuple[Hashable, int, bool]:
+    """(prefix, step, checked) of a message key."""
+    if isinstance(key, tuple) and key and key[0] == "c" and len(key) == 3:
+        return key[:2], key[2], False
+    if isinstance(key, tuple) and key and key[0] in ("c", "u") and isinstance(key[-1], int):
+        return key[:-1], key[-1], True
+    return key, 0, True
+
+
+def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
+    if not checked:
+        return ((prefix[1] & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
+    return _CHECKED | ((key_hash(prefix) & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
+
+
+class _MPIRequest(TransportRequest):
+    __slots__ = ("reqs",)
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if self.error is not None:
+            raise self.error
+        try:
+            if len(self.reqs) == 1:
+                ok = self.reqs[0].Test()
+            else:
+                ok = MPI.Request.Testall(self.reqs)
+        except MPI.Exception as exc:
+            self.error = TransportError(f"mpi: {self.kind} {'to' if self.kind == 'send' else 'from'} rank "
+                                        f"{self.peer} (tag {self.tag!r}) failed: {exc}")
+            raise self.error from None
+        if ok:
+            self.done = True
+        return ok
+
+    def cancel(self) -> None:
+        if not self.done:
+            for req in self.reqs:
+                try:
+                    req.Cancel()
+                except MPI.Exception:
+                    pass
+
+
+class _CheckedRecv(TransportRequest):
+    """A receive of a checked key: waits for its header, then for its payload."""
+
+    __slots__ = ("buf", "transport", "khash", "step", "wire", "payload")
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if self.error is not None:
+            raise self.error
+        if self.payload is None:
+            self.transport._probe_channel(self.peer, self.wire)
+            if self.payload is None or self.done:
+                if self.error is not None:
+                    raise self.error
+                return self.done
+        try:
+            ok = self.payload.Test()
+        except MPI.Exception as exc:
+            self.error = TransportError(f"mpi: receive from rank {self.peer} (tag {self.tag!r}) failed: {exc}")
+            raise self.error from None
+        if ok:
+            self.done = True
+        return ok
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.transport._forget(self)
+
+
+class MPITransport(Transport):
+    """Point-to-point over an mpi4py intracommunicator (ranks are the communicator's ranks)."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        if tag_ub is not None and tag_ub < (1 << 29) - 1:
+            raise TransportError(f"mpi: MPI_TAG_UB is {tag_ub}; pycoll needs 29-bit tags")
+        # untagged messages that arrived with no receive posted, by (source, wire tag)
+        self._stash: Dict[Tuple[int, int], deque] = defaultdict(deque)
+        # checked payloads by (source, key hash, step)
+        self._kstash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        # checked receives waiting for their header, by (source, key hash, step)
+        self._waiting: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
+        self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], Tuple[int, int, int], int]] = {}
+        self._header_buf = bytearray(_HEADER.size)
+        self.bytes_sent = np.zeros(self.size, np.int64)
+        self.bytes_received = np.zeros(self.size, np.int64)
+
+    # ------------------------------------------------------------------ sends
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        prefix, step, checked = split_key(tag)
+        wire = wire_tag(prefix, step, checked)
+        req = _MPIRequest("send", peer, tag, buf.nbytes)
+        if checked:
+            header = bytearray(_HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes))
+            req.reqs = [self.comm.Isend([header, MPI.BYTE], peer, wire),
+                        self.comm.Isend([buf, MPI.BYTE], peer, wire)]
+        else:
+            req.reqs = [self.comm.Isend([buf, MPI.BYTE], peer, wire)]
+        self.bytes_sent[peer] += buf.nbytes
+        return req
+
+    # ------------------------------------------------------------------ receives
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        prefix, step, checked = split_key(tag)
+        wire = wire_tag(prefix, step, checked)
+        self.bytes_received[peer] += buf.nbytes
+        if not checked:
+            req = _MPIRequest("recv", peer, tag, buf.nbytes)
+            stashed = self._stash.get((peer, wire))
+            if stashed:
+                self._fill(req, buf, stashed.popleft())
+                if not stashed:
+                    del self._stash[(peer, wire)]
+                return req
+            req.reqs = [self.comm.Irecv([buf, MPI.BYTE], peer, wire)]
+            return req
+        req = _CheckedRecv("recv", peer, tag, buf.nbytes)
+        req.buf, req.transport, req.step, req.wire, req.payload = buf, self, step, wire, None
+        req.khash = key_hash(prefix)
+        k = (peer, req.khash, step)
+        stashed = self._kstash.get(k)
+        if stashed:
+            self._fill(req, buf, stashed.popleft())
+            if not stashed:
+                del self._kstash[k]
+            return req
+        target = self._payload_for.get((peer, wire))
+        if target is not None and target[0] is None and target[1] == k and target[2] <= buf.nbytes:
+            # its header was read before this receive was posted: take the payload directly
+            self._payload_for[(peer, wire)] = (req, k, target[2])
+            self._probe_channel(peer, wire)
+            return req
+        self._waiting[k].append(req)
+        self._probe_channel(peer, wire)
+        return req
+
+    def _fill(self, req: TransportRequest, buf: np.ndarray, data: np.ndarray) -> None:
+        if data.nbytes > buf.nbytes:
+            req.error = TransportError(f"mpi: message of {data.nbytes} B from rank {req.peer} (tag "
+                                       f"{req.tag!r}) is larger than the receive buffer of {buf.nbytes} B")
+        else:
+            buf[:data.nbytes] = data
+        req.done = True
+
+    def _forget(self, req: _CheckedRecv) -> None:
+        q = self._waiting.get((req.peer, req.khash, req.step))
+        if q and req in q:
+            q.remove(req)
+
+    # ------------------------------------------------------------------ probing
+    def _probe_channel(self, source: int, wire: int) -> int:
+        """Handle every message that arrived on (source, wire) without a posted receive."""
+        handled = 0
+        while True:
+            msg, status = self._improbe(source, wire)
+            if msg is None:
+                return handled
+            self._route(msg, status)
+            handled += 1
+
+    def _improbe(self, source: int, tag: int) -> Tuple[Any, Any]:
+        status = MPI.Status()
+        msg = self.comm.Improbe(source, tag, status)
+        return msg, status
+
+    def _route(self, msg: Any, status: Any) -> None:
+        """Receive one probed message: an untagged payload (stash it), a checked header, or the
+        payload that follows a header (into its receive's buffer, or the stash)."""
+        src, wire, nbytes = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+        if not wire & _CHECKED:
+            data = np.empty(nbytes, np.uint8)
+            msg.Recv([data, MPI.BYTE])
+            self._stash[(src, wire)].append(data)
+            return
+        channel = (src, wire)
+        target = self._payload_for.pop(channel, None)
+        if target is not None:  # the payload of a header already read
+            recv, k, size = target
+            if nbytes != size:
+                raise TransportError(f"mpi: rank {src} announced {size} B but sent {nbytes} B")
+            if recv is not None:
+                recv.payload = msg.Irecv([recv.buf, MPI.BYTE])
+            else:
+                data = np.empty(nbytes, np.uint8)
+                msg.Recv([data, MPI.BYTE])
+                waiting = self._waiting.get(k)
+                if waiting:  # posted since its header was read
+                    recv = waiting.popleft()
+                    if not waiting:
+                        del self._waiting[k]
+                    self._fill(recv, recv.buf, data)
+                else:
+                    self._kstash[k].append(data)
+            return
+        if nbytes != _HEADER.size:
+            raise TransportError(f"mpi: expected a {_HEADER.size}-byte header from rank {src} on tag "
+                                 f"{wire:#x}, got {nbytes} B")
+        msg.Recv([self._header_buf, MPI.BYTE])
+        magic, version, khash, step, size = _HEADER.unpack(self._header_buf)
+        if magic != _MAGIC or version != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
+                or ((khash & _SLOT_MASK) << _STEP_BITS) != (wire & (_SLOT_MASK << _STEP_BITS)):
+            raise TransportError(f"mpi: malformed header from rank {src} on tag {wire:#x}")
+        k = (src, khash, step)
+        waiting = self._waiting.get(k)
+        recv = None
+        if waiting:
+            recv = waiting.popleft()
+            if not waiting:
+                del self._waiting[k]
+            if size > recv.buf.nbytes:
+                recv.error = TransportError(
+                    f"mpi: message of {size} B from rank {src} (tag {recv.tag!r}) is larger than the "
+                    f"receive buffer of {recv.buf.nbytes} B")
+                recv = None  # drain it into the stash
+        self._payload_for[channel] = (recv, k, size)
+
+    def progress(self) -> int:
+        """Probe the channels where headers or payloads of checked receives are awaited."""
+        moved = 0
+        if self._waiting or self._payload_for:
+            channels = {(r.peer, r.wire) for q in self._waiting.values() for r in q}
+            channels.update(self._payload_for)
+            for source, wire in channels:
+                moved += self._probe_channel(source, wire)
+        return moved
+
+    def drain(self) -> int:
+        """Receive every message that arrived without a posted receive (into the stash)."""
+        return self._probe_channel(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+    def has_unexpected(self, key: tuple) -> bool:
+        self.drain()
+        prefix, _, checked = split_key((*key, 0))
+        if not checked:
+            slot = (prefix[1] & _SLOT_MASK) << _STEP_BITS
+            return any(not w & _CHECKED and (w & ~_STEP_MASK) == slot for (_, w) in self._stash)
+        h = key_hash(prefix)
+        if any(k[1] == h for k in self._kstash):
+            return True
+        return any(t[1][1] == h for t in self._payload_for.values())
+
+    def pending(self) -> List[str]:
+        """What is stashed or awaited (for diagnostics)."""
+        return [f"stash {k}: {len(q)}" for k, q in self._stash.items()] + \
+            [f"kstash {k}: {len(q)}" for k, q in self._kstash.items()] + \
+            [f"waiting {k}: {len(q)}" for k, q in self._waiting.items()]
+
+    def close(self) -> None:
+        pass
