@@ -39,6 +39,7 @@ _HEADER = struct.Struct("<IIQQQ")  # magic, version, key hash, step, payload byt
 _MAGIC = 0x50434F4C  # "PCOL"
 _VERSION = 1
 _HASHES: Dict[Any, int] = {}
+_Key = Tuple[int, int, int]  # (source, key hash, step)
 
 
 def key_hash(prefix: Hashable) -> int:
@@ -116,7 +117,8 @@ class _CheckedRecv(TransportRequest):
         try:
             ok = self.payload.Test()
         except MPI.Exception as exc:
-            self.error = TransportError(f"mpi: receive from rank {self.peer} (tag {self.tag!r}) failed: {exc}")
+            self.error = TransportError(
+                f"mpi: receive from rank {self.peer} (tag {self.tag!r}) failed: {exc}")
             raise self.error from None
         if ok:
             self.done = True
@@ -146,7 +148,7 @@ class MPITransport(Transport):
         # checked receives waiting for their header, by (source, key hash, step)
         self._waiting: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
-        self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], Tuple[int, int, int], int]] = {}
+        self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
         self._header_buf = bytearray(_HEADER.size)
         self.bytes_sent = np.zeros(self.size, np.int64)
         self.bytes_received = np.zeros(self.size, np.int64)
