@@ -21,6 +21,9 @@ def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
 
     Raises :class:`BufferError` if ``obj`` is not contiguous, or is read-only and ``writable``.
     """
+    if type(obj) is np.ndarray and obj.ndim == 1 and obj.flags.c_contiguous and (
+            obj.flags.writeable or not writable):
+        return obj  # the common case, checked first
     if isinstance(obj, np.ndarray):
         arr = obj
     else:

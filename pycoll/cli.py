@@ -1,8 +1,14 @@
-"""The ``pycoll`` command line: ``pycoll info``."""
+"""The ``pycoll`` command line.
+
+    pycoll info                                  version, transports, algorithms, settings
+    pycoll run -n N [--timeout S] -- CMD ...     launch N ranks with the bundled mpiexec
+    pycoll perf allreduce -n N [--compare mpi]   benchmark a collective (launches the ranks itself)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -11,8 +17,25 @@ from pycoll import config
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the version, the transports and the settings with their values."""
-    print(f"pycoll {pycoll.__version__}")
+    """Print the version, the transports, the algorithms and the settings with their values."""
+    from pycoll import algorithms
+
+    print(f"pycoll {pycoll.__version__} (python {sys.version.split()[0]})")
+    print("\ntransports:")
+    print("  local    in-process ranks (pycoll.local_teams)")
+    print("  self     team of one")
+    try:
+        import mpi4py
+        from mpi4py import MPI
+
+        lib = MPI.Get_library_version().splitlines()[0].strip()
+        print(f"  mpi      mpi4py {mpi4py.__version__}, {lib}")
+    except Exception as exc:  # pragma: no cover - depends on the install
+        print(f"  mpi      unavailable: {exc}")
+    print("\nalgorithms (default selection):")
+    for coll, table in algorithms.ALGORITHMS.items():
+        print(f"  {coll:<10} {', '.join(table)}")
+    print(f"  allreduce: rd below {algorithms.ALLREDUCE_RING_MIN_BYTES} B, ring from there")
     print("\nsettings (environment variables):")
     for name, value, doc in config.describe():
         print(f"  {name:<24} {value}")
@@ -20,17 +43,77 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Launch ranks with the bundled mpiexec."""
+    from pycoll.launch import launch
+
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not cmd:
+        print("pycoll run: give a command after --", file=sys.stderr)
+        return 2
+    return launch(args.n, cmd, timeout=args.timeout)
+
+
+def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
+    """Run the benchmark, launching ranks first unless already under MPI."""
+    from pycoll.launch import launch, under_mpi
+
+    if args.n > 1 and not under_mpi():
+        return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout)
+    from pycoll import perf
+
+    return perf.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pycoll", description="pycoll collective engine")
+    parser = argparse.ArgumentParser(prog="pycoll", description="pycoll: collective task/schedule engine")
     sub = parser.add_subparsers(dest="command", required=True)
+
     info = sub.add_parser("info", help="version, transports, algorithms and settings")
     info.set_defaults(func=cmd_info)
+
+    run = sub.add_parser("run", help="launch N ranks with the bundled mpiexec")
+    run.add_argument("-n", type=int, required=True, help="number of ranks")
+    run.add_argument("--timeout", type=float, default=None, help="kill all ranks after this many seconds")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
+    run.set_defaults(func=cmd_run)
+
+    from pycoll.perf import COLLECTIVES
+
+    perf = sub.add_parser("perf", help="benchmark a collective against MPI's own")
+    perf.add_argument("coll", choices=COLLECTIVES)
+    perf.add_argument("-n", type=int, default=2, help="ranks to launch (default 2)")
+    perf.add_argument("--min-bytes", default="8")
+    perf.add_argument("--max-bytes", default="128M")
+    perf.add_argument("--dtype", default="float32")
+    perf.add_argument("--op", default="sum")
+    perf.add_argument("--algorithm", default="auto", help="auto or one of the collective's algorithms")
+    perf.add_argument("--iters", type=int, default=0, help="calls per size (default: by size)")
+    perf.add_argument("--warmup", type=int, default=None, help="warm-up calls per size")
+    perf.add_argument("--check", action="store_true", help="verify every size against numpy")
+    perf.add_argument("--compare", choices=["mpi", "none"], default="none",
+                      help="also time MPI's own collective in the same run")
+    perf.add_argument("--json", default=None, help="write the results to this file")
+    perf.add_argument("--timeout", type=float, default=1800, help="kill the ranks after this many seconds")
+    perf.set_defaults(func=None)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    level = os.environ.get("PYCOLL_LOG_LEVEL")
+    if level:
+        import logging
+
+        logging.basicConfig(level=config.get("PYCOLL_LOG_LEVEL"))
+    try:
+        if args.command == "perf":
+            return cmd_perf(args, argv)
+        return args.func(args)
+    except pycoll.PycollError as exc:
+        print(f"pycoll: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

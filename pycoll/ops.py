@@ -103,14 +103,20 @@ def _kind(dt: np.dtype) -> str:
 _VALID = {"float": _FLOAT_OPS, "complex": _COMPLEX_OPS, "int": _INT_OPS, "bool": _BOOL_OPS}
 
 
+_CHECKED: set = set()
+
+
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Raise ``ValueError`` if ``op`` makes no sense for ``dtype``."""
+    if (op, dtype) in _CHECKED:
+        return
     kind = _kind(dtype)
     if dtype not in DTYPES.values():
         raise ValueError(f"dtype {dtype} is not supported; supported: {', '.join(DTYPES)}")
     if op not in _VALID[kind]:
         allowed = ", ".join(o.name for o in ReduceOp if o in _VALID[kind])
         raise ValueError(f"{op.name} is not defined for {dtype} (allowed for {kind}: {allowed})")
+    _CHECKED.add((op, dtype))
 
 
 _UFUNC = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 from typing import Any, Dict, Hashable, List, Optional
 
 import numpy as np
@@ -24,9 +25,13 @@ from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Request
 from pycoll.ops import ReduceOp, as_op, check_op
 from pycoll.tasks.schedule import Schedule
-from pycoll.tasks.task import Task
+from pycoll.tasks.task import COMPLETED, Task
 from pycoll.tl.base import Transport, TransportRequest
 from pycoll.tl.local import LocalFabric
+
+#: Finished collectives kept per call shape for reuse, and shapes remembered per team.
+MAX_PLANS_PER_SHAPE = 4
+MAX_PLAN_SHAPES = 64
 
 
 class Team:
@@ -43,6 +48,7 @@ class Team:
         self.name = name
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
+        self._plans: Dict[tuple, List[Task]] = {}
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -101,9 +107,35 @@ class Team:
         pb = self.ctx.partition_bytes
         if pb and dst.nbytes > pb and self.size > 1:
             task = self._partitioned(build, "allreduce", key, src, dst, op, pb, options)
-        else:
-            task = self._unit(build(self._args("allreduce", key, src, dst, op, name, options)), key)
-        return self._submit(task, priority, timeout, out)
+            return self._submit(task, priority, timeout, out)
+        shape = ("allreduce", name, dst.size, dst.dtype, op, src is dst,
+                 tuple(sorted(options.items())) if options else ())
+        task = self._plan(shape, build, key, src, dst, op, options)
+        return self._submit(self._unit(task, key), priority, timeout, out, shape)
+
+    def _plan(self, shape: tuple, build: Any, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+              options: dict) -> Task:
+        """A task for a collective of this shape: a finished one reused (rebound to the new
+        buffers and key, keeping its schedule and scratch), or a new one."""
+        pool = self._plans.get(shape)
+        if pool:
+            task = pool.pop()
+            task.rebind(src, dst, key)
+            return task
+        return build(self._args(shape[0], key, src, dst, op, shape[1], options))
+
+    def _recycle(self, shape: tuple, req: Request) -> None:
+        """A collective finished and its request was collected: keep its task for reuse."""
+        task = req.task
+        if task.state is not COMPLETED or not hasattr(task, "rebind"):
+            return
+        pool = self._plans.get(shape)
+        if pool is None:
+            if len(self._plans) >= MAX_PLAN_SHAPES:
+                del self._plans[next(iter(self._plans))]  # forget the oldest shape
+            pool = self._plans[shape] = []
+        if len(pool) < MAX_PLANS_PER_SHAPE:
+            pool.append(task)
 
     def _unit(self, task: Task, key: tuple) -> Task:
         """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes
@@ -115,9 +147,8 @@ class Team:
 
     def _args(self, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp, name: str,
               options: dict, root: int = 0) -> CollArgs:
-        label = f"{coll}#{key[1]}" if key[0] == "c" else f"{coll}[{key[1]!r}]"
         return CollArgs(coll, self.rank, self.size, Channel(self.transport, key), src, dst, op, root,
-                        name=f"{label}:{name}@{self.rank}", options=options)
+                        name=f"{coll}:{name}@{self.rank}", options=options)
 
     def _partitioned(self, build: Any, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray,
                      op: ReduceOp, part_bytes: int, options: dict) -> Task:
@@ -132,13 +163,13 @@ class Team:
                                  part_key))
         return sched
 
-    def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any) -> Request:
+    def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
+                 shape: Optional[tuple] = None) -> Request:
         t = self.ctx.timeout if timeout is None else timeout
         task.timeout = None if (t is None or t == math.inf or t <= 0) else t
         task.priority = priority
-        req = self.ctx.submit(task)
-        req._result = out
-        return req
+        on_done = None if shape is None else partial(self._recycle, shape)
+        return self.ctx.submit(task, result=out, on_done=on_done)
 
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"

@@ -23,3 +23,8 @@ def test_split_and_concurrent_teams(n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_tagged_different_orders_small_credit(n):
     run_ranks(n, "tests/mpi/allreduce_matrix.py", "tagged", timeout=180)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_comm_lookalike(n):
+    run_ranks(n, "tests/mpi/comm_lookalike.py", timeout=120)

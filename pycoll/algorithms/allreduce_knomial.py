@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Generator, List
 
-import numpy as np
+import numpy as np  # noqa: F401 - for annotations
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_in, finish, reduce_ordered
 from pycoll.ops import reduce_into
@@ -45,11 +45,11 @@ class KnomialAllreduce(StepTask):
             return
         extras = list(range(full + rank, n, full))
         if extras:
-            bufs = [np.empty_like(dst) for _ in extras]
+            bufs = [self.scratch(radix + i, dst) for i in range(len(extras))]
             yield tuple(ch.irecv(as_wire(b), e, 0) for e, b in zip(extras, bufs))
             for b in bufs:
                 reduce_into(dst, b, op)
-        scratch: List[np.ndarray] = [np.empty_like(dst) for _ in range(radix - 1)]
+        scratch: List[np.ndarray] = [self.scratch(i, dst) for i in range(radix - 1)]
         dist, step = 1, 1
         while dist < full:
             digit = (rank // dist) % radix

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_in, finish
 from pycoll.ops import reduce_into
 from pycoll.tasks.task import Task
@@ -28,7 +26,7 @@ class RecursiveDoublingAllreduce(StepTask):
             finish(a)
             return
         wire = as_wire(dst)
-        scratch = np.empty_like(dst)
+        scratch = self.scratch(0, dst)
         scratch_wire = as_wire(scratch)
         p = 1 << (n.bit_length() - 1)
         rem = n - p

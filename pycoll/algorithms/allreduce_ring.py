@@ -18,7 +18,7 @@ from typing import List
 
 import numpy as np
 
-from pycoll.algorithms.base import CollArgs, as_wire, block_bounds, copy_in, finish
+from pycoll.algorithms.base import CollArgs, as_wire, block_bounds, copy_in, finish, rebind_args
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.tasks import FunctionTask, PipelinedSchedule, PipelineOrder, Schedule, Task
 from pycoll.tasks.p2p import RecvTask, SendTask
@@ -78,39 +78,37 @@ def _point(task, buf: np.ndarray, step: int) -> None:
     task.tag = step
 
 
-def build(args: CollArgs, fragment_bytes: int = FRAGMENT_BYTES, depth: int = DEPTH) -> Task:
-    n, count = args.size, args.count
-    if n == 1 or count == 0:
-        def trivial() -> None:
-            copy_in(args)
-            finish(args)
-        return FunctionTask(trivial, name=args.name, nbytes=args.nbytes)
-    bounds = block_bounds(count, n)
-    longest = bounds[1] - bounds[0]
-    itemsize = args.dst.itemsize
-    frag_elems = max(1, fragment_bytes // (n * itemsize))
-    n_frags = -(-longest // frag_elems)
-    src, dst, rank = args.src, args.dst, args.rank
-    steps_per_frag = 2 * (n - 1)
-    slots: dict = {}
+class RingAllreduce(PipelinedSchedule):
+    """One rank's ring allreduce; reusable for calls of the same shape (:meth:`rebind`)."""
 
-    def make(slot: int) -> Task:
-        state = _Slot(args, frag_elems, slot)
-        slots[state.schedule] = state
+    def __init__(self, args: CollArgs, fragment_bytes: int, depth: int) -> None:
+        n = args.size
+        self.args = args
+        self.bounds = block_bounds(args.count, n)
+        self.frag_elems = max(1, fragment_bytes // (n * args.dst.itemsize))
+        longest = self.bounds[1] - self.bounds[0]
+        self._slots: dict = {}
+        super().__init__(-(-longest // self.frag_elems), self._make, self._setup, depth=depth,
+                         order=PipelineOrder.PARALLEL, name=args.name)
+
+    def _make(self, slot: int) -> Task:
+        state = _Slot(self.args, self.frag_elems, slot)
+        self._slots[state.schedule] = state
         return state.schedule
 
-    def view(arr: np.ndarray, block: int, frag: int) -> np.ndarray:
-        lo = bounds[block] + frag * frag_elems
-        hi = min(bounds[block + 1], lo + frag_elems)
+    def _view(self, arr: np.ndarray, block: int, frag: int) -> np.ndarray:
+        lo = self.bounds[block] + frag * self.frag_elems
+        hi = min(self.bounds[block + 1], lo + self.frag_elems)
         return arr[lo:max(lo, hi)]
 
-    def setup(schedule: Task, frag: int) -> None:
-        st = slots[schedule]
-        base = frag * steps_per_frag
+    def _setup(self, schedule: Task, frag: int) -> None:
+        st, a, view = self._slots[schedule], self.args, self._view
+        n, rank, src, dst, fe = a.size, a.rank, a.src, a.dst, self.frag_elems
+        base = frag * 2 * (n - 1)
         for s in range(n - 1):
             b_send, b_recv = (rank - s) % n, (rank - s - 1) % n
             recv_view = view(dst, b_recv, frag)
-            scratch = st.scratch[s * frag_elems: s * frag_elems + recv_view.size]
+            scratch = st.scratch[s * fe: s * fe + recv_view.size]
             _point(st.rs_recv[s], scratch, base + s)
             _point(st.rs_send[s], view(src if s == 0 else dst, b_send, frag), base + s)
             red = st.rs_red[s]
@@ -118,5 +116,35 @@ def build(args: CollArgs, fragment_bytes: int = FRAGMENT_BYTES, depth: int = DEP
             _point(st.ag_send[s], view(dst, (rank + 1 - s) % n, frag), base + n - 1 + s)
             _point(st.ag_recv[s], view(dst, (rank - s) % n, frag), base + n - 1 + s)
 
-    return PipelinedSchedule(n_frags, make, setup, depth=depth, order=PipelineOrder.PARALLEL,
-                             name=args.name)
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        """Reuse this finished schedule (its slots and scratch) for a new call of the same shape."""
+        rebind_args(self.args, src, dst, key)
+        self.reset()
+
+    def describe(self) -> str:
+        return f"{super().describe()} {self.args.channel!r}"
+
+
+class _Trivial(Task):
+    """A team of one, or nothing to reduce."""
+
+    takes_credit = False
+
+    def __init__(self, args: CollArgs) -> None:
+        super().__init__(args.name, nbytes=args.nbytes)
+        self.args = args
+
+    def post(self) -> None:
+        copy_in(self.args)
+        finish(self.args)
+        self.complete()
+
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        rebind_args(self.args, src, dst, key)
+        self.reset()
+
+
+def build(args: CollArgs, fragment_bytes: int = FRAGMENT_BYTES, depth: int = DEPTH) -> Task:
+    if args.size == 1 or args.count == 0:
+        return _Trivial(args)
+    return RingAllreduce(args, fragment_bytes, depth)

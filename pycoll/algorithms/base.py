@@ -28,6 +28,9 @@ class Channel:
         self.transport = transport
         self.key = key
 
+    def __repr__(self) -> str:
+        return repr(self.key)
+
     def isend(self, buf: np.ndarray, peer: int, step: int) -> Any:
         return self.transport.isend(buf, peer, (*self.key, step))
 
@@ -52,7 +55,7 @@ class CollArgs:
 
     @property
     def in_place(self) -> bool:
-        return self.src is self.dst or (self.src.size > 0 and np.shares_memory(self.src, self.dst))
+        return self.src is self.dst
 
     @property
     def count(self) -> int:
@@ -81,20 +84,44 @@ def as_wire(arr: np.ndarray) -> np.ndarray:
 Waitable = Sequence[Any]
 
 
+def rebind_args(args: CollArgs, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+    """Point a collective's arguments at new buffers (same shape) and a new message key."""
+    args.src = src
+    args.dst = dst
+    args.channel.key = key
+
+
 class StepTask(Task):
     """A collective written as a generator: ``run()`` yields lists of transport requests and is
     resumed when all of them are done; returning completes the task.
 
-    This is UCC's resumable per-algorithm state machine, with Python keeping the state.
+    This is UCC's resumable per-algorithm state machine, with Python keeping the state. A finished
+    StepTask can be reused for another call of the same shape (:meth:`rebind`), keeping its
+    scratch buffers (fresh large buffers cost page faults on every call).
     """
 
-    __slots__ = ("args", "_gen", "_wait")
+    __slots__ = ("args", "_gen", "_wait", "_scratch")
 
     def __init__(self, args: CollArgs, name: Optional[str] = None) -> None:
         super().__init__(name or args.name, nbytes=args.nbytes)
         self.args = args
         self._gen: Optional[Generator[Waitable, None, None]] = None
         self._wait: Waitable = ()
+        self._scratch: List[np.ndarray] = []
+
+    def scratch(self, i: int, like: np.ndarray) -> np.ndarray:
+        """Scratch buffer ``i`` shaped like ``like``, kept across calls."""
+        while len(self._scratch) <= i:
+            self._scratch.append(np.empty(0, like.dtype))
+        buf = self._scratch[i]
+        if buf.size < like.size or buf.dtype != like.dtype:
+            buf = self._scratch[i] = np.empty_like(like)
+        return buf[:like.size]
+
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        """Reuse this finished task for a new call with buffers of the same shape."""
+        rebind_args(self.args, src, dst, key)
+        self.reset()
 
     def run(self) -> Generator[Waitable, None, None]:  # pragma: no cover - abstract
         raise TypeError(f"{type(self).__name__} must define run()")
@@ -135,11 +162,12 @@ class StepTask(Task):
 
     def describe(self) -> str:
         pending = [r for r in self._wait if not r.done]
+        label = f"{self.name} {self.args.channel!r}"
         if not pending:
-            return self.name
+            return label
         parts = [f"{r.kind} of {r.nbytes} B {'to' if r.kind == 'send' else 'from'} rank {r.peer}"
                  for r in pending]
-        return f"{self.name}: " + ", ".join(parts)
+        return f"{label}: " + ", ".join(parts)
 
     def reset(self) -> None:
         super().reset()
@@ -174,4 +202,4 @@ def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -
 
 
 __all__ = ["Channel", "CollArgs", "StepTask", "as_wire", "block_bounds", "copy_in", "finish",
-           "reduce_ordered", "Hashable"]
+           "rebind_args", "reduce_ordered", "Hashable"]

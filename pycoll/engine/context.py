@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from pycoll import config
+from pycoll.engine.request import Request
 from pycoll.errors import TimeoutError
 from pycoll.events.manager import Event
 from pycoll.tasks.schedule import Schedule
@@ -119,11 +120,11 @@ class Context:
         self.on_start: Optional[Callable[[Task], None]] = None
 
     # ----------------------------------------------------------------------------- submission
-    def submit(self, task: Task, priority: Optional[int] = None) -> Request:
+    def submit(self, task: Task, priority: Optional[int] = None, result: Any = None,
+               on_done: Optional[Callable[[Request], None]] = None) -> Request:
         """Start ``task`` (as soon as its dependencies, priority and credit allow) and return a
-        :class:`Request` for it."""
-        from pycoll.engine.request import Request
-
+        :class:`Request` for it (whose ``wait()`` returns ``result``, else the task's result;
+        ``on_done(request)`` runs once when the request has seen the task finish)."""
         if task.state is not NOT_READY:
             raise RuntimeError(f"{task!r} was already submitted; reset() it to run it again")
         if priority is not None:
@@ -132,7 +133,7 @@ class Context:
         with self.lock:
             task._activate(self)
             self._start_ready()
-        return Request(task, self)
+        return Request(task, self, result, on_done)
 
     def _enqueue(self, task: Task) -> None:
         """Queue a task whose dependencies are done (called from task handlers)."""
@@ -161,7 +162,7 @@ class Context:
                 moved += transport.progress()
             if self._active:
                 moved += self._progress_active()
-            if self._deadlines and self._deadlines[0][0] <= _monotonic():
+            if self._deadlines:
                 moved += self._expire()
             if self._ready:
                 moved += self._start_ready()
@@ -184,10 +185,17 @@ class Context:
         return finished
 
     def _expire(self) -> int:
+        """Fail tasks past their deadline; drop entries of tasks that finished in time."""
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].state is not IN_PROGRESS
+                             or deadlines[0][2]._t_start != deadlines[0][3]):
+            _heappop(deadlines)
+        if not deadlines or deadlines[0][0] > _monotonic():
+            return 0
         now = _monotonic()
         expired = 0
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, task, started_at = _heappop(self._deadlines)
+        while deadlines and deadlines[0][0] <= now:
+            _, _, task, started_at = _heappop(deadlines)
             if task.state is IN_PROGRESS and task._t_start == started_at:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or "nothing left"
@@ -334,6 +342,5 @@ def get_context() -> Context:
     return _default
 
 
-from pycoll.engine.request import Request  # noqa: E402  (Request needs Context for typing only)
 
 __all__ = ["Backoff", "Context", "Request", "get_context", "COMPLETED", "ERROR", "CANCELED"]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional
 
 from pycoll.errors import CanceledError
-from pycoll.tasks.task import CANCELED, COMPLETED, ERROR, FINISHED, Task, TaskState
+from pycoll.tasks.task import COMPLETED, ERROR, FINISHED, Task, TaskState
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.engine.context import Context
@@ -15,74 +15,84 @@ class Request:
     """A submitted task (usually a collective's schedule).
 
     ``wait()`` returns the result (the output buffer for collectives) or raises the task's error;
-    ``test()`` makes one pass of the engine and says whether the task finished.
+    ``test()`` makes one pass of the engine and says whether the task finished. Once finished,
+    the outcome is kept in the request (the task may be reused by a later call).
     """
 
-    __slots__ = ("task", "ctx", "_result", "_on_done", "__weakref__")
+    __slots__ = ("task", "ctx", "_result", "_on_done", "_final", "__weakref__")
 
-    def __init__(self, task: Task, ctx: Context, result: Any = None) -> None:
+    def __init__(self, task: Task, ctx: Context, result: Any = None,
+                 on_done: Optional[Callable[[Request], None]] = None) -> None:
         self.task = task
         self.ctx = ctx
         self._result = result
-        self._on_done: Optional[Any] = None
+        self._on_done = on_done
+        self._final: Optional[tuple] = None  # (state, error, result) once finished
 
     @property
     def state(self) -> TaskState:
-        return self.task.state
+        return self._final[0] if self._final is not None else self.task.state
 
     @property
     def done(self) -> bool:
         """True once the task completed, failed or was canceled (no progress is made)."""
-        return self.task.state in FINISHED
+        return self._final is not None or self.task.state in FINISHED
 
     @property
     def error(self) -> Optional[BaseException]:
-        return self.task.error
+        return self._final[1] if self._final is not None else self.task.error
 
     def test(self) -> bool:
         """Progress the engine once; True if the task finished. Raises its error if it failed."""
-        if self.task.state not in FINISHED:
-            self.ctx.progress()
-        if self.task.state in FINISHED:
-            self._finish()
-            return True
-        return False
+        if self._final is None:
+            if self.task.state not in FINISHED:
+                self.ctx.progress()
+                if self.task.state not in FINISHED:
+                    return False
+        self._outcome()
+        return True
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Progress until the task finishes and return its result; raise its error if it failed,
         :class:`pycoll.CanceledError` if it was canceled, and :class:`pycoll.TimeoutError` if
         ``timeout`` seconds pass first (the collective then keeps running)."""
-        if self.task.state not in FINISHED:
+        if self._final is None and self.task.state not in FINISHED:
             self.ctx.wait_for(self.task, timeout)
-        return self._finish()
+        return self._outcome()
 
     def cancel(self) -> bool:
         """Cancel the task if it has not finished."""
+        if self._final is not None:
+            return False
         with self.ctx.lock:
             return self.task.cancel()
 
-    def _finish(self) -> Any:
-        task = self.task
-        if self._on_done is not None:
-            on_done, self._on_done = self._on_done, None
-            on_done(self)
-        if task.state is COMPLETED:
-            return self._result if self._result is not None else task.result
-        if task.state is ERROR:
-            raise task.error  # type: ignore[misc]
-        if task.state is CANCELED:
-            if task.error is not None:
-                raise task.error
-            raise CanceledError(f"{task.name} was canceled")
-        raise RuntimeError(f"{task!r} is not finished")
+    def _outcome(self) -> Any:
+        final = self._final
+        if final is None:
+            task = self.task
+            result = self._result if self._result is not None else task.result
+            final = self._final = (task.state, task.error, result)
+            if self._on_done is not None:
+                on_done, self._on_done = self._on_done, None
+                on_done(self)
+        state, error, result = final
+        if state is COMPLETED:
+            return result
+        if state is ERROR:
+            raise error  # type: ignore[misc]
+        if error is not None:
+            raise error
+        raise CanceledError(f"{self.task.name} was canceled")
 
     def __repr__(self) -> str:
-        return f"<Request {self.task.name!r} {self.task.state.name}>"
+        return f"<Request {self.task.name!r} {self.state.name}>"
 
 
 def wait_all(requests: Iterable[Request], timeout: Optional[float] = None) -> List[Any]:
     """Wait for every request (progressing all of them) and return their results in order."""
     reqs = list(requests)
     for req in reqs:
-        req.wait(timeout)
+        if not req.done:
+            req.ctx.wait_for(req.task, timeout)
     return [req.wait() for req in reqs]
