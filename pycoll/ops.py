@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import ml_dtypes
 import numpy as np
@@ -30,6 +30,9 @@ class ReduceOp(enum.Enum):
     LAND = "land"
     LOR = "lor"
     LXOR = "lxor"
+
+    def __hash__(self) -> int:  # members are singletons; Enum's default hashes the name in Python
+        return id(self)
 
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -127,25 +130,43 @@ _UFUNC = {
 _LOGICAL = {ReduceOp.LAND: np.logical_and, ReduceOp.LOR: np.logical_or, ReduceOp.LXOR: np.logical_xor}
 
 
+Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+_REDUCERS: Dict[tuple, Reducer] = {}
+
+
+def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
+    """The kernel ``fn(a, b, out)`` computing ``out = a (op) b`` for ``dtype`` (cached). AVG
+    reduces as SUM: the caller divides once at the end with :func:`finish_avg`."""
+    fn = _REDUCERS.get((op, dtype))
+    if fn is not None:
+        return fn
+    if op in _LOGICAL:
+        logical = _LOGICAL[op]
+        if dtype == np.bool_:
+            fn = logical
+        else:
+            def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+                out[...] = logical(a, b)
+    elif dtype in _HALF:
+        ufunc = _UFUNC[op]
+
+        def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+            out[...] = ufunc(a.astype(np.float32), b.astype(np.float32))
+    elif dtype == np.bool_ and op in (ReduceOp.MIN, ReduceOp.MAX):
+        fn = np.logical_and if op is ReduceOp.MIN else np.logical_or
+    else:
+        ufunc = _UFUNC[op]
+
+        def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+            ufunc(a, b, out=out)
+    _REDUCERS[(op, dtype)] = fn
+    return fn
+
+
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, out: Optional[np.ndarray] = None) -> None:
     """``out = dst (op) src`` elementwise (``out`` defaults to ``dst``); AVG reduces as SUM (the
     caller divides once at the end with :func:`finish_avg`)."""
-    if out is None:
-        out = dst
-    dt = dst.dtype
-    if op in _LOGICAL:
-        if dt == np.bool_:
-            _LOGICAL[op](dst, src, out=out)
-        else:
-            out[...] = _LOGICAL[op](dst, src)
-        return
-    ufunc = _UFUNC[op]
-    if dt in _HALF:
-        out[...] = ufunc(dst.astype(np.float32), src.astype(np.float32))
-    elif dt == np.bool_ and op in (ReduceOp.MIN, ReduceOp.MAX):
-        (np.logical_and if op is ReduceOp.MIN else np.logical_or)(dst, src, out=out)
-    else:
-        ufunc(dst, src, out=out)
+    reducer(op, dst.dtype)(dst, src, dst if out is None else out)
 
 
 def finish_avg(buf: np.ndarray, n: int) -> None:

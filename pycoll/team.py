@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from functools import partial
 from typing import Any, Dict, Hashable, List, Optional
 
 import numpy as np
@@ -49,6 +48,7 @@ class Team:
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
+        self._recycle_done = self._recycle  # one bound method for every request
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -124,9 +124,10 @@ class Team:
             return task
         return build(self._args(shape[0], key, src, dst, op, shape[1], options))
 
-    def _recycle(self, shape: tuple, req: Request) -> None:
+    def _recycle(self, req: Request) -> None:
         """A collective finished and its request was collected: keep its task for reuse."""
         task = req.task
+        shape = task._shape
         if task.state is not COMPLETED or not hasattr(task, "rebind"):
             return
         pool = self._plans.get(shape)
@@ -168,8 +169,10 @@ class Team:
         t = self.ctx.timeout if timeout is None else timeout
         task.timeout = None if (t is None or t == math.inf or t <= 0) else t
         task.priority = priority
-        on_done = None if shape is None else partial(self._recycle, shape)
-        return self.ctx.submit(task, result=out, on_done=on_done)
+        if shape is None:
+            return self.ctx.submit(task, result=out)
+        task._shape = shape
+        return self.ctx.submit(task, result=out, on_done=self._recycle_done)
 
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_in, finish
-from pycoll.ops import reduce_into
+from pycoll.ops import reducer
 from pycoll.tasks.task import Task
 
 
@@ -19,7 +19,7 @@ class RecursiveDoublingAllreduce(StepTask):
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
-        ch, rank, n, op = a.channel, a.rank, a.size, a.op
+        ch, rank, n = a.channel, a.rank, a.size
         copy_in(a)
         dst = a.dst
         if n == 1 or dst.size == 0:
@@ -27,6 +27,7 @@ class RecursiveDoublingAllreduce(StepTask):
             return
         wire = as_wire(dst)
         scratch = self.scratch(0, dst)
+        reduce = reducer(a.op, dst.dtype)
         scratch_wire = as_wire(scratch)
         p = 1 << (n.bit_length() - 1)
         rem = n - p
@@ -38,7 +39,7 @@ class RecursiveDoublingAllreduce(StepTask):
                 finish(a)
                 return
             yield (ch.irecv(scratch_wire, rank - 1, 0),)
-            reduce_into(dst, scratch, op)
+            reduce(dst, scratch, dst)
             newrank = rank // 2
         else:
             newrank = rank - rem
@@ -47,7 +48,7 @@ class RecursiveDoublingAllreduce(StepTask):
             newpeer = newrank ^ mask
             peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
             yield (ch.isend(wire, peer, step), ch.irecv(scratch_wire, peer, step))
-            reduce_into(dst, scratch, op)
+            reduce(dst, scratch, dst)
             mask <<= 1
             step += 1
         if rank < 2 * rem:

@@ -301,12 +301,15 @@ class Context:
         if task.state in FINISHED:
             return
         deadline = _monotonic() + timeout if timeout is not None else None
-        backoff = Backoff()
+        backoff = None
         progress = self.progress
         while task.state is NOT_READY or task.state is IN_PROGRESS:
             if progress():
-                backoff.reset()
+                if backoff is not None:
+                    backoff.reset()
                 continue
+            if backoff is None:
+                backoff = Backoff()
             if deadline is not None and _monotonic() >= deadline:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
