@@ -205,6 +205,45 @@ class Team:
         team.comm = dup
         return team
 
+    @classmethod
+    def from_store(cls, store: Any, rank: int, size: int, ctx: Optional[Context] = None, *,
+                   prefix: str = "pycoll", advertise: Optional[str] = None) -> Team:
+        """A team bootstrapped through a key-value store (pycoll's :class:`~pycoll.store.TCPStore`
+        or a torch c10d ``Store``): ranks exchange addresses in the store and connect with TCP.
+
+        Collective: all ``size`` ranks call it, in the same order if they make several teams.
+        ``advertise`` is the address peers use to reach this rank (default: the address this
+        host uses to reach the store, or 127.0.0.1).
+        """
+        from pycoll.store import allgather
+        from pycoll.tl.base import key_hash
+
+        if not 0 <= rank < size:
+            raise ValueError(f"from_store: rank {rank} is not in a team of {size}")
+        global _store_teams
+        _store_teams += 1
+        team_prefix = f"{prefix}/team{_store_teams}"
+        ctx = ctx if ctx is not None else get_context()
+        if size == 1:
+            from pycoll.tl.self import SelfTransport
+
+            transport: Transport = SelfTransport()
+        else:
+            from pycoll.tl.tcp import TCPTransport, connect_mesh
+
+            if advertise is None:
+                advertise = _local_address(store)
+
+            def exchange(value: bytes) -> List[bytes]:
+                return allgather(store, f"{team_prefix}/addr", rank, size, value)
+
+            socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
+            transport = TCPTransport(rank, size, socks)
+            ctx.add_transport(transport)
+        team = cls(rank, size, transport, ctx, name=team_prefix)
+        team.store = store
+        return team
+
     def split(self, color: Optional[int], key: int = 0) -> Optional[Team]:
         """Split into sub-teams by ``color`` ordered by ``key`` (then rank), as ``MPI_Comm_split``;
         ranks passing ``color=None`` get ``None``. Collective over the team."""
@@ -220,6 +259,20 @@ class Team:
             return Team.from_mpi(sub, self.ctx)
         finally:
             sub.Free()
+
+
+_store_teams = 0
+
+
+def _local_address(store: Any) -> str:
+    """The address of this host on the interface that reaches the store (else 127.0.0.1)."""
+    sock = getattr(store, "_sock", None)
+    if sock is not None:
+        try:
+            return sock.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"
 
 
 def local_teams(n: int, ctx: Optional[Context] = None) -> List[Team]:

@@ -12,9 +12,34 @@ is always given back. Messages between one pair of ranks with the same tag match
 from __future__ import annotations
 
 import abc
-from typing import Hashable, Optional
+import hashlib
+from typing import Any, Dict, Hashable, Optional, Tuple
 
 import numpy as np
+
+_HASHES: Dict[Any, int] = {}
+
+
+def key_hash(prefix: Hashable) -> int:
+    """A 64-bit hash of a message key (prefix), equal on every rank: computed from its ``repr``,
+    so user tags must be built from strings, numbers and tuples."""
+    h = _HASHES.get(prefix)
+    if h is None:
+        if len(_HASHES) > 65536:
+            _HASHES.clear()
+        h = int.from_bytes(hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest(), "little")
+        _HASHES[prefix] = h
+    return h
+
+
+def split_key(key: Hashable) -> Tuple[Hashable, int, bool]:
+    """``(prefix, step, checked)`` of a message key. Untagged collectives ``("c", seq, step)``
+    are unchecked (their sequence numbers are unique in flight); every other key is checked."""
+    if isinstance(key, tuple) and key and key[0] == "c" and len(key) == 3:
+        return key[:2], key[2], False
+    if isinstance(key, tuple) and key and key[0] in ("c", "u") and isinstance(key[-1], int):
+        return key[:-1], key[-1], True
+    return key, 0, True
 
 
 class TransportRequest:

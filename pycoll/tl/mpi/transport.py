@@ -20,7 +20,6 @@ every message that arrived without a matching receive into the stash, so a peer'
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections import defaultdict, deque
 from typing import Any, Dict, Hashable, List, Optional, Tuple
@@ -29,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest
+from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
@@ -38,28 +37,7 @@ _SLOT_MASK = 0xFFFF
 _HEADER = struct.Struct("<IIQQQ")  # magic, version, key hash, step, payload bytes
 _MAGIC = 0x50434F4C  # "PCOL"
 _VERSION = 1
-_HASHES: Dict[Any, int] = {}
 _Key = Tuple[int, int, int]  # (source, key hash, step)
-
-
-def key_hash(prefix: Hashable) -> int:
-    """A 64-bit hash of a key prefix, equal on every rank (from its repr)."""
-    h = _HASHES.get(prefix)
-    if h is None:
-        if len(_HASHES) > 65536:
-            _HASHES.clear()
-        h = int.from_bytes(hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest(), "little")
-        _HASHES[prefix] = h
-    return h
-
-
-def split_key(key: Hashable) -> Tuple[Hashable, int, bool]:
-    """(prefix, step, checked) of a message key."""
-    if isinstance(key, tuple) and key and key[0] == "c" and len(key) == 3:
-        return key[:2], key[2], False
-    if isinstance(key, tuple) and key and key[0] in ("c", "u") and isinstance(key[-1], int):
-        return key[:-1], key[-1], True
-    return key, 0, True
 
 
 def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:

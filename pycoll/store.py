@@ -1,0 +1,190 @@
+"""A small TCP key-value store for bootstrapping teams without MPI (``Team.from_store``).
+
+It has the interface of torch's c10d ``Store`` that pycoll uses (``set``, ``get`` blocking until the
+key exists, ``add``, ``wait``, ``check``, ``delete_key``), so a c10d store can be passed instead.
+One process (``is_master=True``) runs the server in a thread; every process connects as a client.
+
+Wire protocol, one request and one reply per round trip (all integers little-endian)::
+
+    request: op u8, key length u32, key, value length u64, value
+    reply:   status u8 (0 ok, 1 timeout, 2 error), value length u64, value
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Dict, Iterable, List, Optional, Union
+
+from pycoll.errors import PycollError, TimeoutError
+
+_SET, _GET, _ADD, _CHECK, _DELETE, _WAIT = range(6)
+_REQ = struct.Struct("<BI")
+_LEN = struct.Struct("<Q")
+_REP = struct.Struct("<BQ")
+_OK, _TIMEOUT, _ERR = 0, 1, 2
+_MAX_KEY = 1 << 16
+_MAX_VALUE = 1 << 30
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("store connection closed")
+        got += k
+    return bytes(buf)
+
+
+class _Server:
+    """The store's server: a thread per client; ``get``/``wait`` block on a condition."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.data: Dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.sock = socket.create_server((host, port), reuse_port=False)
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, name="pycoll-store", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                op, klen = _REQ.unpack(_recv_exact(conn, _REQ.size))
+                if op > _WAIT or klen > _MAX_KEY:
+                    raise PycollError(f"store: malformed request (op {op}, key length {klen})")
+                key = _recv_exact(conn, klen).decode()
+                (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
+                if vlen > _MAX_VALUE:
+                    raise PycollError(f"store: value of {vlen} B is too large")
+                value = _recv_exact(conn, vlen)
+                status, reply = self._handle(op, key, value)
+                conn.sendall(_REP.pack(status, len(reply)) + reply)
+        except (ConnectionError, OSError, PycollError, struct.error, UnicodeDecodeError):
+            conn.close()
+
+    def _handle(self, op: int, key: str, value: bytes) -> tuple:
+        with self.cond:
+            if op == _SET:
+                self.data[key] = value
+                self.cond.notify_all()
+                return _OK, b""
+            if op == _ADD:
+                n = int(self.data.get(key, b"0")) + int(value)
+                self.data[key] = str(n).encode()
+                self.cond.notify_all()
+                return _OK, str(n).encode()
+            if op == _CHECK:
+                keys = key.split("\0") if key else []
+                return _OK, b"1" if all(k in self.data for k in keys) else b"0"
+            if op == _DELETE:
+                return _OK, b"1" if self.data.pop(key, None) is not None else b"0"
+            timeout = float(value) if value else None
+            keys = key.split("\0") if op == _WAIT else [key]
+            ok = self.cond.wait_for(lambda: all(k in self.data for k in keys), timeout)
+            if not ok:
+                return _TIMEOUT, b""
+            return _OK, b"" if op == _WAIT else self.data[key]
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+class TCPStore:
+    """A key-value store client (and, with ``is_master``, its server).
+
+    Args:
+        host, port: where the server listens (``port=0`` with ``is_master`` picks a free port;
+            read it back from ``store.port``).
+        is_master: run the server in this process.
+        timeout: seconds a ``get``/``wait`` may block before raising :class:`pycoll.TimeoutError`.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, is_master: bool = False,
+                 timeout: float = 300.0, connect_timeout: float = 60.0) -> None:
+        self.host = host
+        self.timeout = timeout
+        self._server = _Server(host, port) if is_master else None
+        self.port = self._server.port if self._server else port
+        self._lock = threading.Lock()
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                self._sock = socket.create_connection((host, self.port), timeout=5)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise PycollError(f"store: cannot connect to {host}:{self.port}: {exc}") from None
+                time.sleep(0.05)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _call(self, op: int, key: str, value: bytes = b"") -> tuple:
+        k = key.encode()
+        with self._lock:
+            self._sock.sendall(_REQ.pack(op, len(k)) + k + _LEN.pack(len(value)) + value)
+            status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
+            return status, _recv_exact(self._sock, n)
+
+    @staticmethod
+    def _bytes(value: Union[str, bytes]) -> bytes:
+        return value.encode() if isinstance(value, str) else bytes(value)
+
+    def set(self, key: str, value: Union[str, bytes]) -> None:
+        self._call(_SET, key, self._bytes(value))
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting until some process sets it."""
+        status, value = self._call(_GET, key, str(self.timeout).encode())
+        if status == _TIMEOUT:
+            raise TimeoutError(f"store: key {key!r} was not set within {self.timeout:g} s")
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(_ADD, key, str(int(amount)).encode())[1])
+
+    def check(self, keys: Iterable[str]) -> bool:
+        return self._call(_CHECK, "\0".join(keys))[1] == b"1"
+
+    def wait(self, keys: Iterable[str], timeout: Optional[float] = None) -> None:
+        keys = list(keys)
+        t = self.timeout if timeout is None else (timeout.total_seconds() if hasattr(timeout, "total_seconds")
+                                                   else float(timeout))
+        status, _ = self._call(_WAIT, "\0".join(keys), str(t).encode())
+        if status == _TIMEOUT:
+            raise TimeoutError(f"store: keys {keys} were not all set within {t:g} s")
+
+    def delete_key(self, key: str) -> bool:
+        return self._call(_DELETE, key)[1] == b"1"
+
+    def close(self) -> None:
+        self._sock.close()
+        if self._server is not None:
+            self._server.close()
+
+
+def store_get(store: object, key: str) -> bytes:
+    """``store.get(key)`` as bytes, for pycoll's store and c10d stores alike."""
+    value = store.get(key)  # type: ignore[attr-defined]
+    return value if isinstance(value, bytes) else bytes(value)
+
+
+def allgather(store: object, prefix: str, rank: int, size: int, value: bytes) -> List[bytes]:
+    """Every rank's ``value`` through the store (each rank calls it once per prefix)."""
+    store.set(f"{prefix}/{rank}", value)  # type: ignore[attr-defined]
+    return [value if r == rank else store_get(store, f"{prefix}/{r}") for r in range(size)]

@@ -1,0 +1,322 @@
+"""TCP transport: non-blocking sockets, one per peer, progressed by the engine.
+
+Every message is a 32-byte header then the payload::
+
+    magic u32, version u32, key hash u64 (of the key without its step), step u64, payload bytes u64
+
+The receiver reads eagerly: a payload whose receive is posted goes straight into its buffer;
+otherwise it is kept until that receive is posted (so a send always completes, whatever the
+receiver is doing, as the transport contract asks). Headers are validated before use; a peer
+whose connection closes fails every operation with it, naming the rank.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import struct
+import time
+from collections import defaultdict, deque
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+
+from pycoll.errors import TransportError
+from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key
+
+_HEADER = struct.Struct("<IIQQQ")
+_MAGIC = 0x50544350  # "PCTP"
+_VERSION = 1
+_HELLO = struct.Struct("<IIQ")  # magic, rank, team id
+_MAX_MESSAGE = 1 << 40
+
+
+class _Send(TransportRequest):
+    __slots__ = ("parts",)
+
+
+class _Recv(TransportRequest):
+    __slots__ = ("buf", "k")
+
+
+class _Peer:
+    """One connection: the outgoing queue and the state of the message being read."""
+
+    def __init__(self, rank: int, sock: socket.socket) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.out: deque = deque()  # (request, [memoryview parts])
+        self.header = bytearray(_HEADER.size)
+        self.hgot = 0
+        self.target: Optional[memoryview] = None
+        self.tgot = 0
+        self.recv: Optional[_Recv] = None  # the receive being filled, or None: stash
+        self.k: Tuple[int, int] = (0, 0)
+        self.data: Optional[np.ndarray] = None
+        self.error: Optional[TransportError] = None
+
+
+class TCPTransport(Transport):
+    """Point-to-point over a mesh of TCP connections (see :func:`connect_mesh`)."""
+
+    name = "tcp"
+
+    def __init__(self, rank: int, size: int, socks: Dict[int, socket.socket]) -> None:
+        self.rank = rank
+        self.size = size
+        self.peers: Dict[int, _Peer] = {}
+        self.selector = selectors.DefaultSelector()
+        for r, sock in socks.items():
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = _Peer(r, sock)
+            self.peers[r] = peer
+            self.selector.register(sock, selectors.EVENT_READ, peer)
+        self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        self._sending: List[_Peer] = []
+        self.bytes_sent = np.zeros(size, np.int64)
+        self.bytes_received = np.zeros(size, np.int64)
+
+    def _peer(self, peer: int) -> _Peer:
+        p = self.peers.get(peer)
+        if p is None:
+            raise ValueError(f"tcp: peer {peer} is not another rank of a team of {self.size}")
+        if p.error is not None:
+            raise p.error
+        return p
+
+    # ------------------------------------------------------------------ sends
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        p = self._peer(peer)
+        prefix, step, _ = split_key(tag)
+        header = _HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes)
+        req = _Send("send", peer, tag, buf.nbytes)
+        req.parts = [memoryview(header), memoryview(buf).cast("B")]
+        p.out.append(req)
+        self.bytes_sent[peer] += buf.nbytes
+        if len(p.out) == 1:
+            self._flush(p)
+            if p.out:
+                self._sending.append(p)
+        return req
+
+    def _flush(self, p: _Peer) -> int:
+        """Write what the socket takes; return how many sends completed."""
+        done = 0
+        while p.out:
+            req = p.out[0]
+            parts = [part for part in req.parts if part.nbytes]
+            if parts:
+                try:
+                    n = p.sock.sendmsg(parts)
+                except (BlockingIOError, InterruptedError):
+                    return done
+                except OSError as exc:
+                    self._lost(p, f"send failed: {exc}")
+                    return done
+                for i, part in enumerate(parts):
+                    if n >= part.nbytes:
+                        n -= part.nbytes
+                        parts[i] = part[part.nbytes:]
+                    else:
+                        parts[i] = part[n:]
+                        break
+                req.parts = [part for part in parts if part.nbytes]
+                if req.parts:
+                    return done
+            req.done = True
+            p.out.popleft()
+            done += 1
+        return done
+
+    # ------------------------------------------------------------------ receives
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        p = self._peer(peer)
+        prefix, step, _ = split_key(tag)
+        k = (peer, key_hash(prefix), step)
+        req = _Recv("recv", peer, tag, buf.nbytes)
+        req.buf = buf
+        req.k = k
+        stashed = self._stash.get(k)
+        if stashed:
+            data = stashed.popleft()
+            if not stashed:
+                del self._stash[k]
+            self._fill(req, data)
+            return req
+        if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
+            # the payload is arriving right now into a temporary buffer: take it over
+            if p.data.nbytes <= buf.nbytes:
+                buf[:p.tgot] = p.data[:p.tgot]
+                p.target = memoryview(buf).cast("B")[:p.data.nbytes]
+                p.recv, p.data = req, None
+                req.nbytes = p.target.nbytes
+                return req
+        self._posted[k].append(req)
+        self.progress()
+        return req
+
+    def _fill(self, req: _Recv, data: np.ndarray) -> None:
+        if data.nbytes > req.buf.nbytes:
+            req.error = TransportError(f"tcp: message of {data.nbytes} B from rank {req.peer} (tag "
+                                       f"{req.tag!r}) is larger than the receive buffer of {req.buf.nbytes} B")
+        else:
+            req.buf[:data.nbytes] = data
+            req.nbytes = data.nbytes
+        req.done = True
+
+    def _read(self, p: _Peer) -> int:
+        """Read what the socket has; return how many receives completed."""
+        done = 0
+        while True:
+            try:
+                if p.target is None:
+                    n = p.sock.recv_into(memoryview(p.header)[p.hgot:])
+                else:
+                    n = p.sock.recv_into(p.target[p.tgot:]) if p.target.nbytes > p.tgot else -1
+            except (BlockingIOError, InterruptedError):
+                return done
+            except OSError as exc:
+                self._lost(p, f"receive failed: {exc}")
+                return done
+            if n == 0:
+                self._lost(p, "closed its connection")
+                return done
+            if p.target is None:
+                p.hgot += n
+                if p.hgot < _HEADER.size:
+                    continue
+                p.hgot = 0
+                magic, version, khash, step, nbytes = _HEADER.unpack(p.header)
+                if magic != _MAGIC or version != _VERSION or nbytes > _MAX_MESSAGE:
+                    self._lost(p, f"sent a malformed header (magic {magic:#x}, version {version}, "
+                                  f"{nbytes} B)")
+                    return done
+                p.k = (khash, step)
+                queue = self._posted.get((p.rank, khash, step))
+                recv = queue.popleft() if queue else None
+                if queue is not None and not queue:
+                    del self._posted[(p.rank, khash, step)]
+                if recv is not None and nbytes > recv.buf.nbytes:
+                    recv.error = TransportError(
+                        f"tcp: message of {nbytes} B from rank {p.rank} (tag {recv.tag!r}) is larger "
+                        f"than the receive buffer of {recv.buf.nbytes} B")
+                    recv.done = True
+                    recv = None
+                p.recv = recv
+                if recv is not None:
+                    p.target = memoryview(recv.buf).cast("B")[:nbytes]
+                    recv.nbytes = nbytes
+                else:
+                    p.data = np.empty(nbytes, np.uint8)
+                    p.target = memoryview(p.data)
+                p.tgot = 0
+                if nbytes:
+                    continue
+            else:
+                if n > 0:
+                    p.tgot += n
+                if p.tgot < p.target.nbytes:
+                    continue
+            self.bytes_received[p.rank] += p.target.nbytes
+            if p.recv is not None:
+                p.recv.done = True
+                done += 1
+            else:
+                self._stash[(p.rank, *p.k)].append(p.data)
+            p.target, p.recv, p.data = None, None, None
+
+    def _lost(self, p: _Peer, what: str) -> None:
+        err = TransportError(f"tcp: rank {p.rank} {what}")
+        p.error = err
+        try:
+            self.selector.unregister(p.sock)
+        except (KeyError, ValueError):
+            pass
+        p.sock.close()
+        for req in p.out:
+            req.error = err
+        p.out.clear()
+        if p.recv is not None:
+            p.recv.error = err
+        for k, queue in list(self._posted.items()):
+            if k[0] == p.rank:
+                for req in queue:
+                    req.error = err
+                del self._posted[k]
+
+    # ------------------------------------------------------------------ engine side
+    def progress(self) -> int:
+        moved = 0
+        if self._sending:
+            for p in self._sending:
+                moved += self._flush(p)
+            self._sending = [p for p in self._sending if p.out]
+        for key, _ in self.selector.select(0):
+            moved += self._read(key.data)
+        return moved
+
+    def has_unexpected(self, key: tuple) -> bool:
+        self.progress()
+        h = key_hash(split_key((*key, 0))[0])
+        return any(k[1] == h for k in self._stash)
+
+    def close(self) -> None:
+        for p in self.peers.values():
+            try:
+                self.selector.unregister(p.sock)
+            except (KeyError, ValueError):
+                pass
+            p.sock.close()
+        self.selector.close()
+
+
+def connect_mesh(rank: int, size: int, exchange: Any, team_id: int, host: str = "0.0.0.0",
+                 advertise: Optional[str] = None, timeout: float = 60.0) -> Dict[int, socket.socket]:
+    """Connect every pair of ranks: rank j connects to every i < j, which accepts.
+
+    ``exchange(value: bytes) -> list[bytes]`` allgathers the listening addresses (through the
+    store). Every connection starts with a hello naming the rank and the team, checked on accept.
+    """
+    listener = socket.create_server((host, 0), backlog=max(16, size))
+    port = listener.getsockname()[1]
+    addr = advertise or "127.0.0.1"
+    addrs = [a.decode().rsplit(":", 1) for a in exchange(f"{addr}:{port}".encode())]
+    socks: Dict[int, socket.socket] = {}
+    deadline = time.monotonic() + timeout
+    for i in range(rank):
+        while True:
+            try:
+                s = socket.create_connection((addrs[i][0], int(addrs[i][1])), timeout=timeout)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TransportError(f"tcp: cannot connect to rank {i} at {addrs[i]}") from None
+                time.sleep(0.05)
+        s.sendall(_HELLO.pack(_MAGIC, rank, team_id))
+        socks[i] = s
+    listener.settimeout(max(1.0, deadline - time.monotonic()))
+    while len(socks) < size - 1:
+        try:
+            s, _ = listener.accept()
+        except TimeoutError:
+            raise TransportError(f"tcp: rank {rank}: only {len(socks)} of {size - 1} peers connected "
+                                 f"within {timeout:g} s") from None
+        s.settimeout(timeout)
+        hello = b""
+        while len(hello) < _HELLO.size:
+            chunk = s.recv(_HELLO.size - len(hello))
+            if not chunk:
+                break
+            hello += chunk
+        if len(hello) != _HELLO.size:
+            s.close()
+            continue
+        magic, peer, tid = _HELLO.unpack(hello)
+        if magic != _MAGIC or tid != team_id or not rank < peer < size or peer in socks:
+            s.close()  # a stranger or a stale connection: ignore it
+            continue
+        socks[peer] = s
+    listener.close()
+    return socks
