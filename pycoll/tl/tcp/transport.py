@@ -159,8 +159,9 @@ class TCPTransport(Transport):
 
     def _fill(self, req: _Recv, data: np.ndarray) -> None:
         if data.nbytes > req.buf.nbytes:
-            req.error = TransportError(f"tcp: message of {data.nbytes} B from rank {req.peer} (tag "
-                                       f"{req.tag!r}) is larger than the receive buffer of {req.buf.nbytes} B")
+            req.error = TransportError(
+                f"tcp: message of {data.nbytes} B from rank {req.peer} (tag {req.tag!r}) is larger "
+                f"than the receive buffer of {req.buf.nbytes} B")
         else:
             req.buf[:data.nbytes] = data
             req.nbytes = data.nbytes
