@@ -31,9 +31,6 @@ class ReduceOp(enum.Enum):
     LOR = "lor"
     LXOR = "lxor"
 
-    def __hash__(self) -> int:  # members are singletons; Enum's default hashes the name in Python
-        return id(self)
-
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -111,7 +108,7 @@ _CHECKED: set = set()
 
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Raise ``ValueError`` if ``op`` makes no sense for ``dtype``."""
-    if (op, dtype) in _CHECKED:
+    if (id(op), dtype) in _CHECKED:  # id(): Enum hashes members in Python, slowly
         return
     kind = _kind(dtype)
     if dtype not in DTYPES.values():
@@ -119,7 +116,7 @@ def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     if op not in _VALID[kind]:
         allowed = ", ".join(o.name for o in ReduceOp if o in _VALID[kind])
         raise ValueError(f"{op.name} is not defined for {dtype} (allowed for {kind}: {allowed})")
-    _CHECKED.add((op, dtype))
+    _CHECKED.add((id(op), dtype))
 
 
 _UFUNC = {
@@ -137,7 +134,7 @@ _REDUCERS: Dict[tuple, Reducer] = {}
 def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
     """The kernel ``fn(a, b, out)`` computing ``out = a (op) b`` for ``dtype`` (cached). AVG
     reduces as SUM: the caller divides once at the end with :func:`finish_avg`."""
-    fn = _REDUCERS.get((op, dtype))
+    fn = _REDUCERS.get((id(op), dtype))
     if fn is not None:
         return fn
     if op in _LOGICAL:
@@ -159,7 +156,7 @@ def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
 
         def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             ufunc(a, b, out=out)
-    _REDUCERS[(op, dtype)] = fn
+    _REDUCERS[(id(op), dtype)] = fn
     return fn
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, Hashable, List, Optional
 import numpy as np
 
 from pycoll import algorithms
-from pycoll.algorithms.base import Channel, CollArgs
+from pycoll.algorithms.base import CollArgs
 from pycoll.buffers import as_array, as_bytes
 from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Request
@@ -108,7 +108,7 @@ class Team:
         if pb and dst.nbytes > pb and self.size > 1:
             task = self._partitioned(build, "allreduce", key, src, dst, op, pb, options)
             return self._submit(task, priority, timeout, out)
-        shape = ("allreduce", name, dst.size, dst.dtype, op, src is dst,
+        shape = ("allreduce", name, dst.size, dst.dtype, id(op), src is dst,
                  tuple(sorted(options.items())) if options else ())
         task = self._plan(shape, build, key, src, dst, op, options)
         return self._submit(self._unit(task, key), priority, timeout, out, shape)
@@ -148,7 +148,7 @@ class Team:
 
     def _args(self, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp, name: str,
               options: dict, root: int = 0) -> CollArgs:
-        return CollArgs(coll, self.rank, self.size, Channel(self.transport, key), src, dst, op, root,
+        return CollArgs(coll, self.rank, self.size, self.transport.channel(key), src, dst, op, root,
                         name=f"{coll}:{name}@{self.rank}", options=options)
 
     def _partitioned(self, build: Any, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray,

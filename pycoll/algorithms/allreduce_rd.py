@@ -19,27 +19,28 @@ class RecursiveDoublingAllreduce(StepTask):
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
-        ch, rank, n = a.channel, a.rank, a.size
-        copy_in(a)
-        dst = a.dst
+        ch, rank, n, src, dst = a.channel, a.rank, a.size, a.src, a.dst
         if n == 1 or dst.size == 0:
+            copy_in(a)
             finish(a)
             return
-        wire = as_wire(dst)
+        # The first reduction reads the input and writes the output, so out of place needs no copy.
+        cur, cur_wire, wire = src, as_wire(src), as_wire(dst)
         scratch = self.scratch(0, dst)
-        reduce = reducer(a.op, dst.dtype)
         scratch_wire = as_wire(scratch)
+        reduce = reducer(a.op, dst.dtype)
         p = 1 << (n.bit_length() - 1)
         rem = n - p
         last_step = p.bit_length()  # steps 1 .. log2(p) double; this one returns the result
         if rank < 2 * rem:
             if rank % 2 == 0:  # hand the data to rank + 1, get the result back at the end
-                yield (ch.isend(wire, rank + 1, 0),)
+                yield (ch.isend(cur_wire, rank + 1, 0),)
                 yield (ch.irecv(wire, rank + 1, last_step),)
                 finish(a)
                 return
             yield (ch.irecv(scratch_wire, rank - 1, 0),)
-            reduce(dst, scratch, dst)
+            reduce(cur, scratch, dst)
+            cur, cur_wire = dst, wire
             newrank = rank // 2
         else:
             newrank = rank - rem
@@ -47,8 +48,9 @@ class RecursiveDoublingAllreduce(StepTask):
         while mask < p:
             newpeer = newrank ^ mask
             peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
-            yield (ch.isend(wire, peer, step), ch.irecv(scratch_wire, peer, step))
-            reduce(dst, scratch, dst)
+            yield (ch.isend(cur_wire, peer, step), ch.irecv(scratch_wire, peer, step))
+            reduce(cur, scratch, dst)
+            cur, cur_wire = dst, wire
             mask <<= 1
             step += 1
         if rank < 2 * rem:

@@ -16,26 +16,7 @@ import numpy as np
 
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.tasks.task import Task
-
-
-class Channel:
-    """Point-to-point messaging of one collective: every message is keyed by the collective's
-    key plus a step number, so concurrent collectives never match each other's messages."""
-
-    __slots__ = ("transport", "key")
-
-    def __init__(self, transport: Any, key: tuple) -> None:
-        self.transport = transport
-        self.key = key
-
-    def __repr__(self) -> str:
-        return repr(self.key)
-
-    def isend(self, buf: np.ndarray, peer: int, step: int) -> Any:
-        return self.transport.isend(buf, peer, (*self.key, step))
-
-    def irecv(self, buf: np.ndarray, peer: int, step: int) -> Any:
-        return self.transport.irecv(buf, peer, (*self.key, step))
+from pycoll.tl.base import Channel
 
 
 @dataclass
@@ -88,7 +69,7 @@ def rebind_args(args: CollArgs, src: np.ndarray, dst: np.ndarray, key: tuple) ->
     """Point a collective's arguments at new buffers (same shape) and a new message key."""
     args.src = src
     args.dst = dst
-    args.channel.key = key
+    args.channel.rekey(key)
 
 
 class StepTask(Task):

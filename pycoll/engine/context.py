@@ -131,8 +131,17 @@ class Context:
             task.priority = priority
         task._prio = task.priority if task.priority is not None else 0
         with self.lock:
-            task._activate(self)
-            self._start_ready()
+            limit, in_flight = self.credit_bytes, self.in_flight
+            if not self._ready and task._pending == 1 and (
+                    not limit or not in_flight or in_flight + task.credit <= limit):
+                task._ctx = self  # nothing queued ahead of it and the credit fits: start it now
+                task._pending = 0
+                self._start(task, task.credit)
+                if self._ready:
+                    self._start_ready()
+            else:
+                task._activate(self)
+                self._start_ready()
         return Request(task, self, result, on_done)
 
     def _enqueue(self, task: Task) -> None:

@@ -69,6 +69,31 @@ class TransportRequest:
         return f"<{self.kind} peer={self.peer} tag={self.tag!r} {self.nbytes} B {state}>"
 
 
+class Channel:
+    """Point-to-point messaging of one collective: every message is keyed by the collective's
+    key plus a step number, so concurrent collectives never match each other's messages.
+    Transports may return a subclass that precomputes what the key means on their wire."""
+
+    __slots__ = ("transport", "key")
+
+    def __init__(self, transport: Transport, key: tuple) -> None:
+        self.transport = transport
+        self.key = key
+
+    def rekey(self, key: tuple) -> None:
+        """Use this channel for another collective (same transport)."""
+        self.key = key
+
+    def __repr__(self) -> str:
+        return repr(self.key)
+
+    def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        return self.transport.isend(buf, peer, (*self.key, step))
+
+    def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        return self.transport.irecv(buf, peer, (*self.key, step))
+
+
 class Transport(abc.ABC):
     """Point-to-point messaging among the ranks of one team."""
 
@@ -82,6 +107,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         """Start receiving a message of at most ``buf.nbytes`` bytes from ``peer`` into ``buf``."""
+
+    def channel(self, key: tuple) -> Channel:
+        """A channel for the messages of the collective with message key ``key``."""
+        return Channel(self, key)
 
     def progress(self) -> int:
         """Move pending messages; return how many operations finished (0: idle)."""

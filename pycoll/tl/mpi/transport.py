@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key
+from pycoll.tl.base import Channel, Transport, TransportRequest, key_hash, split_key
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
@@ -107,6 +107,36 @@ class _CheckedRecv(TransportRequest):
             self.transport._forget(self)
 
 
+class MPIChannel(Channel):
+    """A channel whose untagged messages skip key parsing: the tag base is computed once."""
+
+    __slots__ = ("fast", "base", "comm")
+
+    def __init__(self, transport: MPITransport, key: tuple) -> None:
+        super().__init__(transport, key)
+        self.comm = transport.comm
+        self.rekey(key)
+
+    def rekey(self, key: tuple) -> None:
+        self.key = key
+        self.fast = len(key) == 2 and key[0] == "c"
+        self.base = ((key[1] & _SLOT_MASK) << _STEP_BITS) if self.fast else 0
+
+    def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        if not self.fast:
+            return self.transport.isend(buf, peer, (*self.key, step))
+        req = _MPIRequest("send", peer, step, buf.nbytes)
+        req.reqs = (self.comm.Isend([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
+        return req
+
+    def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        if not self.fast or self.transport._stash:
+            return self.transport.irecv(buf, peer, (*self.key, step))
+        req = _MPIRequest("recv", peer, step, buf.nbytes)
+        req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
+        return req
+
+
 class MPITransport(Transport):
     """Point-to-point over an mpi4py intracommunicator (ranks are the communicator's ranks)."""
 
@@ -128,8 +158,9 @@ class MPITransport(Transport):
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
         self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
         self._header_buf = bytearray(_HEADER.size)
-        self.bytes_sent = np.zeros(self.size, np.int64)
-        self.bytes_received = np.zeros(self.size, np.int64)
+
+    def channel(self, key: tuple) -> Channel:
+        return MPIChannel(self, key)
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
@@ -142,14 +173,12 @@ class MPITransport(Transport):
                         self.comm.Isend([buf, MPI.BYTE], peer, wire)]
         else:
             req.reqs = [self.comm.Isend([buf, MPI.BYTE], peer, wire)]
-        self.bytes_sent[peer] += buf.nbytes
         return req
 
     # ------------------------------------------------------------------ receives
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
-        self.bytes_received[peer] += buf.nbytes
         if not checked:
             req = _MPIRequest("recv", peer, tag, buf.nbytes)
             stashed = self._stash.get((peer, wire))

@@ -75,8 +75,6 @@ class TCPTransport(Transport):
         self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._sending: List[_Peer] = []
-        self.bytes_sent = np.zeros(size, np.int64)
-        self.bytes_received = np.zeros(size, np.int64)
 
     def _peer(self, peer: int) -> _Peer:
         p = self.peers.get(peer)
@@ -94,7 +92,6 @@ class TCPTransport(Transport):
         req = _Send("send", peer, tag, buf.nbytes)
         req.parts = [memoryview(header), memoryview(buf).cast("B")]
         p.out.append(req)
-        self.bytes_sent[peer] += buf.nbytes
         if len(p.out) == 1:
             self._flush(p)
             if p.out:
@@ -113,7 +110,7 @@ class TCPTransport(Transport):
                 except (BlockingIOError, InterruptedError):
                     return done
                 except OSError as exc:
-                    self._lost(p, f"send failed: {exc}")
+                    self._lost(p, f"no longer accepts data ({exc})")
                     return done
                 for i, part in enumerate(parts):
                     if n >= part.nbytes:
@@ -179,7 +176,7 @@ class TCPTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return done
             except OSError as exc:
-                self._lost(p, f"receive failed: {exc}")
+                self._lost(p, f"broke the connection ({exc})")
                 return done
             if n == 0:
                 self._lost(p, "closed its connection")
@@ -220,7 +217,6 @@ class TCPTransport(Transport):
                     p.tgot += n
                 if p.tgot < p.target.nbytes:
                     continue
-            self.bytes_received[p.rank] += p.target.nbytes
             if p.recv is not None:
                 p.recv.done = True
                 done += 1
@@ -229,7 +225,7 @@ class TCPTransport(Transport):
             p.target, p.recv, p.data = None, None, None
 
     def _lost(self, p: _Peer, what: str) -> None:
-        err = TransportError(f"tcp: rank {p.rank} {what}")
+        err = TransportError(f"tcp: lost rank {p.rank}: it {what}")
         p.error = err
         try:
             self.selector.unregister(p.sock)
