@@ -35,6 +35,7 @@ from pycoll.tasks.task import CANCELED, COMPLETED, ERROR, FINISHED, IN_PROGRESS,
 
 log = logging.getLogger("pycoll")
 
+_STARTED = Event.STARTED
 _monotonic = time.monotonic
 _heappush = heapq.heappush
 _heappop = heapq.heappop
@@ -268,8 +269,8 @@ class Context:
             _heappush(self._deadlines, (task._t_start + task.timeout, next(self._seq), task, task._t_start))
         if self.on_start is not None:
             self.on_start(task)
-        if task._subs is not None and task._subs[Event.STARTED]:
-            task.notify(Event.STARTED)
+        if task._subs is not None and task._subs[_STARTED]:
+            task.notify(_STARTED)
         pb = self.partition_bytes
         if pb and task.nbytes > pb:
             parts = task.split(pb)
