@@ -24,6 +24,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\ntransports:")
     print("  local    in-process ranks (pycoll.local_teams)")
     print("  self     team of one")
+    print("  tcp      sockets between ranks of a team made with Team.from_store")
     try:
         import mpi4py
         from mpi4py import MPI
@@ -35,7 +36,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nalgorithms (default selection):")
     for coll, table in algorithms.ALGORITHMS.items():
         print(f"  {coll:<10} {', '.join(table)}")
-    print(f"  allreduce: rd below {algorithms.ALLREDUCE_RING_MIN_BYTES} B, ring from there")
+    for n, b in algorithms.ALLREDUCE_RING_MIN_BYTES.items():
+        print(f"  allreduce on {n} ranks: rd below {b} B, ring from there")
+    print(f"  allreduce on other team sizes: rd below {algorithms.ALLREDUCE_RING_MIN_BYTES_DEFAULT} B, "
+          "ring from there")
     print("\nsettings (environment variables):")
     for name, value, doc in config.describe():
         print(f"  {name:<24} {value}")

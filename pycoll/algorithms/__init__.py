@@ -22,16 +22,22 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
     },
 }
 
-#: Below this many bytes allreduce uses recursive doubling (latency-bound), above it the ring
-#: (bandwidth-bound). Measured with `pycoll perf allreduce -n 2 --algorithm rd|ring` on the 2-core
-#: development machine: the ring overtakes near 64 KiB.
-ALLREDUCE_RING_MIN_BYTES = 64 << 10
+#: From this many bytes allreduce uses the ring (bandwidth-bound) instead of recursive doubling
+#: (latency-bound). Two ranks: measured with `pycoll perf allreduce -n 2 --algorithm rd|ring` on
+#: the 2-core development machine (MPI transport), where one full exchange beats the ring's two
+#: half exchanges up to 8 MiB. More ranks: the ring moves 2(n-1)/n of the buffer instead of
+#: log2(n) whole buffers, so it takes over much earlier (MPICH's default threshold).
+ALLREDUCE_RING_MIN_BYTES = {2: 8 << 20}
+ALLREDUCE_RING_MIN_BYTES_DEFAULT = 256 << 10
 
 
 def select(coll: str, size: int, nbytes: int) -> str:
     """The default algorithm for a collective of ``nbytes`` on a team of ``size``."""
     if coll == "allreduce":
-        return "ring" if nbytes >= ALLREDUCE_RING_MIN_BYTES and size > 1 else "rd"
+        if size < 2:
+            return "rd"
+        threshold = ALLREDUCE_RING_MIN_BYTES.get(size, ALLREDUCE_RING_MIN_BYTES_DEFAULT)
+        return "ring" if nbytes >= threshold else "rd"
     raise ValueError(f"unknown collective {coll!r}")
 
 

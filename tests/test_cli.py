@@ -1,0 +1,61 @@
+"""The command line: info, run and perf (launching real ranks)."""
+
+import json
+import re
+import subprocess
+import sys
+
+from tests.mpirun import ROOT
+
+
+def pycoll(*args, timeout=240):
+    proc = subprocess.run([sys.executable, "-m", "pycoll.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT))
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_info_lists_transports_algorithms_and_every_setting():
+    from pycoll.config import SETTINGS
+
+    rc, out, _ = pycoll("info")
+    assert rc == 0
+    for word in ("mpi", "local", "tcp", "rd, ring, knomial"):
+        assert word in out
+    for name in SETTINGS:
+        assert name in out
+
+
+def test_run_launches_ranks_and_returns_their_status():
+    code = "from mpi4py import MPI; print('rank', MPI.COMM_WORLD.rank, 'of', MPI.COMM_WORLD.size)"
+    rc, out, _ = pycoll("run", "-n", "3", "--timeout", "60", "--", sys.executable, "-c", code)
+    assert rc == 0
+    assert sorted(re.findall(r"rank \d of \d", out)) == ["rank 0 of 3", "rank 1 of 3", "rank 2 of 3"]
+    rc, _, _ = pycoll("run", "-n", "2", "--timeout", "60", "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert rc != 0
+    rc, _, err = pycoll("run", "-n", "1", "--timeout", "1", "--", sys.executable, "-c",
+                        "import time; time.sleep(30)")
+    assert rc == 124 and "did not finish" in err
+
+
+def test_perf_compare_mpi_check_and_json(tmp_path):
+    out_json = tmp_path / "perf.json"
+    rc, out, err = pycoll("perf", "allreduce", "-n", "2", "--min-bytes", "8", "--max-bytes", "64K",
+                          "--iters", "20", "--check", "--compare", "mpi", "--json", str(out_json))
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [int(r[1]) for r in rows] == [8 << i for i in range(14)]
+    assert all(r[-1] == "ok" for r in rows)
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["ranks"] == 2 and len(data["rows"]) == 14
+    assert all(r["mpi_us"] > 0 and r["avg_us"] > 0 and r["check"] == "ok" for r in data["rows"])
+    row = data["rows"][-1]
+    assert abs(row["busbw"] - row["algbw"]) < 1e-9  # 2(n-1)/n = 1 for two ranks
+
+
+def test_perf_other_dtype_algorithm_and_ranks():
+    rc, out, err = pycoll("perf", "allreduce", "-n", "3", "--max-bytes", "4K", "--dtype", "bfloat16",
+                          "--op", "max", "--algorithm", "knomial", "--iters", "5", "--check")
+    assert rc == 0, err
+    assert "3 ranks, bfloat16, op max, algorithm knomial" in out
+    rc, out, err = pycoll("perf", "allreduce", "-n", "2", "--op", "band", "--max-bytes", "64")
+    assert rc != 0 and "BAND is not defined for float32" in out + err
