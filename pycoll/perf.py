@@ -75,6 +75,12 @@ def run(args: Any) -> int:
         print(f"{'':>10} {'':>10} {'':>10} {'':>10} {'':>10} {'GB/s':>7} {'GB/s':>7}"
               + (f" | {'':>10} {'GB/s':>9} {'x':>6}" if compare else ""))
         sys.stdout.flush()
+    # warm up the engine, the transport and MPI once before anything is timed
+    warm_send, warm_recv = _input(counts[0], dtype, rank), np.empty(counts[0], dtype)
+    for _ in range(200):
+        team.allreduce(warm_send, warm_recv, op, algorithm=algorithm).wait()
+        if compare:
+            comm.Allreduce(warm_send, warm_recv, op=mpi_op)
     for i, count in enumerate(counts):
         nbytes = count * dtype.itemsize
         iters = args.iters or auto_iters(nbytes)

@@ -102,30 +102,26 @@ class Team:
                                  f"{dst.dtype}; they must match")
         check_op(op, src.dtype)
         name = algorithm or algorithms.select("allreduce", self.size, dst.nbytes)
-        build = algorithms.get("allreduce", name)
+        shape = ("allreduce", name, dst.size, dst.dtype, id(op), src is dst,
+                 tuple(sorted(options.items())) if options else ())
+        pool = self._plans.get(shape)
+        if pool:  # a finished collective of this shape: reuse its schedule and scratch
+            key = self._coll_key(tag)
+            task = pool.pop()
+            task.rebind(src, dst, key)
+            return self._submit(self._unit(task, key), priority, timeout, out, shape)
+        build = algorithms.get("allreduce", name)  # raises for an unknown name before a key is used
         key = self._coll_key(tag)
         pb = self.ctx.partition_bytes
         if pb and dst.nbytes > pb and self.size > 1:
             task = self._partitioned(build, "allreduce", key, src, dst, op, pb, options)
             return self._submit(task, priority, timeout, out)
-        shape = ("allreduce", name, dst.size, dst.dtype, id(op), src is dst,
-                 tuple(sorted(options.items())) if options else ())
-        task = self._plan(shape, build, key, src, dst, op, options)
+        task = build(self._args("allreduce", key, src, dst, op, name, options))
         return self._submit(self._unit(task, key), priority, timeout, out, shape)
 
-    def _plan(self, shape: tuple, build: Any, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
-              options: dict) -> Task:
-        """A task for a collective of this shape: a finished one reused (rebound to the new
-        buffers and key, keeping its schedule and scratch), or a new one."""
-        pool = self._plans.get(shape)
-        if pool:
-            task = pool.pop()
-            task.rebind(src, dst, key)
-            return task
-        return build(self._args(shape[0], key, src, dst, op, shape[1], options))
-
     def _recycle(self, req: Request) -> None:
-        """A collective finished and its request was collected: keep its task for reuse."""
+        """A collective finished and its request was collected: keep its task for reuse (the
+        next call of the same shape rebinds it to its buffers and key)."""
         task = req.task
         shape = task._shape
         if task.state is not COMPLETED or not hasattr(task, "rebind"):
