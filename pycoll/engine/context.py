@@ -105,7 +105,10 @@ class Context:
                                 else int(partition_bytes))
         self.timeout = config.get("PYCOLL_TIMEOUT") if timeout is None else float(timeout or math.inf)
         self.in_flight = 0  # bytes of credit held by tasks in progress
-        self._ready: list = []  # heap of (priority, seq, task)
+        # Ready tasks, as heaps of (priority, seq, task): those that take credit, and those that do
+        # not (schedules, local work), which never wait behind a task the credit holds back.
+        self._ready: list = []
+        self._free: list = []
         self._seq = itertools.count()
         self._active: List[Task] = []  # polled tasks in progress
         self._deadlines: list = []  # heap of (deadline, seq, task)
@@ -133,12 +136,12 @@ class Context:
         task._prio = task.priority if task.priority is not None else 0
         with self.lock:
             limit, in_flight = self.credit_bytes, self.in_flight
-            if not self._ready and task._pending == 1 and (
+            if not self._ready and not self._free and task._pending == 1 and (
                     not limit or not in_flight or in_flight + task.credit <= limit):
                 task._ctx = self  # nothing queued ahead of it and the credit fits: start it now
                 task._pending = 0
                 self._start(task, task.credit)
-                if self._ready:
+                if self._ready or self._free:
                     self._start_ready()
             else:
                 task._activate(self)
@@ -148,7 +151,7 @@ class Context:
     def _enqueue(self, task: Task) -> None:
         """Queue a task whose dependencies are done (called from task handlers)."""
         task._t_ready = _monotonic() if self.on_start is not None else 0.0
-        _heappush(self._ready, (task._prio, next(self._seq), task))
+        _heappush(self._ready if task.credit else self._free, (task._prio, next(self._seq), task))
 
     def _release_credit(self, task: Task) -> None:
         self.in_flight -= task._credit
@@ -174,7 +177,7 @@ class Context:
                 moved += self._progress_active()
             if self._deadlines:
                 moved += self._expire()
-            if self._ready:
+            if self._ready or self._free:
                 moved += self._start_ready()
             return moved
 
@@ -218,7 +221,26 @@ class Context:
         return expired
 
     def _start_ready(self) -> int:
-        """Start queued tasks by priority while credit allows. Returns how many started."""
+        """Start queued tasks by priority, those that take credit only while it allows. Returns
+        how many started."""
+        started = 0
+        while True:
+            n = self._start_free() + self._start_credited()
+            if not n:
+                return started
+            started += n
+
+    def _start_free(self) -> int:
+        free = self._free
+        started = 0
+        while free:
+            task = _heappop(free)[2]
+            if task.state is NOT_READY:
+                started += 1
+                self._start(task, 0)
+        return started
+
+    def _start_credited(self) -> int:
         ready = self._ready
         started = 0
         limit = self.credit_bytes
@@ -330,7 +352,7 @@ class Context:
     def run(self) -> None:
         """Progress until nothing is queued or in flight (for tests and simple drivers)."""
         backoff = Backoff()
-        while self._ready or self._active or self.in_flight:
+        while self._ready or self._free or self._active or self.in_flight:
             if self.progress():
                 backoff.reset()
             else:
@@ -338,7 +360,7 @@ class Context:
 
     def pending(self) -> int:
         """Tasks queued or polled in flight."""
-        return len(self._ready) + len(self._active)
+        return len(self._ready) + len(self._free) + len(self._active)
 
 
 _default: Optional[Context] = None
