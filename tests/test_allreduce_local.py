@@ -139,3 +139,18 @@ def test_wait_returns_output_and_timeout_names_peer():
     req = a.allreduce(x, timeout=0.1)  # rank 1 never joins
     with pytest.raises(pycoll.TimeoutError, match="rank 1"):
         req.wait()
+
+
+def test_partitioned_tagged_collectives_in_different_orders_under_credit_of_one_part():
+    n = 3
+    ctx = pycoll.Context(credit_bytes=4096, partition_bytes=4096, timeout=30)
+    teams = pycoll.local_teams(n, ctx)
+    data = {(r, t): np.full(3000 + 7 * t, float(r + t), np.float32) for r in range(n) for t in range(5)}
+    reqs = []
+    for r, team in enumerate(teams):
+        for t in np.random.default_rng(r).permutation(5):
+            reqs.append(team.allreduce(data[r, int(t)], tag=("big", int(t))))
+    pycoll.wait_all(reqs)
+    for (r, t), buf in data.items():
+        assert (buf == sum(rr + t for rr in range(n))).all()
+    assert ctx.stats["credit_waits"] > 0

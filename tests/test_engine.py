@@ -179,3 +179,18 @@ def test_many_tasks_complete_quickly():
     t0 = time.perf_counter()
     ctx.submit(sched).wait()
     assert time.perf_counter() - t0 < 2.0  # ~0.05 s expected; a generous bound against regressions
+
+
+def test_work_without_credit_never_waits_behind_blocked_work():
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    log = []
+    first = Manual("holds-credit", log, nbytes=100)
+    ctx.submit(first)
+    ctx.submit(Manual("blocked", log, nbytes=100, priority=-5))
+    inner = Manual("inner", log, nbytes=100)
+    ctx.submit(Schedule([inner], name="late-schedule", priority=9))  # takes no credit itself
+    assert log == ["holds-credit"]
+    assert inner.state.name == "NOT_READY" and inner._pending == 0  # activated, queued for credit
+    first.finish()
+    ctx.progress()
+    assert log == ["holds-credit", "blocked"]  # then priority decides among credit takers
