@@ -151,6 +151,6 @@ def test_partitioned_tagged_collectives_in_different_orders_under_credit_of_one_
         for t in np.random.default_rng(r).permutation(5):
             reqs.append(team.allreduce(data[r, int(t)], tag=("big", int(t))))
     pycoll.wait_all(reqs)
-    for (r, t), buf in data.items():
+    for (_r, t), buf in data.items():
         assert (buf == sum(rr + t for rr in range(n))).all()
     assert ctx.stats["credit_waits"] > 0
