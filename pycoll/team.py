@@ -48,6 +48,7 @@ class Team:
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
+        self._selected: Dict[int, str] = {}  # allreduce bytes -> default algorithm
         self._recycle_done = self._recycle  # one bound method for every request
 
     # ------------------------------------------------------------------ point to point
@@ -89,7 +90,8 @@ class Team:
         ``priority`` orders it in the engine (lower first); ``timeout`` (seconds) overrides
         ``PYCOLL_TIMEOUT``.
         """
-        op = as_op(op)
+        if type(op) is not ReduceOp:
+            op = as_op(op)
         if recvbuf is None:
             src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
             out = sendbuf
@@ -101,12 +103,12 @@ class Team:
                 raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
                                  f"{dst.dtype}; they must match")
         check_op(op, src.dtype)
-        name = algorithm or algorithms.select("allreduce", self.size, dst.nbytes)
+        name = algorithm or self._selected.get(dst.nbytes) or self._select("allreduce", dst.nbytes)
         shape = ("allreduce", name, dst.size, dst.dtype, id(op), src is dst,
                  tuple(sorted(options.items())) if options else ())
         pool = self._plans.get(shape)
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
-            key = self._coll_key(tag)
+            key = ("c", next(self._seq)) if tag is None else self._coll_key(tag)
             task = pool.pop()
             task.rebind(src, dst, key)
             return self._submit(self._unit(task, key), priority, timeout, out, shape)
@@ -118,6 +120,13 @@ class Team:
             return self._submit(task, priority, timeout, out)
         task = build(self._args("allreduce", key, src, dst, op, name, options))
         return self._submit(self._unit(task, key), priority, timeout, out, shape)
+
+    def _select(self, coll: str, nbytes: int) -> str:
+        name = algorithms.select(coll, self.size, nbytes)
+        if len(self._selected) > 4096:
+            self._selected.clear()
+        self._selected[nbytes] = name
+        return name
 
     def _recycle(self, req: Request) -> None:
         """A collective finished and its request was collected: keep its task for reuse (the

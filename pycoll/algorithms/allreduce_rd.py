@@ -67,7 +67,7 @@ class RecursiveDoublingAllreduce(StepTask):
                 reduce(cur, scratch, dst)
                 cur, cur_wire = dst, wire
             for peer, step in self.steps:
-                yield (ch.isend(cur_wire, peer, step), ch.irecv(scratch_wire, peer, step))
+                yield (ch.exchange(cur_wire, scratch_wire, peer, step),)
                 reduce(cur, scratch, dst)
                 cur, cur_wire = dst, wire
             if self.role == "proxy":

@@ -15,7 +15,7 @@ from typing import Any, Generator, Hashable, List, Optional, Sequence
 import numpy as np
 
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
-from pycoll.tasks.task import Task
+from pycoll.tasks.task import COMPLETED, NOT_READY, Task
 from pycoll.tl.base import Channel
 
 
@@ -101,8 +101,18 @@ class StepTask(Task):
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
         """Reuse this finished task for a new call with buffers of the same shape."""
-        rebind_args(self.args, src, dst, key)
-        self.reset()
+        args = self.args
+        args.src = src
+        args.dst = dst
+        args.channel.rekey(key)
+        if self._deps or self.state is not COMPLETED:
+            self.reset()
+            return
+        # the reset of a completed task without dependencies, inlined: this is the hot path
+        self.state = NOT_READY
+        self.result = None
+        self._pending = 1
+        self._gen = None
 
     def run(self) -> Generator[Waitable, None, None]:  # pragma: no cover - abstract
         raise TypeError(f"{type(self).__name__} must define run()")

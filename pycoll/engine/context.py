@@ -119,7 +119,8 @@ class Context:
         self._demand: dict = {}
         self._progress_hooks: List[Callable[[], int]] = []
         self.lock = threading.RLock()
-        self.stats = {"posted": 0, "completed_polled": 0, "partitioned": 0, "credit_waits": 0}
+        self.posted = 0  # tasks started
+        self.stats = {"partitioned": 0, "credit_waits": 0, "demand_starts": 0}
         #: Called with (task, ready_time, start_time) when a task starts; set by tracing.
         self.on_start: Optional[Callable[[Task], None]] = None
 
@@ -275,7 +276,7 @@ class Context:
             if task.state is not NOT_READY:
                 del self._demand[task]
             elif task._pending == 0 and transport.has_unexpected(key):
-                self.stats["demand_starts"] = self.stats.get("demand_starts", 0) + 1
+                self.stats["demand_starts"] += 1
                 started += 1
                 self._start(task, task.credit)  # its queue entry is skipped when popped
         return started
@@ -285,10 +286,11 @@ class Context:
         if self._demand:
             self._demand.pop(task, None)
         task.state = IN_PROGRESS
-        self.stats["posted"] += 1
-        if task.timeout is not None and task.timeout != math.inf:
-            task._t_start = _monotonic()
-            _heappush(self._deadlines, (task._t_start + task.timeout, next(self._seq), task, task._t_start))
+        self.posted += 1
+        timeout = task.timeout
+        if timeout is not None and timeout != math.inf:
+            task._t_start = t = _monotonic()
+            _heappush(self._deadlines, (t + timeout, id(task), task, t))
         if self.on_start is not None:
             self.on_start(task)
         if task._subs is not None and task._subs[_STARTED]:

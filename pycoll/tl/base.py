@@ -93,6 +93,31 @@ class Channel:
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         return self.transport.irecv(buf, peer, (*self.key, step))
 
+    def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        """Send ``sendbuf`` to ``peer`` and receive ``recvbuf`` from it (MPI_Sendrecv): one
+        request done when both are."""
+        return _Both(self.isend(sendbuf, peer, step), self.irecv(recvbuf, peer, step))
+
+
+class _Both(TransportRequest):
+    """A send and a receive with one peer, tested together."""
+
+    __slots__ = ("send", "recv")
+
+    def __init__(self, send: TransportRequest, recv: TransportRequest) -> None:
+        super().__init__("exchange", send.peer, send.tag, send.nbytes)
+        self.send = send
+        self.recv = recv
+
+    def test(self) -> bool:
+        if not self.done and self.send.test() and self.recv.test():
+            self.done = True
+        return self.done
+
+    def cancel(self) -> None:
+        self.send.cancel()
+        self.recv.cancel()
+
 
 class Transport(abc.ABC):
     """Point-to-point messaging among the ranks of one team."""

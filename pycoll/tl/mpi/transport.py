@@ -136,6 +136,15 @@ class MPIChannel(Channel):
         req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
         return req
 
+    def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        if not self.fast or self.transport._stash:
+            return super().exchange(sendbuf, recvbuf, peer, step)
+        tag = self.base | (step & _STEP_MASK)
+        req = _MPIRequest("exchange", peer, step, sendbuf.nbytes)
+        comm = self.comm
+        req.reqs = [comm.Isend([sendbuf, MPI.BYTE], peer, tag), comm.Irecv([recvbuf, MPI.BYTE], peer, tag)]
+        return req
+
 
 class MPITransport(Transport):
     """Point-to-point over an mpi4py intracommunicator (ranks are the communicator's ranks)."""
