@@ -134,14 +134,18 @@ class Team:
         task = req.task
         shape = task._shape
         if task.state is not COMPLETED or not hasattr(task, "rebind"):
+            task.finalize()
             return
         pool = self._plans.get(shape)
         if pool is None:
-            if len(self._plans) >= MAX_PLAN_SHAPES:
-                del self._plans[next(iter(self._plans))]  # forget the oldest shape
+            if len(self._plans) >= MAX_PLAN_SHAPES:  # forget the oldest shape
+                for old in self._plans.pop(next(iter(self._plans))):
+                    old.finalize()
             pool = self._plans[shape] = []
         if len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)
+        else:
+            task.finalize()
 
     def _unit(self, task: Task, key: tuple) -> Task:
         """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes

@@ -154,3 +154,30 @@ def test_partitioned_tagged_collectives_in_different_orders_under_credit_of_one_
     for (_r, t), buf in data.items():
         assert (buf == sum(rr + t for rr in range(n))).all()
     assert ctx.stats["credit_waits"] > 0
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_large_count_every_dtype_and_op(alg):
+    count = (1 << 20) + 3
+    for i, dtype in enumerate(ALL_DTYPES):
+        for j, op in enumerate(valid_ops(dtype)):
+            run_allreduce(3, dtype, op, count, alg, in_place=(i + j) % 2 == 0)
+
+
+def test_plans_are_reused_and_finalized_when_dropped(monkeypatch):
+    import pycoll.team as team_mod
+
+    monkeypatch.setattr(team_mod, "MAX_PLAN_SHAPES", 2)
+    teams = pycoll.local_teams(2)
+    finalized = []
+    first = None
+    for count in (10, 10, 20, 30):
+        bufs = [np.ones(count) for _ in teams]
+        reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
+        pycoll.wait_all(reqs)
+        if first is None:
+            first = reqs[0].task
+            first.finalize = lambda: finalized.append("first")
+        elif count == 10:
+            assert reqs[0].task is first  # same shape: the finished task was reused
+    assert finalized == ["first"]  # dropped when a third shape came

@@ -151,6 +151,12 @@ class StepTask(Task):
             self._gen.close()
             self._gen = None
 
+    def finalize(self) -> None:
+        """Release the scratch buffers (the task will not run again)."""
+        self._scratch = []
+        if hasattr(self, "_views"):
+            self._views = None
+
     def describe(self) -> str:
         pending = [r for r in self._wait if not r.done]
         label = f"{self.name} {self.args.channel!r}"
