@@ -87,6 +87,9 @@ _declare("PYCOLL_PARTITION_BYTES", "inf", parse_bytes,
 _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
          "Seconds a collective may take before it fails with pycoll.TimeoutError naming what it waited "
          "on. 0 or inf: wait forever.")
+_declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
+         "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
+         "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store).")
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 

@@ -131,12 +131,40 @@ Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 _REDUCERS: Dict[tuple, Reducer] = {}
 
 
+#: From this many elements reductions run in pycoll's native kernels (GIL released); below it
+#: numpy's ufuncs, whose call overhead is lower. float16/bfloat16 always go native.
+NATIVE_MIN_ELEMENTS = 4096
+
+
 def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
     """The kernel ``fn(a, b, out)`` computing ``out = a (op) b`` for ``dtype`` (cached). AVG
     reduces as SUM: the caller divides once at the end with :func:`finish_avg`."""
     fn = _REDUCERS.get((id(op), dtype))
     if fn is not None:
         return fn
+    small = _numpy_reducer(op, dtype)
+    try:
+        from pycoll.native import reduce as native_reduce
+    except ImportError:  # no native build: numpy only
+        native_reduce = None
+    if native_reduce is None:
+        fn = small
+    elif dtype in _HALF:
+        def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+            native_reduce(op, a, b, out)
+    else:
+        def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+            if out.size < NATIVE_MIN_ELEMENTS:
+                small(a, b, out)
+            else:
+                native_reduce(op, a, b, out)
+    _REDUCERS[(id(op), dtype)] = fn
+    return fn
+
+
+def _numpy_reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
+    """The numpy version of :func:`reducer`."""
+    fn: Reducer
     if op in _LOGICAL:
         logical = _LOGICAL[op]
         if dtype == np.bool_:
@@ -156,7 +184,6 @@ def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
 
         def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             ufunc(a, b, out=out)
-    _REDUCERS[(id(op), dtype)] = fn
     return fn
 
 
@@ -182,8 +209,9 @@ def finish_avg(buf: np.ndarray, n: int) -> None:
 def reference(inputs: list, op: ReduceOp) -> np.ndarray:
     """What a reduction of ``inputs`` should give, combined in rank order (for tests and --check)."""
     acc = inputs[0].copy()
+    kernel = _numpy_reducer(op, acc.dtype)  # numpy, independent of the native kernels
     for x in inputs[1:]:
-        reduce_into(acc, x, op)
+        kernel(acc, x, acc)
     if op is ReduceOp.AVG:
         finish_avg(acc, len(inputs))
     return acc

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import socket
 from typing import Any, Dict, Hashable, List, Optional
 
 import numpy as np
@@ -27,6 +28,8 @@ from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
 from pycoll.tl.base import Transport, TransportRequest
 from pycoll.tl.local import LocalFabric
+
+_EMPTY = np.empty(0, np.uint8)
 
 #: Finished collectives kept per call shape for reuse, and shapes remembered per team.
 MAX_PLANS_PER_SHAPE = 4
@@ -50,6 +53,8 @@ class Team:
         self._plans: Dict[tuple, List[Task]] = {}
         self._selected: Dict[int, str] = {}  # allreduce bytes -> default algorithm
         self._recycle_done = self._recycle  # one bound method for every request
+        #: The node-shared segment when all ranks share a host and shm is enabled (else None).
+        self.shared: Any = None
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -103,8 +108,36 @@ class Team:
                 raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
                                  f"{dst.dtype}; they must match")
         check_op(op, src.dtype)
-        name = algorithm or self._selected.get(dst.nbytes) or self._select("allreduce", dst.nbytes)
-        shape = ("allreduce", name, dst.size, dst.dtype, id(op), src is dst,
+        return self._post("allreduce", src, dst, op, 0, out, priority, tag, algorithm, timeout, options)
+
+    def bcast(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
+              algorithm: Optional[str] = None, timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a broadcast of ``buf`` from team rank ``root`` into ``buf`` on every rank."""
+        arr = as_array(buf, writable=True, what="buf")
+        self._check_root(root, "bcast")
+        return self._post("bcast", arr, arr, ReduceOp.SUM, root, buf, priority, tag, algorithm, timeout,
+                          options)
+
+    def barrier(self, *, priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a barrier: its request completes once every rank of the team has entered it."""
+        return self._post("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, priority, tag, algorithm,
+                          timeout, options)
+
+    def _check_root(self, root: int, coll: str) -> None:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"{coll}: root {root!r} is not a rank of a team of {self.size}")
+
+    def _post(self, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int, out: Any,
+              priority: int, tag: Optional[Hashable], algorithm: Optional[str], timeout: Optional[float],
+              options: dict) -> Request:
+        """Build (or reuse) the collective's task and submit it. Everything the caller passed has
+        been checked: nothing here fails before the message key is taken."""
+        if algorithm is None:
+            name = self._selected.get((coll, dst.nbytes, tag is None)) or self._select(coll, dst.nbytes, tag)
+        else:
+            name = algorithm
+        shape = (coll, name, dst.size, dst.dtype, id(op), src is dst, root,
                  tuple(sorted(options.items())) if options else ())
         pool = self._plans.get(shape)
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
@@ -112,20 +145,23 @@ class Team:
             task = pool.pop()
             task.rebind(src, dst, key)
             return self._submit(self._unit(task, key), priority, timeout, out, shape)
-        build = algorithms.get("allreduce", name)  # raises for an unknown name before a key is used
+        build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
+        if name == "shm" and (self.shared is None or tag is not None):
+            raise ValueError(f"{coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
+                             "share a host (and PYCOLL_TLS allowing shm)")
         key = self._coll_key(tag)
         pb = self.ctx.partition_bytes
-        if pb and dst.nbytes > pb and self.size > 1:
-            task = self._partitioned(build, "allreduce", key, src, dst, op, pb, options)
+        if coll == "allreduce" and pb and dst.nbytes > pb and self.size > 1:
+            task = self._partitioned(build, coll, key, src, dst, op, pb, options)
             return self._submit(task, priority, timeout, out)
-        task = build(self._args("allreduce", key, src, dst, op, name, options))
+        task = build(self._args(coll, key, src, dst, op, name, options, root))
         return self._submit(self._unit(task, key), priority, timeout, out, shape)
 
-    def _select(self, coll: str, nbytes: int) -> str:
-        name = algorithms.select(coll, self.size, nbytes)
+    def _select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
+        name = algorithms.select(coll, self.size, nbytes, shared=self.shared is not None and tag is None)
         if len(self._selected) > 4096:
             self._selected.clear()
-        self._selected[nbytes] = name
+        self._selected[(coll, nbytes, tag is None)] = name
         return name
 
     def _recycle(self, req: Request) -> None:
@@ -158,7 +194,7 @@ class Team:
     def _args(self, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp, name: str,
               options: dict, root: int = 0) -> CollArgs:
         return CollArgs(coll, self.rank, self.size, self.transport.channel(key), src, dst, op, root,
-                        name=f"{coll}:{name}@{self.rank}", options=options)
+                        name=f"{coll}:{name}@{self.rank}", options=options, shared=self.shared)
 
     def _partitioned(self, build: Any, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray,
                      op: ReduceOp, part_bytes: int, options: dict) -> Task:
@@ -212,6 +248,7 @@ class Team:
         name = comm.Get_name() or "mpi"
         team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
         team.comm = dup
+        team._attach_shm(lambda value: dup.allgather(value))
         return team
 
     @classmethod
@@ -251,7 +288,27 @@ class Team:
             ctx.add_transport(transport)
         team = cls(rank, size, transport, ctx, name=team_prefix)
         team.store = store
+        rounds = itertools.count()
+        team._attach_shm(lambda v: allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v))
         return team
+
+    def _attach_shm(self, allgather: Any) -> None:
+        """Map a shared segment if every rank is on this host and PYCOLL_TLS allows ``shm``
+        (collective: ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange)."""
+        from pycoll import config
+
+        if self.size < 2:
+            return
+        tls = config.get("PYCOLL_TLS")
+        from pycoll.tl.shm import shm_available
+
+        wanted = "shm" in tls and shm_available()
+        hosts = allgather(f"{socket.gethostname()}|{int(wanted)}".encode())
+        if not all(h == hosts[0] for h in hosts) or not wanted:
+            return
+        from pycoll.tl.shm import ShmSegment
+
+        self.shared = ShmSegment(self.rank, self.size, allgather)
 
     def split(self, color: Optional[int], key: int = 0) -> Optional[Team]:
         """Split into sub-teams by ``color`` ordered by ``key`` (then rank), as ``MPI_Comm_split``;

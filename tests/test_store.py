@@ -94,7 +94,7 @@ def test_peer_that_vanishes_gives_an_error_not_a_hang():
             print("RANK 0 ERROR", type(exc).__name__, exc, flush=True)
     """)
     server = TCPStore(port=0, is_master=True, timeout=30)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYCOLL_TLS="tcp")
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(server.port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for r in range(2)]

@@ -9,11 +9,13 @@ bandwidth-bound ones are schedules of send/receive/reduce tasks, pipelined over 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Generator, Hashable, List, Optional, Sequence
 
 import numpy as np
 
+from pycoll.errors import CanceledError
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.tasks.task import COMPLETED, NOT_READY, Task
 from pycoll.tl.base import Channel
@@ -33,6 +35,8 @@ class CollArgs:
     root: int = 0
     name: str = ""
     options: dict = field(default_factory=dict)
+    #: The team's node-shared segment when all its ranks share a host (else None).
+    shared: Any = None
 
     @property
     def in_place(self) -> bool:
@@ -63,6 +67,7 @@ def as_wire(arr: np.ndarray) -> np.ndarray:
 
 
 Waitable = Sequence[Any]
+_monotonic = time.monotonic
 
 
 def rebind_args(args: CollArgs, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
@@ -170,6 +175,71 @@ class StepTask(Task):
         super().reset()
         self._gen = None
         self._wait = ()
+
+
+class SegmentTask(Task):
+    """A collective run by the native state machine of the team's shared segment (``args.shared``).
+
+    It takes its place in the segment's order when it is built (or rebound), i.e. when the caller
+    posts it, and waits for its turn before it starts; each engine pass then advances it as far as
+    the peers allow. Takes no credit: segment collectives run in posting order on every rank.
+    """
+
+    takes_credit = False
+
+    def __init__(self, args: CollArgs, kind: int, name: str) -> None:
+        super().__init__(name, nbytes=args.nbytes)
+        self.args = args
+        self.kind = kind
+        self.seg = args.shared
+        self.ticket = self.seg.ticket()
+        self.native = self.seg.new_state()
+        self.started = False
+        self.since = 0.0
+
+    def codes(self) -> tuple:
+        """(op, dtype) codes of the native state machine."""
+        raise TypeError(f"{type(self).__name__} must define codes()")
+
+    def post(self) -> None:
+        self.started = False
+        self.progress()
+
+    def progress(self) -> None:
+        seg = self.seg
+        if not self.started:
+            if seg.turn != self.ticket:  # an earlier collective on the segment is still running
+                if seg.broken is not None:
+                    raise seg.broken
+                return
+            a = self.args
+            op, dtype = self.codes()
+            seg.start(self.native, self.kind, a.src, a.dst, op, dtype, a.root)
+            self.started = True
+            self.since = _monotonic()
+        if seg.progress(self.native, self.since):
+            self.finished()
+            self.complete()
+
+    def finished(self) -> None:
+        """Local work after the segment part (AVG's division)."""
+
+    def on_cancel(self) -> None:
+        # the other ranks will run this collective on the segment: its state is lost for all
+        self.seg.fail(self.error or CanceledError(f"{self.name} was canceled"))
+
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        rebind_args(self.args, src, dst, key)
+        self.ticket = self.seg.ticket()
+        self.reset()
+
+    def describe(self) -> str:
+        s = self.native
+        if not self.started:
+            return (f"{self.name}: waiting for shm collective #{self.seg.turn} to finish "
+                    f"(this is #{self.ticket})")
+        return (f"{self.name}: shm chunk {s.chunk}/{s.nchunks} phase {s.phase} (generation {s.gen}); "
+                f"peers: {self.seg.flags()}")
 
 
 def copy_in(args: CollArgs) -> None:

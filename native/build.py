@@ -1,0 +1,51 @@
+"""cffi build script for pycoll's native module (pycoll._native), run by setuptools at install.
+
+API mode: the C sources in this folder are compiled into an extension module; cffi releases the
+GIL around every call, so long copies and reductions let other Python threads run.
+"""
+
+import os
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CDEF = """
+size_t pycoll_dtype_size(int dtype);
+int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
+int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
+
+typedef struct {
+    uint64_t magic; uint32_t version; uint32_t nranks; uint64_t total_bytes; uint64_t slot_bytes;
+    uint64_t ctrl_off; uint64_t slots_off; uint64_t result_off; uint64_t creator_pid;
+} pc_shm_header_t;
+
+typedef struct {
+    void *base; uint64_t mapped; uint32_t rank, nranks;
+    int coll, op, dtype, root;
+    const char *src; char *dst; uint64_t count;
+    uint64_t gen; uint64_t chunk; uint64_t nchunks; int phase; uint64_t spins;
+} pc_shm_coll_t;
+
+uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
+int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
+int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
+void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
+uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
+uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
+int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
+int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "pycoll._native",
+    '#include "pycoll_native.h"',
+    sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd()) for f in ("reduce.c", "shm.c")],
+    include_dirs=[os.path.relpath(HERE, os.getcwd())],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,91 @@
+/* pycoll native code: reduction kernels and the shared-memory collectives.
+ *
+ * Everything here is called through cffi (pycoll/_native), which releases the GIL around calls.
+ * Nothing a peer writes into a segment is trusted: pycoll_shm_check() validates the header and
+ * every state machine re-checks it before using offsets read from the segment.
+ */
+#ifndef PYCOLL_NATIVE_H
+#define PYCOLL_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* dtypes and ops: keep in sync with pycoll/native.py */
+enum { PC_INT8, PC_INT16, PC_INT32, PC_INT64, PC_UINT8, PC_UINT16, PC_UINT32, PC_UINT64,
+       PC_FLOAT16, PC_BFLOAT16, PC_FLOAT32, PC_FLOAT64, PC_COMPLEX64, PC_COMPLEX128, PC_BOOL,
+       PC_NDTYPES };
+enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LOR, PC_LXOR,
+       PC_NOPS };
+
+/* error codes (negative) */
+#define PC_OK 0
+#define PC_EINVAL -1      /* bad dtype/op/argument */
+#define PC_EHEADER -2     /* the segment header is not valid */
+#define PC_ERANGE -3      /* an offset or size read from the segment is out of bounds */
+#define PC_ESTATE -4      /* a peer's control block holds an impossible value */
+
+int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
+int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
+size_t pycoll_dtype_size(int dtype);
+
+/* ------------------------------------------------------------------ shared segment */
+#define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
+#define PC_SHM_VERSION 1
+#define PC_SHM_MAX_RANKS 1024
+#define PC_LINE 64
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t nranks;
+    uint64_t total_bytes;   /* size of the mapping */
+    uint64_t slot_bytes;    /* bytes of one data slot */
+    uint64_t ctrl_off;      /* nranks control blocks of PC_CTRL_BYTES */
+    uint64_t slots_off;     /* 2 * nranks slots (double buffered) */
+    uint64_t result_off;    /* 2 result areas of slot_bytes */
+    uint64_t creator_pid;
+} pc_shm_header_t;
+
+#define PC_CTRL_BYTES 256
+typedef struct {
+    uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
+    char pad0[PC_LINE - 8];
+    uint64_t reduced;       /* generation whose result part this rank has written (atomic) */
+    char pad1[PC_LINE - 8];
+    uint64_t pid;           /* process id, for liveness checks */
+    uint64_t attached;      /* 1 once the rank mapped the segment (atomic) */
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16];
+} pc_shm_ctrl_t;
+
+uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
+int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
+int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
+void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
+uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid */
+
+/* One collective on the segment, advanced by pycoll_shm_progress() without blocking for long.
+ * Collectives on one segment run one at a time, in the same order on every rank; gen counts
+ * chunks over all of them and must be equal on every rank. */
+enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER };
+typedef struct {
+    void *base;
+    uint64_t mapped;
+    uint32_t rank, nranks;
+    int coll, op, dtype, root;
+    const char *src;
+    char *dst;
+    uint64_t count;         /* elements */
+    uint64_t gen;           /* generation of the chunk in progress (first chunk: gen0 + 1) */
+    uint64_t chunk;         /* index of the chunk in progress */
+    uint64_t nchunks;
+    int phase;
+    uint64_t spins;         /* polls of flags that found them not ready (statistics) */
+} pc_shm_coll_t;
+
+uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
+int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls); /* 1 done, 0 waiting, <0 error */
+
+/* ------------------------------------------------------------------ cross-memory attach */
+int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
+
+#endif

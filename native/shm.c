@@ -1,0 +1,216 @@
+/* The shared-memory segment of a node-local team and the collectives that run on it.
+ *
+ * Layout (all offsets from the start of the mapping, recomputed from nranks and slot_bytes and
+ * compared with the header on every check, so a corrupted header is an error, never a wild
+ * access):
+ *
+ *   0            pc_shm_header_t (one page)
+ *   ctrl_off     nranks control blocks: generation flags on their own cache lines, pid
+ *   slots_off    2 x nranks slots of slot_bytes (double buffered by generation parity)
+ *   result_off   2 result areas of slot_bytes
+ *
+ * A collective is cut into chunks of at most slot_bytes. Chunk generations count up over all
+ * collectives of the segment; a rank publishes "my slot holds generation g" (arrive) and "my part
+ * of the result of generation g is written" (reduced) with release stores, and peers read them
+ * with acquire loads (C11 atomics).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "pycoll_native.h"
+
+#define PAGE 4096ULL
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *h) {
+    memset(h, 0, sizeof *h);
+    if (nranks < 1 || nranks > PC_SHM_MAX_RANKS || slot_bytes == 0 || slot_bytes % PC_LINE) return 0;
+    h->magic = PC_SHM_MAGIC;
+    h->version = PC_SHM_VERSION;
+    h->nranks = nranks;
+    h->slot_bytes = slot_bytes;
+    h->ctrl_off = PAGE;
+    h->slots_off = round_up(h->ctrl_off + (uint64_t)nranks * PC_CTRL_BYTES, PAGE);
+    h->result_off = h->slots_off + 2ULL * nranks * slot_bytes;
+    h->total_bytes = round_up(h->result_off + 2ULL * slot_bytes, PAGE);
+    return h->total_bytes;
+}
+
+int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout) {
+    if (layout->total_bytes > total) return PC_ERANGE;
+    memset((char *)base + layout->ctrl_off, 0, (uint64_t)layout->nranks * PC_CTRL_BYTES);
+    memcpy(base, layout, sizeof *layout);
+    atomic_thread_fence(memory_order_release);
+    return PC_OK;
+}
+
+int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks) {
+    pc_shm_header_t h, want;
+    memcpy(&h, base, sizeof h);
+    if (h.magic != PC_SHM_MAGIC || h.version != PC_SHM_VERSION || h.nranks != nranks) return PC_EHEADER;
+    if (!pycoll_shm_layout(h.nranks, h.slot_bytes, &want)) return PC_EHEADER;
+    if (h.ctrl_off != want.ctrl_off || h.slots_off != want.slots_off || h.result_off != want.result_off ||
+        h.total_bytes != want.total_bytes)
+        return PC_EHEADER;
+    if (h.total_bytes > mapped) return PC_ERANGE;
+    return PC_OK;
+}
+
+static pc_shm_ctrl_t *ctrl(void *base, uint32_t r) {
+    const pc_shm_header_t *h = base;
+    return (pc_shm_ctrl_t *)((char *)base + h->ctrl_off + (uint64_t)r * PC_CTRL_BYTES);
+}
+
+void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid) {
+    pc_shm_ctrl_t *c = ctrl(base, rank);
+    c->pid = pid;
+    atomic_store_explicit((_Atomic uint64_t *)&c->attached, 1, memory_order_release);
+}
+
+uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which) {
+    pc_shm_ctrl_t *c = ctrl((void *)base, rank);
+    if (which == 3) return c->pid;
+    uint64_t *p = which == 0 ? &c->arrive : which == 1 ? &c->reduced : &c->attached;
+    return atomic_load_explicit((_Atomic uint64_t *)p, memory_order_acquire);
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline void publish(uint64_t *flag, uint64_t gen) {
+    atomic_store_explicit((_Atomic uint64_t *)flag, gen, memory_order_release);
+}
+
+/* Wait (up to max_polls polls) until every rank's flag (0 arrive, 1 reduced) reaches gen, or only
+ * rank `only` if only >= 0. Returns 1 ready, 0 not yet, PC_ESTATE if a flag is impossible. */
+static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint64_t max_polls) {
+    uint64_t polls = 0;
+    for (;;) {
+        int ready = 1;
+        for (uint32_t r = 0; r < c->nranks; r++) {
+            if (only >= 0 && r != (uint32_t)only) continue;
+            pc_shm_ctrl_t *b = ctrl(c->base, r);
+            uint64_t v = atomic_load_explicit((_Atomic uint64_t *)(which ? &b->reduced : &b->arrive),
+                                              memory_order_acquire);
+            if (v > gen + 2) return PC_ESTATE; /* no rank runs more than a chunk ahead */
+            if (v < gen) { ready = 0; break; }
+        }
+        if (ready) return 1;
+        c->spins++;
+        if (++polls >= max_polls) return 0;
+        relax();
+    }
+}
+
+uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
+    const pc_shm_header_t *h = c->base;
+    size_t es = pycoll_dtype_size(c->dtype);
+    if (c->coll == PC_COLL_BARRIER) return 1;
+    if (!es || h->slot_bytes < es) return 0;
+    uint64_t per = h->slot_bytes / es;
+    return (c->count + per - 1) / per;
+}
+
+int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
+    int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
+    if (rc) return rc;
+    if (c->rank >= c->nranks || (c->coll == PC_COLL_BCAST && (c->root < 0 || (uint32_t)c->root >= c->nranks)))
+        return PC_EINVAL;
+    const pc_shm_header_t *h = c->base;
+    char *base = c->base;
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    if (c->coll == PC_COLL_BARRIER) {
+        if (c->phase == 0) {
+            publish(&me->arrive, c->gen);
+            c->phase = 1;
+        }
+        rc = wait_flags(c, 0, c->gen, -1, max_polls);
+        if (rc <= 0) return rc;
+        c->chunk = c->nchunks = 1;
+        c->gen++;
+        return 1;
+    }
+    size_t es = pycoll_dtype_size(c->dtype);
+    if (!es) return PC_EINVAL;
+    uint64_t per = h->slot_bytes / es;
+    while (c->chunk < c->nchunks) {
+        uint64_t off = c->chunk * per;
+        uint64_t m = c->count - off < per ? c->count - off : per;
+        uint64_t parity = c->gen & 1;
+        char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes;
+        char *result = base + h->result_off + parity * h->slot_bytes;
+        if (c->coll == PC_COLL_ALLREDUCE) {
+            if (c->phase == 0) {
+                memcpy(slots + (uint64_t)c->rank * h->slot_bytes, c->src + off * es, m * es);
+                publish(&me->arrive, c->gen);
+                c->phase = 1;
+            }
+            if (c->phase == 1) {
+                rc = wait_flags(c, 0, c->gen, -1, max_polls);
+                if (rc <= 0) return rc;
+                uint64_t lo = m * c->rank / c->nranks, hi = m * (c->rank + 1) / c->nranks;
+                if (hi > lo) {
+                    const void *ins[PC_SHM_MAX_RANKS];
+                    for (uint32_t r = 0; r < c->nranks; r++) ins[r] = slots + r * h->slot_bytes + lo * es;
+                    rc = pycoll_reduce_n(c->op, c->dtype, result + lo * es, ins, (int)c->nranks, hi - lo);
+                    if (rc) return rc;
+                }
+                publish(&me->reduced, c->gen);
+                c->phase = 2;
+            }
+            rc = wait_flags(c, 1, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            memcpy(c->dst + off * es, result, m * es);
+        } else { /* bcast: the root's slot carries the chunk */
+            char *slot = slots + (uint64_t)c->root * h->slot_bytes;
+            if ((int)c->rank == c->root) {
+                if (c->phase == 0) {
+                    /* the readers of generation gen-2 (same slot) must be done with it */
+                    if (c->gen > 2) {
+                        rc = wait_flags(c, 1, c->gen - 2, -1, max_polls);
+                        if (rc <= 0) return rc;
+                    }
+                    memcpy(slot, c->dst + off * es, m * es);
+                    publish(&me->arrive, c->gen);
+                    publish(&me->reduced, c->gen);
+                    c->phase = 1;
+                }
+            } else {
+                rc = wait_flags(c, 0, c->gen, c->root, max_polls);
+                if (rc <= 0) return rc;
+                memcpy(c->dst + off * es, slot, m * es);
+                publish(&me->reduced, c->gen);
+            }
+            if (c->chunk + 1 == c->nchunks && (int)c->rank == c->root) {
+                /* the root returns (and may reuse its slot) once every rank has its copy */
+                rc = wait_flags(c, 1, c->gen, -1, max_polls);
+                if (rc <= 0) return rc;
+            }
+        }
+        c->chunk++;
+        c->gen++;
+        c->phase = 0;
+    }
+    return 1;
+}
+
+int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n) {
+    uint64_t done = 0;
+    while (done < n) {
+        struct iovec l = {(char *)local + done, n - done};
+        struct iovec r = {(void *)(uintptr_t)(remote + done), n - done};
+        ssize_t got = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+        if (got < 0) return -errno;
+        if (got == 0) return -EFAULT;
+        done += (uint64_t)got;
+    }
+    return (int64_t)done;
+}

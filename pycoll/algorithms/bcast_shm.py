@@ -1,0 +1,22 @@
+"""Shared-memory broadcast for a team on one host: the root copies each chunk into its slot of
+the segment and every other rank copies it out (native state machine in ``native/shm.c``)."""
+
+from __future__ import annotations
+
+from pycoll.algorithms.base import CollArgs, SegmentTask
+from pycoll.tasks.task import Task
+
+KIND = 1  # PC_COLL_BCAST
+UINT8 = 4  # bytes: a broadcast does not look at the element type
+
+
+class ShmBcast(SegmentTask):
+    def codes(self) -> tuple:
+        return 0, UINT8
+
+
+def build(args: CollArgs) -> Task:
+    if args.shared is None:
+        raise ValueError("bcast algorithm 'shm' needs a team whose ranks share a host")
+    args.src = args.dst = args.dst.view("uint8")
+    return ShmBcast(args, KIND, args.name)

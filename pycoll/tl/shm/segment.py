@@ -1,0 +1,177 @@
+"""The shared-memory segment of a team whose ranks share a host.
+
+The segment is an anonymous ``memfd`` (mode 0600) created by rank 0; the other ranks open it
+through ``/proc/<pid>/fd/<fd>`` (allowed only to the same user) and map it. It never has a name in
+``/dev/shm``, so nothing is left behind whatever happens to the ranks, SIGKILL included; the memory
+goes away when the last rank unmaps it.
+
+Collectives on the segment (allreduce, bcast, barrier) are native state machines
+(``native/shm.c``): each call advances one as far as it can without blocking and returns, so the
+engine keeps running other work. They run one at a time, in the order the team's ranks posted them
+(tickets handed out at call time), and every step re-validates the segment header. A rank that
+waits checks every ``LIVENESS_S`` that its peers' processes still exist.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from pycoll.errors import TransportError
+
+LIVENESS_S = 0.05
+#: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
+DEFAULT_SLOT_BYTES = 1 << 20
+#: Flag polls per native progress call before it returns to the engine.
+POLLS_PER_CALL = 4000
+
+COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER = 0, 1, 2
+
+
+def shm_available() -> bool:
+    """Whether this platform can make segments (Linux memfd and the native module)."""
+    if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        import pycoll.native  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class ShmSegment:
+    """rank ``rank`` of ``size``'s mapping of the team's segment.
+
+    ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange (MPI or store); it is
+    called twice, collectively.
+    """
+
+    def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]],
+                 slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
+        from pycoll.native import ERRORS, ffi, lib
+
+        self.ffi, self.lib, self.errors = ffi, lib, ERRORS
+        self.rank, self.size = rank, size
+        layout = ffi.new("pc_shm_header_t *")
+        total = lib.pycoll_shm_layout(size, slot_bytes, layout)
+        if not total:
+            raise TransportError(f"shm: cannot lay out a segment for {size} ranks with {slot_bytes} B slots")
+        fd = -1
+        error = ""
+        try:
+            if rank == 0:
+                fd = os.memfd_create("pycoll-shm", os.MFD_CLOEXEC)
+                os.fchmod(fd, 0o600)
+                os.ftruncate(fd, total)
+                info = f"{os.getpid()}:{fd}:{total}".encode()
+            else:
+                info = b""
+            infos = allgather(info)
+            pid, cfd, total = (int(x) for x in infos[0].decode().split(":"))
+            if rank != 0:
+                try:
+                    fd = os.open(f"/proc/{pid}/fd/{cfd}", os.O_RDWR | os.O_CLOEXEC)
+                except OSError as exc:
+                    error = f"rank {rank} cannot open rank 0's segment: {exc}"
+            if not error:
+                self.mm = mmap.mmap(fd, total)
+                self.total = total
+                self.base = ffi.from_buffer(self.mm)
+                if rank == 0:
+                    layout.creator_pid = os.getpid()
+                    lib.pycoll_shm_init(self.base, total, layout)
+        finally:
+            if fd >= 0 and rank != 0:
+                os.close(fd)
+        # everyone has mapped it (or said why not); rank 0 then closes the only descriptor
+        states = allgather(error.encode())
+        if rank == 0 and fd >= 0:
+            os.close(fd)
+        problems = [s.decode() for s in states if s]
+        if problems:
+            self.mm = None
+            raise TransportError("shm: " + "; ".join(problems))
+        rc = lib.pycoll_shm_check(self.base, self.total, size)
+        if rc:
+            raise TransportError(f"shm: {ERRORS.get(rc, rc)}")
+        lib.pycoll_shm_attach(self.base, rank, os.getpid())
+        allgather(b"attached")
+        self.pids = [int(lib.pycoll_shm_load(self.base, r, 3)) for r in range(size)]
+        self.slot_bytes = slot_bytes
+        self.next_gen = 1  # generation of the next chunk (equal on every rank)
+        self.tickets = 0  # collectives handed out, in call order
+        self.turn = 0  # the ticket that may run now
+        self.broken: Optional[BaseException] = None
+
+    # ------------------------------------------------------------------ collectives
+    def ticket(self) -> int:
+        """A place in the segment's order for a new collective (called when it is posted)."""
+        t = self.tickets
+        self.tickets += 1
+        return t
+
+    def new_state(self) -> Any:
+        return self.ffi.new("pc_shm_coll_t *")
+
+    def start(self, st: Any, coll: int, src: np.ndarray, dst: np.ndarray, op: int = 0, dtype: int = 0,
+              root: int = 0) -> None:
+        """Fill ``st`` for a collective starting at the segment's next generation."""
+        ffi = self.ffi
+        st.base, st.mapped, st.rank, st.nranks = self.base, self.total, self.rank, self.size
+        st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
+        st.src = ffi.cast("const char *", src.ctypes.data)
+        st.dst = ffi.cast("char *", dst.ctypes.data)
+        st.count = dst.size
+        st.gen, st.chunk, st.phase, st.spins = self.next_gen, 0, 0, 0
+        st.nchunks = self.lib.pycoll_shm_chunks(st)
+
+    def progress(self, st: Any, waited_since: float) -> bool:
+        """Advance ``st``; True once done. Raises TransportError on a bad segment or a dead peer."""
+        if self.broken is not None:
+            raise self.broken
+        rc = self.lib.pycoll_shm_progress(st, POLLS_PER_CALL)
+        if rc == 1:
+            self.next_gen = int(st.gen)
+            self.turn += 1
+            return True
+        if rc < 0:
+            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
+            raise self.broken
+        if time.monotonic() - waited_since > LIVENESS_S:
+            self.check_peers()
+        return False
+
+    def fail(self, error: BaseException) -> None:
+        """A collective on the segment stopped halfway: the segment's state is unknown now."""
+        self.broken = TransportError(f"shm: the segment is unusable after an earlier failure: {error}")
+
+    def flags(self) -> str:
+        """Every rank's (arrive, reduced) generations, for diagnostics."""
+        load = self.lib.pycoll_shm_load
+        return ", ".join(f"rank {r}: {load(self.base, r, 0)}/{load(self.base, r, 1)}"
+                         for r in range(self.size))
+
+    def check_peers(self) -> None:
+        for r, pid in enumerate(self.pids):
+            if r == self.rank:
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self.broken = TransportError(f"shm: rank {r} (pid {pid}) has died")
+                raise self.broken from None
+            except PermissionError:
+                pass
+
+    def close(self) -> None:
+        if getattr(self, "mm", None) is not None:
+            self.base = None
+            try:
+                self.mm.close()
+            except BufferError:  # a view is still alive; the mapping goes with the process
+                pass
+            self.mm = None
