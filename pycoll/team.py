@@ -309,6 +309,9 @@ class Team:
         from pycoll.tl.shm import ShmSegment
 
         self.shared = ShmSegment(self.rank, self.size, allgather)
+        self.ctx.local_ranks(self.size)
+        if self.ctx.oversubscribed:
+            self.shared.polls = 64  # return to the engine soon: it yields the core
 
     def split(self, color: Optional[int], key: int = 0) -> Optional[Team]:
         """Split into sub-teams by ``color`` ordered by ``key`` (then rank), as ``MPI_Comm_split``;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pycoll.algorithms.base import CollArgs, SegmentTask, finish
 from pycoll.native import DTYPE_CODES, OP_CODES
+from pycoll.ops import ReduceOp
 from pycoll.tasks.task import Task
 
 KIND = 0  # PC_COLL_ALLREDUCE
@@ -22,7 +23,8 @@ class ShmAllreduce(SegmentTask):
         return OP_CODES[self.args.op], DTYPE_CODES[self.args.dst.dtype]
 
     def finished(self) -> None:
-        finish(self.args)
+        if self.args.op is ReduceOp.AVG:
+            finish(self.args)
 
 
 def build(args: CollArgs) -> Task:

@@ -193,7 +193,9 @@ class SegmentTask(Task):
         self.kind = kind
         self.seg = args.shared
         self.ticket = self.seg.ticket()
-        self.native = self.seg.new_state()
+        op, dtype = self.codes()
+        self.native = self.seg.new_state(kind, op, dtype, args.root)
+        self._bound: Optional[tuple] = None  # (src, dst) the native state points at
         self.started = False
         self.since = 0.0
 
@@ -213,8 +215,11 @@ class SegmentTask(Task):
                     raise seg.broken
                 return
             a = self.args
-            op, dtype = self.codes()
-            seg.start(self.native, self.kind, a.src, a.dst, op, dtype, a.root)
+            bound = self._bound
+            changed = bound is None or bound[0] is not a.src or bound[1] is not a.dst
+            if changed:
+                self._bound = (a.src, a.dst)
+            seg.start(self.native, a.src, a.dst, changed)
             self.started = True
             self.since = _monotonic()
         if seg.progress(self.native, self.since):
@@ -229,9 +234,16 @@ class SegmentTask(Task):
         self.seg.fail(self.error or CanceledError(f"{self.name} was canceled"))
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
-        rebind_args(self.args, src, dst, key)
+        args = self.args
+        args.src = src  # no messages: the key is not needed
+        args.dst = dst
         self.ticket = self.seg.ticket()
-        self.reset()
+        if self._deps or self.state is not COMPLETED:
+            self.reset()
+            return
+        self.state = NOT_READY  # the reset of a completed task, inlined: this is the hot path
+        self.result = None
+        self._pending = 1
 
     def describe(self) -> str:
         s = self.native

@@ -120,6 +120,8 @@ class Context:
         self._progress_hooks: List[Callable[[], int]] = []
         self.lock = threading.RLock()
         self.posted = 0  # tasks started
+        #: Back-off of a waiting rank: (spin_s, yield_s, sleep_min_s, sleep_max_s); see Backoff.
+        self.backoff = (20e-6, 2e-3, 20e-6, 1e-3)
         self.stats = {"partitioned": 0, "credit_waits": 0, "demand_starts": 0}
         #: Called with (task, ready_time, start_time) when a task starts; set by tracing.
         self.on_start: Optional[Callable[[Task], None]] = None
@@ -343,7 +345,7 @@ class Context:
                     backoff.reset()
                 continue
             if backoff is None:
-                backoff = Backoff()
+                backoff = Backoff(*self.backoff)
             if deadline is not None and _monotonic() >= deadline:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
@@ -353,12 +355,26 @@ class Context:
 
     def run(self) -> None:
         """Progress until nothing is queued or in flight (for tests and simple drivers)."""
-        backoff = Backoff()
+        backoff = Backoff(*self.backoff)
         while self._ready or self._free or self._active or self.in_flight:
             if self.progress():
                 backoff.reset()
             else:
                 backoff.idle()
+
+    def local_ranks(self, n: int) -> None:
+        """This process shares its host with ``n`` ranks of a team: if they outnumber the cores,
+        waiting ranks yield at once and keep yielding rather than sleep, so the rank everyone
+        waits for gets a core soon."""
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        if n > cores:
+            self.backoff = (0.0, 0.1, 20e-6, 1e-3)
+            self.oversubscribed = True
+
+    oversubscribed = False
 
     def pending(self) -> int:
         """Tasks queued or polled in flight."""

@@ -106,6 +106,7 @@ class ShmSegment:
         self.tickets = 0  # collectives handed out, in call order
         self.turn = 0  # the ticket that may run now
         self.broken: Optional[BaseException] = None
+        self.polls = POLLS_PER_CALL
 
     # ------------------------------------------------------------------ collectives
     def ticket(self) -> int:
@@ -114,26 +115,29 @@ class ShmSegment:
         self.tickets += 1
         return t
 
-    def new_state(self) -> Any:
-        return self.ffi.new("pc_shm_coll_t *")
-
-    def start(self, st: Any, coll: int, src: np.ndarray, dst: np.ndarray, op: int = 0, dtype: int = 0,
-              root: int = 0) -> None:
-        """Fill ``st`` for a collective starting at the segment's next generation."""
-        ffi = self.ffi
+    def new_state(self, coll: int, op: int = 0, dtype: int = 0, root: int = 0) -> Any:
+        """The native state of one collective of this kind (reused call after call)."""
+        st = self.ffi.new("pc_shm_coll_t *")
         st.base, st.mapped, st.rank, st.nranks = self.base, self.total, self.rank, self.size
         st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
-        st.src = ffi.cast("const char *", src.ctypes.data)
-        st.dst = ffi.cast("char *", dst.ctypes.data)
-        st.count = dst.size
-        st.gen, st.chunk, st.phase, st.spins = self.next_gen, 0, 0, 0
-        st.nchunks = self.lib.pycoll_shm_chunks(st)
+        return st
+
+    def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:
+        """Point ``st`` at a collective starting at the segment's next generation."""
+        if buffers_changed:
+            st.src = self.ffi.cast("const char *", src.ctypes.data)
+            st.dst = self.ffi.cast("char *", dst.ctypes.data)
+            st.count = dst.size
+            st.nchunks = self.lib.pycoll_shm_chunks(st)
+        st.gen = self.next_gen
+        st.chunk = 0
+        st.phase = 0
 
     def progress(self, st: Any, waited_since: float) -> bool:
         """Advance ``st``; True once done. Raises TransportError on a bad segment or a dead peer."""
         if self.broken is not None:
             raise self.broken
-        rc = self.lib.pycoll_shm_progress(st, POLLS_PER_CALL)
+        rc = self.lib.pycoll_shm_progress(st, self.polls)
         if rc == 1:
             self.next_gen = int(st.gen)
             self.turn += 1
