@@ -65,7 +65,7 @@ def run(args: Any) -> int:
     rows: List[Dict[str, Any]] = []
     if rank == 0:
         print(f"# pycoll perf {args.coll}: {n} ranks, {dtype}, op {op.name.lower()}, algorithm "
-              f"{args.algorithm}, transport {team.transport.name}, machine {platform.node()} "
+              f"{args.algorithm}, transport {_transports(team)}, machine {platform.node()} "
               f"({platform.machine()}, {_cpus()} cpus)")
         head = f"{'count':>10} {'bytes':>10} {'avg_us':>10} {'min_us':>10} {'max_us':>10} " \
                f"{'algbw':>7} {'busbw':>7}"
@@ -132,12 +132,16 @@ def run(args: Any) -> int:
             print(line + ok, flush=True)
     if rank == 0 and args.json:
         meta = {"coll": args.coll, "ranks": n, "dtype": str(dtype), "op": op.name.lower(),
-                "algorithm": args.algorithm, "transport": team.transport.name, "machine": platform.node(),
+                "algorithm": args.algorithm, "transport": _transports(team), "machine": platform.node(),
                 "cpus": _cpus(), "python": platform.python_version(), "time": time.time()}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     failed = any(r.get("check") == "WRONG" for r in rows)
     return 1 if failed else 0
+
+
+def _transports(team: Any) -> str:
+    return f"shm+{team.transport.name}" if getattr(team, "shared", None) is not None else team.transport.name
 
 
 def _time(call: Callable[[], None], iters: int, warmup: int, comm: Any) -> float:

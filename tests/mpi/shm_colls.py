@@ -1,0 +1,66 @@
+"""Run under mpiexec by tests/test_shm.py: collectives on the shared segment vs numpy."""
+
+import os
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import pycoll
+from pycoll import ReduceOp, Team
+from pycoll.ops import DTYPES
+from pycoll.tl.shm.segment import DEFAULT_SLOT_BYTES
+from tests.colltest import ALL_DTYPES, assert_same, expected, make_input, valid_ops
+
+
+def check_allreduce(team, dtype, op, count, in_place, seed=0):
+    n, r = team.size, team.rank
+    ins = [make_input(dtype, op, rr, count, seed) for rr in range(n)]
+    buf = ins[r].copy()
+    out = np.zeros(count, DTYPES[dtype])
+    got = team.allreduce(buf, None if in_place else out, op).wait()
+    assert_same([got], expected(ins, op), f"shm n={n} {dtype} {op.name} count={count} in_place={in_place}")
+
+
+def main(mode):
+    comm = MPI.COMM_WORLD
+    team = Team.from_mpi(comm)
+    n, r = team.size, team.rank
+    expect_shm = n > 1 and "shm" in os.environ.get("PYCOLL_TLS", "shm")
+    assert (team.shared is not None) == expect_shm, (team.shared, expect_shm)
+    if mode == "matrix":
+        for dtype in ALL_DTYPES:
+            per_slot = DEFAULT_SLOT_BYTES // DTYPES[dtype].itemsize
+            for i, op in enumerate(valid_ops(dtype)):
+                for count in (0, 1, n + 1, 1000, per_slot + 1):
+                    check_allreduce(team, dtype, op, count, in_place=(i + count) % 2 == 0)
+        for count in (64 << 20) // 4, 5 * (DEFAULT_SLOT_BYTES // 4) // 2 + 1:
+            check_allreduce(team, "float32", ReduceOp.SUM, count, in_place=False)
+            check_allreduce(team, "float32", ReduceOp.MAX, count, in_place=True)
+    # concurrent collectives on one team, completed in any order
+    bufs = [np.full(1000 * (k + 1), float(r + k)) for k in range(6)]
+    reqs = [team.allreduce(b) for b in bufs]
+    breq = team.bcast(np.full(10, r, np.int32), root=n - 1)
+    bar = team.barrier()
+    pycoll.wait_all(list(reversed(reqs)) + [breq, bar])
+    for k, b in enumerate(bufs):
+        assert (b == sum(rr + k for rr in range(n))).all(), k
+    assert (breq.wait() == n - 1).all()
+    # bcast from every root, sizes across chunk boundaries
+    for root in sorted({0, n // 2, n - 1}):
+        for count in (0, 1, 100, (3 << 20) // 4 + 7):
+            buf = np.arange(count, dtype=np.float32) + 7 if r == root else np.zeros(count, np.float32)
+            team.bcast(buf, root=root).wait()
+            assert (buf == np.arange(count, dtype=np.float32) + 7).all(), (root, count)
+    for _ in range(5):
+        team.barrier().wait()
+    print(f"RANK {r} OK", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except Exception:
+        print(f"RANK {MPI.COMM_WORLD.rank} FAILED\n{traceback.format_exc()}", flush=True)
+        MPI.COMM_WORLD.Abort(1)
