@@ -17,7 +17,7 @@ int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int ni
 
 typedef struct {
     uint64_t magic; uint32_t version; uint32_t nranks; uint64_t total_bytes; uint64_t slot_bytes;
-    uint64_t ctrl_off; uint64_t slots_off; uint64_t result_off; uint64_t creator_pid;
+    uint64_t ctrl_off; uint64_t slots_off; uint64_t result_off; uint64_t creator_pid; uint64_t p2p_off;
 } pc_shm_header_t;
 
 typedef struct {
@@ -35,6 +35,15 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
+int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
+int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
+                     uint32_t slot);
+int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
+int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t *out);
+int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
+                        uint32_t slot);
 """
 
 ffibuilder = FFI()

@@ -44,7 +44,27 @@ typedef struct {
     uint64_t slots_off;     /* 2 * nranks slots (double buffered) */
     uint64_t result_off;    /* 2 result areas of slot_bytes */
     uint64_t creator_pid;
+    uint64_t p2p_off;       /* nranks x nranks rings of PC_RING descriptors (sender x receiver) */
 } pc_shm_header_t;
+
+/* point-to-point: one descriptor ring per (sender, receiver); the receiver copies the payload
+ * straight out of the sender's memory (process_vm_readv) and marks the descriptor consumed */
+#define PC_RING 64
+enum { PC_DESC_FREE = 0, PC_DESC_POSTED = 1, PC_DESC_CONSUMED = 2 };
+typedef struct {
+    uint64_t state;         /* atomic: PC_DESC_* */
+    uint64_t khash, step, nbytes, addr, seq;
+    uint64_t pad[2];
+} pc_desc_t;
+
+int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
+int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
+                     uint32_t slot); /* the state, or < 0 */
+int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
+int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t *out); /* copies khash, step, nbytes, addr, seq of a POSTED descriptor */
+int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
 #define PC_CTRL_BYTES 256
 typedef struct {

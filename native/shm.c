@@ -35,7 +35,8 @@ uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t
     h->ctrl_off = PAGE;
     h->slots_off = round_up(h->ctrl_off + (uint64_t)nranks * PC_CTRL_BYTES, PAGE);
     h->result_off = h->slots_off + 2ULL * nranks * slot_bytes;
-    h->total_bytes = round_up(h->result_off + 2ULL * slot_bytes, PAGE);
+    h->p2p_off = round_up(h->result_off + 2ULL * slot_bytes, PAGE);
+    h->total_bytes = round_up(h->p2p_off + (uint64_t)nranks * nranks * PC_RING * sizeof(pc_desc_t), PAGE);
     return h->total_bytes;
 }
 
@@ -53,7 +54,7 @@ int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks) {
     if (h.magic != PC_SHM_MAGIC || h.version != PC_SHM_VERSION || h.nranks != nranks) return PC_EHEADER;
     if (!pycoll_shm_layout(h.nranks, h.slot_bytes, &want)) return PC_EHEADER;
     if (h.ctrl_off != want.ctrl_off || h.slots_off != want.slots_off || h.result_off != want.result_off ||
-        h.total_bytes != want.total_bytes)
+        h.p2p_off != want.p2p_off || h.total_bytes != want.total_bytes)
         return PC_EHEADER;
     if (h.total_bytes > mapped) return PC_ERANGE;
     return PC_OK;
@@ -200,6 +201,74 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
         c->phase = 0;
     }
     return 1;
+}
+
+/* ------------------------------------------------------------------ point to point */
+static pc_desc_t *desc(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                       int *rc) {
+    *rc = pycoll_shm_check(base, mapped, nranks);
+    if (*rc) return NULL;
+    if (src >= nranks || dst >= nranks || slot >= PC_RING) {
+        *rc = PC_EINVAL;
+        return NULL;
+    }
+    const pc_shm_header_t *h = base;
+    return (pc_desc_t *)((char *)base + h->p2p_off) + ((uint64_t)src * nranks + dst) * PC_RING + slot;
+}
+
+int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq) {
+    int rc;
+    pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    if (atomic_load_explicit((_Atomic uint64_t *)&d->state, memory_order_acquire) != PC_DESC_FREE) return 0;
+    d->khash = khash;
+    d->step = step;
+    d->nbytes = nbytes;
+    d->addr = addr;
+    d->seq = seq;
+    atomic_store_explicit((_Atomic uint64_t *)&d->state, PC_DESC_POSTED, memory_order_release);
+    return 1;
+}
+
+int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
+                     uint32_t slot) {
+    int rc;
+    pc_desc_t *d = desc((void *)base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    uint64_t s = atomic_load_explicit((_Atomic uint64_t *)&d->state, memory_order_acquire);
+    return s > PC_DESC_CONSUMED ? PC_ESTATE : (int)s;
+}
+
+int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot) {
+    int rc;
+    pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    atomic_store_explicit((_Atomic uint64_t *)&d->state, PC_DESC_FREE, memory_order_release);
+    return PC_OK;
+}
+
+int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                    uint64_t *out) {
+    int rc;
+    pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    uint64_t s = atomic_load_explicit((_Atomic uint64_t *)&d->state, memory_order_acquire);
+    if (s != PC_DESC_POSTED) return s > PC_DESC_CONSUMED ? PC_ESTATE : 0;
+    out[0] = d->khash;
+    out[1] = d->step;
+    out[2] = d->nbytes;
+    out[3] = d->addr;
+    out[4] = d->seq;
+    return 1;
+}
+
+int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot) {
+    int rc;
+    pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    atomic_store_explicit((_Atomic uint64_t *)&d->state, PC_DESC_CONSUMED, memory_order_release);
+    return PC_OK;
 }
 
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n) {

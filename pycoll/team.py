@@ -312,6 +312,12 @@ class Team:
         self.ctx.local_ranks(self.size)
         if self.ctx.oversubscribed:
             self.shared.polls = 64  # return to the engine soon: it yields the core
+        from pycoll.tl.shm.transport import ShmTransport, cma_works
+
+        if cma_works(self.shared, allgather):  # point to point through the segment too
+            self.ctx.remove_transport(self.transport)
+            self.transport = ShmTransport(self.shared)
+            self.ctx.add_transport(self.transport)
 
     def split(self, color: Optional[int], key: int = 0) -> Optional[Team]:
         """Split into sub-teams by ``color`` ordered by ``key`` (then rank), as ``MPI_Comm_split``;

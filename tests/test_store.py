@@ -22,7 +22,7 @@ WORKER = textwrap.dedent("""
     rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     store = TCPStore("127.0.0.1", port, timeout=60)
     team = Team.from_store(store, rank, size)
-    assert team.transport.name == ("tcp" if size > 1 else "self")
+    assert team.transport.name == ("self" if size == 1 else sys.argv[4])
     for alg in ("rd", "ring", "knomial"):
         for dtype, op in (("float32", ReduceOp.SUM), ("int64", ReduceOp.BXOR), ("bfloat16", ReduceOp.MAX)):
             for count in (0, 1, size + 1, 300_000):
@@ -57,11 +57,12 @@ def test_store_basics():
     server.close()
 
 
-@pytest.mark.parametrize("size", [1, 2, 3])
-def test_team_from_store_processes(size):
+@pytest.mark.parametrize("size,tls", [(1, "tcp"), (2, "tcp"), (3, "tcp"), (3, "shm")])
+def test_team_from_store_processes(size, tls):
     server = TCPStore(port=0, is_master=True, timeout=60)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYCOLL_TIMEOUT="60")
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(size), str(server.port)],
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYCOLL_TIMEOUT="60",
+               PYCOLL_TLS="shm,tcp" if tls == "shm" else tls)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(size), str(server.port), tls],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               cwd=str(ROOT)) for r in range(size)]
     outs = []

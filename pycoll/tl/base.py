@@ -17,6 +17,8 @@ from typing import Any, Dict, Hashable, Optional, Tuple
 
 import numpy as np
 
+from pycoll.errors import TransportError
+
 _HASHES: Dict[Any, int] = {}
 
 
@@ -40,6 +42,12 @@ def split_key(key: Hashable) -> Tuple[Hashable, int, bool]:
     if isinstance(key, tuple) and key and key[0] in ("c", "u") and isinstance(key[-1], int):
         return key[:-1], key[-1], True
     return key, 0, True
+
+
+def too_large(tl: str, nbytes: int, peer: int, tag: Hashable, room: int) -> TransportError:
+    """The error of a message that does not fit the receive buffer posted for it."""
+    return TransportError(f"{tl}: message of {nbytes} B from rank {peer} (tag {tag!r}) is larger than the "
+                          f"receive buffer of {room} B")
 
 
 class TransportRequest:

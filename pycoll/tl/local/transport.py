@@ -12,8 +12,7 @@ from typing import Dict, Hashable, Tuple
 
 import numpy as np
 
-from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest
+from pycoll.tl.base import Transport, TransportRequest, too_large
 
 
 class _LocalRecv(TransportRequest):
@@ -77,9 +76,7 @@ class LocalFabric:
 def _fill(req: _LocalRecv, data: np.ndarray) -> None:
     n = data.nbytes
     if n > req.buf.nbytes:
-        req.error = TransportError(
-            f"local: message of {n} B from rank {req.peer} (tag {req.tag!r}) is larger than the "
-            f"receive buffer of {req.buf.nbytes} B")
+        req.error = too_large("local", n, req.peer, req.tag, req.buf.nbytes)
     else:
         req.buf[:n] = data
         req.nbytes = n

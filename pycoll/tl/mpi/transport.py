@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Channel, Transport, TransportRequest, key_hash, split_key
+from pycoll.tl.base import Channel, Transport, TransportRequest, key_hash, split_key, too_large
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
@@ -220,8 +220,7 @@ class MPITransport(Transport):
 
     def _fill(self, req: TransportRequest, buf: np.ndarray, data: np.ndarray) -> None:
         if data.nbytes > buf.nbytes:
-            req.error = TransportError(f"mpi: message of {data.nbytes} B from rank {req.peer} (tag "
-                                       f"{req.tag!r}) is larger than the receive buffer of {buf.nbytes} B")
+            req.error = too_large("mpi", data.nbytes, req.peer, req.tag, buf.nbytes)
         else:
             buf[:data.nbytes] = data
         req.done = True
@@ -292,9 +291,7 @@ class MPITransport(Transport):
             if not waiting:
                 del self._waiting[k]
             if size > recv.buf.nbytes:
-                recv.error = TransportError(
-                    f"mpi: message of {size} B from rank {src} (tag {recv.tag!r}) is larger than the "
-                    f"receive buffer of {recv.buf.nbytes} B")
+                recv.error = too_large("mpi", size, src, recv.tag, recv.buf.nbytes)
                 recv = None  # drain it into the stash
         self._payload_for[channel] = (recv, k, size)
 

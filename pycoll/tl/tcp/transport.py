@@ -22,7 +22,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key
+from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key, too_large
 
 _HEADER = struct.Struct("<IIQQQ")
 _MAGIC = 0x50544350  # "PCTP"
@@ -156,9 +156,7 @@ class TCPTransport(Transport):
 
     def _fill(self, req: _Recv, data: np.ndarray) -> None:
         if data.nbytes > req.buf.nbytes:
-            req.error = TransportError(
-                f"tcp: message of {data.nbytes} B from rank {req.peer} (tag {req.tag!r}) is larger "
-                f"than the receive buffer of {req.buf.nbytes} B")
+            req.error = too_large("tcp", data.nbytes, req.peer, req.tag, req.buf.nbytes)
         else:
             req.buf[:data.nbytes] = data
             req.nbytes = data.nbytes
@@ -197,9 +195,7 @@ class TCPTransport(Transport):
                 if queue is not None and not queue:
                     del self._posted[(p.rank, khash, step)]
                 if recv is not None and nbytes > recv.buf.nbytes:
-                    recv.error = TransportError(
-                        f"tcp: message of {nbytes} B from rank {p.rank} (tag {recv.tag!r}) is larger "
-                        f"than the receive buffer of {recv.buf.nbytes} B")
+                    recv.error = too_large("tcp", nbytes, p.rank, recv.tag, recv.buf.nbytes)
                     recv.done = True
                     recv = None
                 p.recv = recv

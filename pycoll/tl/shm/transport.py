@@ -1,0 +1,238 @@
+"""Point-to-point over shared memory: single-copy transfers with ``process_vm_readv`` (CMA).
+
+For every (sender, receiver) pair the segment holds a ring of descriptors. ``isend`` publishes
+(key hash, step, size, address of the sender's buffer) in the next free descriptor; the receiver's
+progress reads descriptors in ring order and copies each payload straight out of the sender's
+memory, into the posted receive's buffer when there is one (one copy in all), else into a buffer
+of its own that the receive takes later; then it marks the descriptor consumed and the send
+completes. So a send completes whatever its receiver has posted, as the transport contract asks.
+
+Nothing in a descriptor is trusted: sizes are checked against the receive buffer and a limit, the
+process read is the one that attached as that rank (never an address's claimed owner), and a bad
+address is a ``TransportError``, not a crash. Teams whose kernel forbids CMA between their ranks
+keep their network transport for point-to-point (the segment collectives copy through the segment
+and work anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict, deque
+from typing import Dict, Hashable, List, Tuple
+
+import numpy as np
+
+from pycoll.errors import TransportError
+from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key, too_large
+from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment
+
+RING = 64  # PC_RING
+POSTED, CONSUMED = 1, 2
+MAX_MESSAGE = 1 << 40
+
+
+class _Send(TransportRequest):
+    __slots__ = ("buf", "khash", "step", "slot", "seq")
+
+
+class _Recv(TransportRequest):
+    __slots__ = ("buf",)
+
+
+def cma_works(seg: ShmSegment, allgather) -> bool:
+    """Whether every rank may read rank 0's memory with process_vm_readv (collective)."""
+    from pycoll.native import ffi, lib
+
+    probe = np.array([0x5043434D41], np.uint64)  # "PCCMA"
+    infos = allgather(f"{probe.ctypes.data}".encode())
+    ok = True
+    if seg.rank != 0:
+        got = np.zeros(1, np.uint64)
+        n = lib.pycoll_cma_read(seg.pids[0], ffi.cast("void *", got.ctypes.data), int(infos[0]), 8)
+        ok = n == 8 and got[0] == probe[0]
+    votes = allgather(b"1" if ok else b"0")
+    del probe  # kept alive until every rank has read it (the allgather above)
+    return all(v == b"1" for v in votes)
+
+
+class ShmTransport(Transport):
+    """Messages between the ranks of a team on one host, through its segment."""
+
+    name = "shm"
+
+    def __init__(self, seg: ShmSegment) -> None:
+        from pycoll.native import ffi, lib
+
+        self.ffi, self.lib, self.seg = ffi, lib, seg
+        self.rank, self.size = seg.rank, seg.size
+        self._base, self._mapped = seg.base, seg.total
+        self._send_slot = [0] * self.size
+        self._outstanding: List[deque] = [deque() for _ in range(self.size)]  # posted, not consumed
+        self._queued: List[deque] = [deque() for _ in range(self.size)]  # waiting for a free slot
+        self._recv_slot = [0] * self.size
+        self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        self._desc = ffi.new("uint64_t[5]")
+        self._seq = 0
+        self._busy_since = 0.0
+        self._dead: Dict[int, TransportError] = {}
+
+    # ------------------------------------------------------------------ sends
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        self._check_peer(peer)
+        prefix, step, _ = split_key(tag)
+        req = _Send("send", peer, tag, buf.nbytes)
+        req.buf, req.khash, req.step = buf, key_hash(prefix), step
+        self._seq += 1
+        req.seq = self._seq
+        if self._queued[peer] or not self._post(req):
+            self._queued[peer].append(req)
+        return req
+
+    def _post(self, req: _Send) -> bool:
+        peer = req.peer
+        slot = self._send_slot[peer]
+        rc = self.lib.pycoll_p2p_post(self._base, self._mapped, self.size, self.rank, peer, slot, req.khash,
+                                      req.step, req.buf.nbytes, req.buf.ctypes.data, req.seq)
+        if rc < 0:
+            raise TransportError(f"shm: cannot post a message to rank {peer}: segment error {rc}")
+        if rc == 0:
+            return False  # the ring to this peer is full
+        req.slot = slot
+        self._send_slot[peer] = (slot + 1) % RING
+        self._outstanding[peer].append(req)
+        return True
+
+    # ------------------------------------------------------------------ receives
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        self._check_peer(peer)
+        prefix, step, _ = split_key(tag)
+        k = (peer, key_hash(prefix), step)
+        req = _Recv("recv", peer, tag, buf.nbytes)
+        req.buf = buf
+        stashed = self._stash.get(k)
+        if stashed:
+            data = stashed.popleft()
+            if not stashed:
+                del self._stash[k]
+            self._fill(req, data)
+            return req
+        self._posted[k].append(req)
+        self._read(peer)
+        return req
+
+    def _fill(self, req: _Recv, data: np.ndarray) -> None:
+        if data.nbytes > req.buf.nbytes:
+            req.error = too_large("shm", data.nbytes, req.peer, req.tag, req.buf.nbytes)
+        else:
+            req.buf[:data.nbytes] = data
+            req.nbytes = data.nbytes
+        req.done = True
+
+    def _read(self, src: int) -> int:
+        """Copy every message rank ``src`` has posted to us; return how many."""
+        lib, out, moved = self.lib, self._desc, 0
+        while True:
+            slot = self._recv_slot[src]
+            rc = lib.pycoll_p2p_take(self._base, self._mapped, self.size, src, self.rank, slot, out)
+            if rc <= 0:
+                if rc < 0:
+                    self._lose(src, TransportError(f"shm: bad descriptor from rank {src} (error {rc})"))
+                return moved
+            khash, step, nbytes, addr = int(out[0]), int(out[1]), int(out[2]), int(out[3])
+            k = (src, khash, step)
+            queue = self._posted.get(k)
+            recv = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del self._posted[k]
+            if nbytes > MAX_MESSAGE:
+                self._lose(src, TransportError(f"shm: rank {src} announced a message of {nbytes} B"))
+                return moved
+            if recv is not None and nbytes > recv.buf.nbytes:
+                recv.error = too_large("shm", nbytes, src, recv.tag, recv.buf.nbytes)
+                recv.done = True
+                recv = None
+            target = recv.buf if recv is not None else np.empty(nbytes, np.uint8)
+            if nbytes:
+                local = self.ffi.cast("void *", target.ctypes.data)
+                got = lib.pycoll_cma_read(self.seg.pids[src], local, addr, nbytes)
+                if got != nbytes:
+                    self._lose(src, TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory "
+                                                   f"(error {-got})"))
+                    return moved
+            lib.pycoll_p2p_consumed(self._base, self._mapped, self.size, src, self.rank, slot)
+            self._recv_slot[src] = (slot + 1) % RING
+            if recv is not None:
+                recv.nbytes = nbytes
+                recv.done = True
+            else:
+                self._stash[k].append(target)
+            moved += 1
+
+    # ------------------------------------------------------------------ engine side
+    def progress(self) -> int:
+        moved = 0
+        lib = self.lib
+        busy = False
+        for peer in range(self.size):
+            outstanding = self._outstanding[peer]
+            while outstanding:  # the receiver consumes in ring order
+                req = outstanding[0]
+                state = lib.pycoll_p2p_state(self._base, self._mapped, self.size, self.rank, peer, req.slot)
+                if state != CONSUMED:
+                    if state < 0:
+                        self._lose(peer, TransportError(f"shm: segment error {state}"))
+                    break
+                lib.pycoll_p2p_free(self._base, self._mapped, self.size, self.rank, peer, req.slot)
+                outstanding.popleft()
+                req.done = True
+                req.buf = None
+                moved += 1
+            queued = self._queued[peer]
+            while queued and self._post(queued[0]):
+                queued.popleft()
+            moved += self._read(peer)
+            busy = busy or bool(outstanding or queued)
+        if busy or self._posted:
+            now = time.monotonic()
+            if not self._busy_since:
+                self._busy_since = now
+            elif now - self._busy_since > LIVENESS_S:
+                self._busy_since = now
+                self._check_liveness()
+        else:
+            self._busy_since = 0.0
+        return moved
+
+    def _check_liveness(self) -> None:
+        for r, pid in enumerate(self.seg.pids):
+            if r != self.rank and r not in self._dead:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    self._lose(r, TransportError(f"shm: rank {r} (pid {pid}) has died"))
+                except PermissionError:
+                    pass
+
+    def _lose(self, peer: int, err: TransportError) -> None:
+        """Fail every operation with ``peer``; later ones fail at once."""
+        self._dead[peer] = err
+        for req in list(self._outstanding[peer]) + list(self._queued[peer]):
+            req.error = err
+        self._outstanding[peer].clear()
+        self._queued[peer].clear()
+        for k in [k for k in self._posted if k[0] == peer]:
+            for req in self._posted.pop(k):
+                req.error = err
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.size:
+            raise ValueError(f"shm: peer {peer} is not a rank of a team of {self.size}")
+        if peer in self._dead:
+            raise self._dead[peer]
+
+    def has_unexpected(self, key: tuple) -> bool:
+        self.progress()
+        h = key_hash(split_key((*key, 0))[0])
+        return any(k[1] == h for k in self._stash)
