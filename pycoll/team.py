@@ -314,8 +314,12 @@ class Team:
             self.shared.polls = 64  # return to the engine soon: it yields the core
         from pycoll.tl.shm.transport import ShmTransport, cma_works
 
-        if cma_works(self.shared, allgather):  # point to point through the segment too
+        # Point to point through the segment too, instead of TCP sockets. An MPI team keeps MPI for
+        # point to point: MPICH already uses shared memory on a host, and its small messages cost
+        # less than the descriptor protocol driven from Python (measured: 14 against 47 us).
+        if self.transport.name == "tcp" and cma_works(self.shared, allgather):
             self.ctx.remove_transport(self.transport)
+            self.transport.close()
             self.transport = ShmTransport(self.shared)
             self.ctx.add_transport(self.transport)
 

@@ -125,8 +125,8 @@ class ShmSegment:
     def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:
         """Point ``st`` at a collective starting at the segment's next generation."""
         if buffers_changed:
-            st.src = self.ffi.cast("const char *", src.ctypes.data)
-            st.dst = self.ffi.cast("char *", dst.ctypes.data)
+            st.src = self.ffi.cast("const char *", self.ffi.from_buffer(src))
+            st.dst = self.ffi.cast("char *", self.ffi.from_buffer(dst))
             st.count = dst.size
             st.nchunks = self.lib.pycoll_shm_chunks(st)
         st.gen = self.next_gen

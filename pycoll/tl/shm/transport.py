@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict, deque
-from typing import Dict, Hashable, List, Tuple
+from typing import Callable, Dict, Hashable, List, Tuple
 
 import numpy as np
 
 from pycoll.errors import TransportError
+from pycoll.native import address, ffi, lib
 from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key, too_large
 from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment
 
@@ -40,16 +41,14 @@ class _Recv(TransportRequest):
     __slots__ = ("buf",)
 
 
-def cma_works(seg: ShmSegment, allgather) -> bool:
+def cma_works(seg: ShmSegment, allgather: Callable[[bytes], List[bytes]]) -> bool:
     """Whether every rank may read rank 0's memory with process_vm_readv (collective)."""
-    from pycoll.native import ffi, lib
-
     probe = np.array([0x5043434D41], np.uint64)  # "PCCMA"
-    infos = allgather(f"{probe.ctypes.data}".encode())
+    infos = allgather(f"{address(probe)}".encode())
     ok = True
     if seg.rank != 0:
         got = np.zeros(1, np.uint64)
-        n = lib.pycoll_cma_read(seg.pids[0], ffi.cast("void *", got.ctypes.data), int(infos[0]), 8)
+        n = lib.pycoll_cma_read(seg.pids[0], ffi.from_buffer(got), int(infos[0]), 8)
         ok = n == 8 and got[0] == probe[0]
     votes = allgather(b"1" if ok else b"0")
     del probe  # kept alive until every rank has read it (the allgather above)
@@ -62,8 +61,6 @@ class ShmTransport(Transport):
     name = "shm"
 
     def __init__(self, seg: ShmSegment) -> None:
-        from pycoll.native import ffi, lib
-
         self.ffi, self.lib, self.seg = ffi, lib, seg
         self.rank, self.size = seg.rank, seg.size
         self._base, self._mapped = seg.base, seg.total
@@ -94,7 +91,7 @@ class ShmTransport(Transport):
         peer = req.peer
         slot = self._send_slot[peer]
         rc = self.lib.pycoll_p2p_post(self._base, self._mapped, self.size, self.rank, peer, slot, req.khash,
-                                      req.step, req.buf.nbytes, req.buf.ctypes.data, req.seq)
+                                      req.step, req.buf.nbytes, address(req.buf), req.seq)
         if rc < 0:
             raise TransportError(f"shm: cannot post a message to rank {peer}: segment error {rc}")
         if rc == 0:
@@ -155,7 +152,7 @@ class ShmTransport(Transport):
                 recv = None
             target = recv.buf if recv is not None else np.empty(nbytes, np.uint8)
             if nbytes:
-                local = self.ffi.cast("void *", target.ctypes.data)
+                local = self.ffi.from_buffer(target)
                 got = lib.pycoll_cma_read(self.seg.pids[src], local, addr, nbytes)
                 if got != nbytes:
                     self._lose(src, TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory "
