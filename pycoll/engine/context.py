@@ -253,14 +253,13 @@ class Context:
                 _heappop(ready)
                 continue
             need = task.credit
-            if need and limit and self.in_flight and self.in_flight + need > limit:
-                if self.partition_bytes and task.nbytes > self.partition_bytes:
-                    pass  # split below: the fragments queue by themselves
-                else:
-                    self.stats["credit_waits"] += 1
-                    if self._demand:
-                        started += self._start_demanded()
-                    break
+            # a task that will be split starts at once: its fragments queue for credit themselves
+            splits = self.partition_bytes and task.nbytes > self.partition_bytes
+            if need and limit and self.in_flight and self.in_flight + need > limit and not splits:
+                self.stats["credit_waits"] += 1
+                if self._demand:
+                    started += self._start_demanded()
+                break
             _heappop(ready)
             started += 1
             self._start(task, need)

@@ -50,6 +50,18 @@ def too_large(tl: str, nbytes: int, peer: int, tag: Hashable, room: int) -> Tran
                           f"receive buffer of {room} B")
 
 
+def deliver(tl: str, req: TransportRequest, buf: np.ndarray, data: np.ndarray) -> None:
+    """Complete receive ``req`` with a message held in ``data``: copied into ``buf``, or the
+    too-large error if it does not fit."""
+    n = data.nbytes
+    if n > buf.nbytes:
+        req.error = too_large(tl, n, req.peer, req.tag, buf.nbytes)
+    else:
+        buf[:n] = data
+        req.nbytes = n
+    req.done = True
+
+
 class TransportRequest:
     """One outstanding send or receive."""
 

@@ -12,7 +12,7 @@ from typing import Dict, Hashable, Tuple
 
 import numpy as np
 
-from pycoll.tl.base import Transport, TransportRequest, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver
 
 
 class _LocalRecv(TransportRequest):
@@ -47,7 +47,7 @@ class LocalFabric:
             req = posted.popleft()
             if not posted:
                 del self._posted[key]
-            _fill(req, data)
+            deliver("local", req, req.buf, data)
         else:
             self._unexpected[key].append(data.copy())
 
@@ -57,7 +57,7 @@ class LocalFabric:
             data = queue.popleft()
             if not queue:
                 del self._unexpected[req.key]
-            _fill(req, data)
+            deliver("local", req, req.buf, data)
         else:
             self._posted[req.key].append(req)
 
@@ -73,14 +73,6 @@ class LocalFabric:
         return sum(len(q) for q in self._unexpected.values())
 
 
-def _fill(req: _LocalRecv, data: np.ndarray) -> None:
-    n = data.nbytes
-    if n > req.buf.nbytes:
-        req.error = too_large("local", n, req.peer, req.tag, req.buf.nbytes)
-    else:
-        req.buf[:n] = data
-        req.nbytes = n
-    req.done = True
 
 
 class LocalTransport(Transport):

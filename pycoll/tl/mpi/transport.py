@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Channel, Transport, TransportRequest, key_hash, split_key, too_large
+from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, split_key, too_large
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
@@ -46,6 +46,19 @@ def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
     return _CHECKED | ((key_hash(prefix) & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
 
 
+def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
+    """Test MPI requests for ``req``: done when all are; an MPI error becomes a TransportError."""
+    try:
+        ok = mpi_reqs[0].Test() if len(mpi_reqs) == 1 else MPI.Request.Testall(mpi_reqs)
+    except MPI.Exception as exc:
+        req.error = TransportError(f"mpi: {req.kind} {'to' if req.kind == 'send' else 'from'} rank "
+                                   f"{req.peer} (tag {req.tag!r}) failed: {exc}")
+        raise req.error from None
+    if ok:
+        req.done = True
+    return ok
+
+
 class _MPIRequest(TransportRequest):
     __slots__ = ("reqs",)
 
@@ -54,18 +67,7 @@ class _MPIRequest(TransportRequest):
             return True
         if self.error is not None:
             raise self.error
-        try:
-            if len(self.reqs) == 1:
-                ok = self.reqs[0].Test()
-            else:
-                ok = MPI.Request.Testall(self.reqs)
-        except MPI.Exception as exc:
-            self.error = TransportError(f"mpi: {self.kind} {'to' if self.kind == 'send' else 'from'} rank "
-                                        f"{self.peer} (tag {self.tag!r}) failed: {exc}")
-            raise self.error from None
-        if ok:
-            self.done = True
-        return ok
+        return _test(self, self.reqs)
 
     def cancel(self) -> None:
         if not self.done:
@@ -92,15 +94,7 @@ class _CheckedRecv(TransportRequest):
                 if self.error is not None:
                     raise self.error
                 return self.done
-        try:
-            ok = self.payload.Test()
-        except MPI.Exception as exc:
-            self.error = TransportError(
-                f"mpi: receive from rank {self.peer} (tag {self.tag!r}) failed: {exc}")
-            raise self.error from None
-        if ok:
-            self.done = True
-        return ok
+        return _test(self, (self.payload,))
 
     def cancel(self) -> None:
         if not self.done:
@@ -192,7 +186,7 @@ class MPITransport(Transport):
             req = _MPIRequest("recv", peer, tag, buf.nbytes)
             stashed = self._stash.get((peer, wire))
             if stashed:
-                self._fill(req, buf, stashed.popleft())
+                deliver("mpi", req, buf, stashed.popleft())
                 if not stashed:
                     del self._stash[(peer, wire)]
                 return req
@@ -204,7 +198,7 @@ class MPITransport(Transport):
         k = (peer, req.khash, step)
         stashed = self._kstash.get(k)
         if stashed:
-            self._fill(req, buf, stashed.popleft())
+            deliver("mpi", req, buf, stashed.popleft())
             if not stashed:
                 del self._kstash[k]
             return req
@@ -217,13 +211,6 @@ class MPITransport(Transport):
         self._waiting[k].append(req)
         self._probe_channel(peer, wire)
         return req
-
-    def _fill(self, req: TransportRequest, buf: np.ndarray, data: np.ndarray) -> None:
-        if data.nbytes > buf.nbytes:
-            req.error = too_large("mpi", data.nbytes, req.peer, req.tag, buf.nbytes)
-        else:
-            buf[:data.nbytes] = data
-        req.done = True
 
     def _forget(self, req: _CheckedRecv) -> None:
         q = self._waiting.get((req.peer, req.khash, req.step))
@@ -271,7 +258,7 @@ class MPITransport(Transport):
                     recv = waiting.popleft()
                     if not waiting:
                         del self._waiting[k]
-                    self._fill(recv, recv.buf, data)
+                    deliver("mpi", recv, recv.buf, data)
                 else:
                     self._kstash[k].append(data)
             return

@@ -25,7 +25,7 @@ import numpy as np
 
 from pycoll.errors import TransportError
 from pycoll.native import address, ffi, lib
-from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key, too_large
 from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment
 
 RING = 64  # PC_RING
@@ -113,19 +113,11 @@ class ShmTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
-            self._fill(req, data)
+            deliver("shm", req, req.buf, data)
             return req
         self._posted[k].append(req)
         self._read(peer)
         return req
-
-    def _fill(self, req: _Recv, data: np.ndarray) -> None:
-        if data.nbytes > req.buf.nbytes:
-            req.error = too_large("shm", data.nbytes, req.peer, req.tag, req.buf.nbytes)
-        else:
-            req.buf[:data.nbytes] = data
-            req.nbytes = data.nbytes
-        req.done = True
 
     def _read(self, src: int) -> int:
         """Copy every message rank ``src`` has posted to us; return how many."""

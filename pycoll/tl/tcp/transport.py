@@ -22,7 +22,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest, key_hash, split_key, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key, too_large
 
 _HEADER = struct.Struct("<IIQQQ")
 _MAGIC = 0x50544350  # "PCTP"
@@ -140,7 +140,7 @@ class TCPTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
-            self._fill(req, data)
+            deliver("tcp", req, req.buf, data)
             return req
         if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
             # the payload is arriving right now into a temporary buffer: take it over
@@ -153,14 +153,6 @@ class TCPTransport(Transport):
         self._posted[k].append(req)
         self.progress()
         return req
-
-    def _fill(self, req: _Recv, data: np.ndarray) -> None:
-        if data.nbytes > req.buf.nbytes:
-            req.error = too_large("tcp", data.nbytes, req.peer, req.tag, req.buf.nbytes)
-        else:
-            req.buf[:data.nbytes] = data
-            req.nbytes = data.nbytes
-        req.done = True
 
     def _read(self, p: _Peer) -> int:
         """Read what the socket has; return how many receives completed."""
