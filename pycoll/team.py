@@ -97,23 +97,27 @@ class Team:
         """
         if type(op) is not ReduceOp:
             op = as_op(op)
-        if recvbuf is None:
-            src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
-            out = sendbuf
-        else:
-            src = as_array(sendbuf, what="sendbuf")
-            dst = as_array(recvbuf, writable=True, what="recvbuf")
-            out = recvbuf
-            if src.dtype != dst.dtype or src.size != dst.size:
-                raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
-                                 f"{dst.dtype}; they must match")
+        src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
         check_op(op, src.dtype)
         return self._post("allreduce", src, dst, op, 0, out, priority, tag, algorithm, timeout, options)
+
+    @staticmethod
+    def _allreduce_buffers(sendbuf: Any, recvbuf: Any) -> tuple:
+        """(src, dst, what wait() returns) of an elementwise collective; ``recvbuf=None``: in place."""
+        if recvbuf is None:
+            src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
+            return src, dst, sendbuf
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if src.dtype != dst.dtype or src.size != dst.size:
+            raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
+                             f"{dst.dtype}; they must match")
+        return src, dst, recvbuf
 
     def bcast(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
               algorithm: Optional[str] = None, timeout: Optional[float] = None, **options: Any) -> Request:
         """Start a broadcast of ``buf`` from team rank ``root`` into ``buf`` on every rank."""
-        arr = as_array(buf, writable=True, what="buf")
+        arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
         self._check_root(root, "bcast")
         return self._post("bcast", arr, arr, ReduceOp.SUM, root, buf, priority, tag, algorithm, timeout,
                           options)
@@ -133,18 +137,28 @@ class Team:
               options: dict) -> Request:
         """Build (or reuse) the collective's task and submit it. Everything the caller passed has
         been checked: nothing here fails before the message key is taken."""
+        task, key, shape = self._make(coll, src, dst, op, root, tag, algorithm, options, reuse=True)
+        if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
+            return self._submit(task, priority, timeout, out)
+        return self._submit(self._unit(task, key), priority, timeout, out, shape)
+
+    def _make(self, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int,
+              tag: Optional[Hashable], algorithm: Optional[str], options: dict, reuse: bool) -> tuple:
+        """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
+        to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
+        partitioned collective (which is never reused)."""
         if algorithm is None:
             name = self._selected.get((coll, dst.nbytes, tag is None)) or self._select(coll, dst.nbytes, tag)
         else:
             name = algorithm
         shape = (coll, name, dst.size, dst.dtype, id(op), src is dst, root,
                  tuple(sorted(options.items())) if options else ())
-        pool = self._plans.get(shape)
+        pool = self._plans.get(shape) if reuse else None
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self._coll_key(tag)
             task = pool.pop()
             task.rebind(src, dst, key)
-            return self._submit(self._unit(task, key), priority, timeout, out, shape)
+            return task, key, shape
         build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
         if name == "shm" and (self.shared is None or tag is not None):
             raise ValueError(f"{coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
@@ -152,10 +166,36 @@ class Team:
         key = self._coll_key(tag)
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.size > 1:
-            task = self._partitioned(build, coll, key, src, dst, op, pb, options)
-            return self._submit(task, priority, timeout, out)
-        task = build(self._args(coll, key, src, dst, op, name, options, root))
-        return self._submit(self._unit(task, key), priority, timeout, out, shape)
+            return self._partitioned(build, coll, key, src, dst, op, pb, options), key, None
+        return build(self._args(coll, key, src, dst, op, name, options, root)), key, shape
+
+    # ------------------------------------------------------------------ persistent collectives
+    def allreduce_init(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                       timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent allreduce (MPI-4's ``MPI_Allreduce_init``): built once, run by each
+        ``start()``; the buffers may be refilled between starts."""
+        if type(op) is not ReduceOp:
+            op = as_op(op)
+        src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
+        check_op(op, src.dtype)
+        return Persistent(self, "allreduce", src, dst, op, 0, out, priority, tag, algorithm, timeout, options)
+
+    def bcast_init(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
+                   algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                   **options: Any) -> Persistent:
+        """A persistent broadcast."""
+        arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
+        self._check_root(root, "bcast")
+        return Persistent(self, "bcast", arr, arr, ReduceOp.SUM, root, buf, priority, tag, algorithm, timeout,
+                          options)
+
+    def barrier_init(self, *, priority: int = 0, tag: Optional[Hashable] = None,
+                     algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                     **options: Any) -> Persistent:
+        """A persistent barrier."""
+        return Persistent(self, "barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, priority, tag, algorithm,
+                          timeout, options)
 
     def _select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         name = algorithms.select(coll, self.size, nbytes, shared=self.shared is not None and tag is None)
@@ -338,6 +378,54 @@ class Team:
             return Team.from_mpi(sub, self.ctx)
         finally:
             sub.Free()
+
+
+class Persistent:
+    """A persistent collective (``team.allreduce_init(...)`` and the other ``_init`` calls): its
+    schedule and scratch are built once; every ``start()`` runs it again on the same buffers
+    (refill them between starts) and returns the Request of that run."""
+
+    def __init__(self, team: Team, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int,
+                 out: Any, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
+                 timeout: Optional[float], options: dict) -> None:
+        self.team, self.coll = team, coll
+        self._call = (src, dst, op, root, tag, algorithm, options)
+        self._out, self._priority, self._timeout = out, priority, timeout
+        self._task: Optional[Task] = None
+        self.request: Optional[Request] = None
+
+    def start(self) -> Request:
+        """Run the collective once more (collective: every rank starts it)."""
+        if self.request is not None and not self.request.done:
+            raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
+        team = self.team
+        src, dst, op, root, tag, algorithm, options = self._call
+        task = self._task
+        if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
+            task, key, shape = team._make(self.coll, src, dst, op, root, tag, algorithm, options, reuse=False)
+            self._task = task if shape is not None else None
+        else:
+            key = team._coll_key(tag)
+            task.rebind(src, dst, key)
+        if self._task is not None:
+            team._unit(task, key)
+        self.request = team._submit(task, self._priority, self._timeout, self._out)
+        return self.request
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait for the current run."""
+        if self.request is None:
+            raise RuntimeError(f"persistent {self.coll}: wait() before start()")
+        return self.request.wait(timeout)
+
+    def test(self) -> bool:
+        return self.request is not None and self.request.test()
+
+    def free(self) -> None:
+        """Release the schedule and its scratch (MPI_Request_free)."""
+        if self._task is not None:
+            self._task.finalize()
+            self._task = None
 
 
 _store_teams = 0

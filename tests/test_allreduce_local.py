@@ -181,3 +181,40 @@ def test_plans_are_reused_and_finalized_when_dropped(monkeypatch):
         elif count == 10:
             assert reqs[0].task is first  # same shape: the finished task was reused
     assert finalized == ["first"]  # dropped when a third shape came
+
+
+@pytest.mark.parametrize("alg", ALGS + [None])
+def test_persistent_allreduce_started_three_times_with_refilled_buffers(alg):
+    n = 3
+    teams = pycoll.local_teams(n)
+    bufs = [np.zeros(5000, np.float32) for _ in range(n)]
+    outs = [np.zeros(5000, np.float32) for _ in range(n)]
+    pers = [t.allreduce_init(bufs[r], outs[r], algorithm=alg) for r, t in enumerate(teams)]
+    tasks = set()
+    for run in range(3):
+        for r in range(n):
+            bufs[r][:] = r + 10 * run  # refill between starts
+        reqs = [p.start() for p in pers]
+        pycoll.wait_all(reqs)
+        tasks.add(id(pers[0]._task))
+        assert all((o == sum(r + 10 * run for r in range(n))).all() for o in outs)
+    assert len(tasks) == 1  # built once
+    with pytest.raises(RuntimeError, match="wait\\(\\) before start"):
+        teams[0].allreduce_init(bufs[0]).wait()
+    p = teams[0].allreduce_init(bufs[0], timeout=5)
+    p.start()
+    with pytest.raises(RuntimeError, match="in progress"):
+        p.start()
+    for q in pers:
+        q.free()
+
+
+def test_persistent_bcast_and_barrier():
+    teams = pycoll.local_teams(4)
+    bufs = [np.zeros(100, np.int64) for _ in teams]
+    pb = [t.bcast_init(b, root=2) for t, b in zip(teams, bufs)]
+    pbar = [t.barrier_init() for t in teams]
+    for run in range(3):
+        bufs[2][:] = run + 1
+        pycoll.wait_all([p.start() for p in pb] + [p.start() for p in pbar])
+        assert all((b == run + 1).all() for b in bufs)

@@ -55,6 +55,19 @@ def main(mode):
             assert (buf == np.arange(count, dtype=np.float32) + 7).all(), (root, count)
     for _ in range(5):
         team.barrier().wait()
+    # persistent collectives, started three times with refilled buffers
+    buf = np.zeros(300_000, np.float32)
+    pa = team.allreduce_init(buf)
+    bb = np.zeros(1000, np.int16)
+    pb = team.bcast_init(bb, root=n - 1)
+    pbar = team.barrier_init()
+    for run in range(3):
+        buf[:] = r + run
+        if r == n - 1:
+            bb[:] = run + 5
+        pycoll.wait_all([pa.start(), pb.start(), pbar.start()])
+        assert (buf == sum(rr + run for rr in range(n))).all()
+        assert (bb == run + 5).all()
     print(f"RANK {r} OK", flush=True)
 
 
