@@ -33,13 +33,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  mpi      mpi4py {mpi4py.__version__}, {lib}")
     except Exception as exc:  # pragma: no cover - depends on the install
         print(f"  mpi      unavailable: {exc}")
-    print("\nalgorithms (default selection):")
+    print("\nalgorithms:")
     for coll, table in algorithms.ALGORITHMS.items():
         print(f"  {coll:<10} {', '.join(table)}")
-    for n, b in algorithms.ALLREDUCE_RING_MIN_BYTES.items():
-        print(f"  allreduce on {n} ranks: rd below {b} B, ring from there")
-    print(f"  allreduce on other team sizes: rd below {algorithms.ALLREDUCE_RING_MIN_BYTES_DEFAULT} B, "
-          "ring from there")
+    print("\nselection (first match wins; PYCOLL_TUNE rules come first):")
+    for rule in algorithms.rules():
+        print(f"  {rule}")
     print("\nsettings (environment variables):")
     for name, value, doc in config.describe():
         print(f"  {name:<24} {value}")

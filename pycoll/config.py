@@ -90,6 +90,10 @@ _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
 _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
          "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store).")
+_declare("PYCOLL_TUNE", "", str,
+         "Algorithm selection rules that come before the defaults, e.g. "
+         "'allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial' (fields: byte range LO-HI, "
+         "team=LO-HI, mem=host|cuda, algorithm). pycoll info prints the effective table.")
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 

@@ -6,16 +6,19 @@ does not force it with ``algorithm=``.
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
+from pycoll import config
 from pycoll.algorithms import (
     allreduce_knomial,
     allreduce_rd,
     allreduce_ring,
     barrier_dissemination,
     bcast_knomial,
+    tuning,
 )
 from pycoll.algorithms.base import CollArgs
+from pycoll.algorithms.tuning import INF, Rule
 from pycoll.tasks.task import Task
 
 Builder = Callable[[CollArgs], Task]
@@ -48,33 +51,50 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
     },
 }
 
-#: Collectives with a shared-memory algorithm, used when all ranks share a host (untagged calls).
-SHM_ALGORITHMS = {"allreduce": "shm", "bcast": "shm", "barrier": "shm"}
-
-#: From this many bytes allreduce uses the ring (bandwidth-bound) instead of recursive doubling
-#: (latency-bound). Two ranks: measured with `pycoll perf allreduce -n 2 --algorithm rd|ring` on
-#: the 2-core development machine (MPI transport), where one full exchange beats the ring's two
-#: half exchanges up to 8 MiB. More ranks: the ring moves 2(n-1)/n of the buffer instead of
-#: log2(n) whole buffers, so it takes over much earlier (MPICH's default threshold).
-ALLREDUCE_RING_MIN_BYTES = {2: 8 << 20}
-ALLREDUCE_RING_MIN_BYTES_DEFAULT = 256 << 10
 
 
-def select(coll: str, size: int, nbytes: int, shared: bool = False) -> str:
-    """The default algorithm for a collective of ``nbytes`` on a team of ``size``; ``shared``:
-    the team has a shared-memory segment (all ranks on one host) and the call may use it."""
-    if shared and size > 1 and coll in SHM_ALGORITHMS:
-        return SHM_ALGORITHMS[coll]
-    if coll == "bcast":
-        return "knomial"
-    if coll == "barrier":
-        return "dissemination"
-    if coll == "allreduce":
-        if size < 2:
-            return "rd"
-        threshold = ALLREDUCE_RING_MIN_BYTES.get(size, ALLREDUCE_RING_MIN_BYTES_DEFAULT)
-        return "ring" if nbytes >= threshold else "rd"
-    raise ValueError(f"unknown collective {coll!r}")
+#: The default selection table. Measured on the 2-core development VM with
+#: `pycoll perf allreduce -n 2 --algorithm rd|ring|shm --compare mpi`: on one host the shared
+#: segment beats every point-to-point algorithm at every size; over MPI, two ranks do better with
+#: one full recursive-doubling exchange than with the ring's two half exchanges up to 8 MiB. More
+#: ranks: the ring moves 2(n-1)/n of the buffer instead of log2(n) whole buffers, so it takes over
+#: much earlier (256 KiB, MPICH's default threshold).
+DEFAULT_RULES: List[Rule] = [
+    Rule("allreduce", "shm", team=(2, INF)),
+    Rule("allreduce", "rd", msg=(0, 8 << 20), team=(1, 2)),
+    Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),
+    Rule("allreduce", "rd", msg=(0, 256 << 10), team=(3, INF)),
+    Rule("allreduce", "ring", msg=(256 << 10, INF), team=(3, INF)),
+    Rule("bcast", "shm", team=(2, INF)),
+    Rule("bcast", "knomial"),
+    Rule("barrier", "shm", team=(2, INF)),
+    Rule("barrier", "dissemination"),
+]
+
+
+def rules() -> List[Rule]:
+    """The effective table: ``PYCOLL_TUNE``'s rules, then the defaults (parsed per value)."""
+    text = config.get("PYCOLL_TUNE")
+    cached = _parsed.get(text)
+    if cached is None:
+        cached = tuning.parse(text, ALGORITHMS) + DEFAULT_RULES
+        _parsed.clear()
+        _parsed[text] = cached
+    return cached
+
+
+_parsed: Dict[str, List[Rule]] = {}
+
+
+def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "host") -> str:
+    """The algorithm for a collective of ``nbytes`` on a team of ``size``; ``shared``: the team
+    has a shared-memory segment and the call is untagged (so ``shm`` rules apply)."""
+    if coll not in ALGORITHMS:
+        raise ValueError(f"unknown collective {coll!r}")
+    name = tuning.choose(rules(), coll, size, nbytes, mem, shared)
+    if name is None:
+        raise ValueError(f"no algorithm for {coll} on {size} ranks with {nbytes} B (check PYCOLL_TUNE)")
+    return name
 
 
 def get(coll: str, name: str) -> Builder:

@@ -1,0 +1,70 @@
+"""Algorithm selection: the default table, PYCOLL_TUNE's syntax, its errors and precedence."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import algorithms
+from pycoll.algorithms import tuning
+
+
+def test_defaults():
+    assert algorithms.select("allreduce", 2, 8) == "rd"
+    assert algorithms.select("allreduce", 2, 8 << 20) == "ring"
+    assert algorithms.select("allreduce", 4, 100) == "rd"
+    assert algorithms.select("allreduce", 4, 1 << 20) == "ring"
+    assert algorithms.select("allreduce", 4, 1 << 20, shared=True) == "shm"
+    assert algorithms.select("allreduce", 1, 1 << 20, shared=True) == "rd"
+    assert algorithms.select("bcast", 5, 10) == "knomial"
+    assert algorithms.select("barrier", 5, 0, shared=True) == "shm"
+
+
+def test_parse_the_documented_examples():
+    rules = tuning.parse("allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial", algorithms.ALGORITHMS)
+    assert [(r.coll, r.algorithm, r.msg) for r in rules] == [
+        ("allreduce", "rd", (0, 4096)), ("allreduce", "ring", (4096, tuning.INF)),
+        ("bcast", "knomial", (0, tuning.INF))]
+    (rule,) = tuning.parse("allreduce:team=2-2:0-8M:@knomial:mem=host", algorithms.ALGORITHMS)
+    assert rule.team == (2, 2) and rule.msg == (0, 8 << 20) and rule.algorithm == "knomial"
+    assert rule.mem == "host"
+    assert tuning.parse("  ", algorithms.ALGORITHMS) == []
+
+
+@pytest.mark.parametrize("text,token", [
+    ("allreduce:0-4K:nope", "'nope'"),
+    ("allgatherz:0-4K:rd", "'allgatherz'"),
+    ("allreduce:4K-1K:rd", "'4K-1K'"),
+    ("allreduce:0-4Q:rd", "'0-4Q'"),
+    ("allreduce:0-4K", "'allreduce:0-4K'"),
+    ("allreduce:0-4K:rd:ring", "'ring'"),
+    ("allreduce:team=x-2:rd", "'team=x-2'"),
+    ("allreduce:mem=gpu:rd", "'mem=gpu'"),
+    ("allreduce::rd", "'allreduce::rd'"),
+])
+def test_malformed_strings_point_at_the_bad_token(text, token):
+    with pytest.raises(pycoll.ConfigError, match=token):
+        tuning.parse(text, algorithms.ALGORITHMS)
+
+
+def test_tune_overrides_defaults_for_teams(monkeypatch):
+    monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-1K:knomial#allreduce:1K-inf:ring")
+    assert algorithms.select("allreduce", 2, 100) == "knomial"
+    assert algorithms.select("allreduce", 2, 4096) == "ring"
+    teams = pycoll.local_teams(3)
+    bufs = [np.ones(10) for _ in teams]
+    reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
+    pycoll.wait_all(reqs)
+    assert reqs[0].task.name.startswith("allreduce:knomial")
+    monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-1K:rd:oops")
+    with pytest.raises(pycoll.ConfigError, match="oops"):
+        algorithms.select("allreduce", 2, 100)
+
+
+def test_info_prints_the_effective_table(monkeypatch, capsys):
+    from pycoll.cli import main
+
+    monkeypatch.setenv("PYCOLL_TUNE", "bcast:0-64K:knomial")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "bcast      bytes 0-64K     team any    mem any   -> knomial (PYCOLL_TUNE)" in out
+    assert "-> ring (default)" in out and "PYCOLL_TUNE" in out
