@@ -128,6 +128,102 @@ class Team:
         return self._post("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, priority, tag, algorithm,
                           timeout, options)
 
+    def reduce(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, root: int = 0, *,
+               priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+               timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a reduction of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (``None`` at
+        the root: in place; ignored elsewhere)."""
+        op = as_op(op)
+        self._check_root(root, "reduce")
+        if self.rank == root:
+            src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
+        else:
+            src = dst = as_array(sendbuf, what="sendbuf")
+            out = None
+        check_op(op, src.dtype)
+        return self._post("reduce", src, dst, op, root, out, priority, tag, algorithm, timeout, options)
+
+    def allgather(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                  algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                  **options: Any) -> Request:
+        """Start an allgather: ``recvbuf`` gets every rank's ``sendbuf`` in rank order
+        (``sendbuf=None``: in place, this rank's block of ``recvbuf`` is its contribution)."""
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        src = self._own_block(sendbuf, dst, "allgather")
+        return self._post("allgather", src, dst, ReduceOp.SUM, 0, recvbuf, priority, tag, algorithm, timeout,
+                          options)
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                       timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a reduce-scatter (block): rank r gets the reduction of block r of every rank's
+        ``sendbuf`` (``team.size`` blocks of ``recvbuf``'s size)."""
+        op = as_op(op)
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        self._check_blocks(src, dst, "reduce_scatter", "sendbuf", "recvbuf")
+        check_op(op, src.dtype)
+        return self._post("reduce_scatter", src, dst, op, 0, recvbuf, priority, tag, algorithm, timeout,
+                          options)
+
+    def alltoall(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                 algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                 **options: Any) -> Request:
+        """Start an alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this
+        rank) of its ``recvbuf``."""
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if src.dtype != dst.dtype or src.size != dst.size or src.size % self.size:
+            raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
+                             f"{dst.dtype}) must be equal and hold {self.size} blocks")
+        return self._post("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, priority, tag, algorithm, timeout,
+                          options)
+
+    def gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *, priority: int = 0,
+               tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+               timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a gather of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order;
+        ``recvbuf`` is ignored on other ranks)."""
+        self._check_root(root, "gather")
+        src = as_array(sendbuf, what="sendbuf")
+        dst = src
+        if self.rank == root:
+            dst = as_array(recvbuf, writable=True, what="recvbuf")
+            self._check_blocks(dst, src, "gather", "recvbuf", "sendbuf")
+        return self._post("gather", src, dst, ReduceOp.SUM, root, recvbuf, priority, tag, algorithm, timeout,
+                          options)
+
+    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, priority: int = 0,
+                tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a scatter: block r of ``sendbuf`` on ``root`` goes to ``recvbuf`` of rank r
+        (``sendbuf`` is ignored on other ranks)."""
+        self._check_root(root, "scatter")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        src = dst
+        if self.rank == root:
+            src = as_array(sendbuf, what="sendbuf")
+            self._check_blocks(src, dst, "scatter", "sendbuf", "recvbuf")
+        return self._post("scatter", src, dst, ReduceOp.SUM, root, recvbuf, priority, tag, algorithm, timeout,
+                          options)
+
+    def _check_blocks(self, whole: np.ndarray, block: np.ndarray, coll: str, whole_name: str,
+                      block_name: str) -> None:
+        if whole.dtype != block.dtype or whole.size != self.size * block.size:
+            raise ValueError(f"{coll}: {whole_name} ({whole.size} x {whole.dtype}) must hold {self.size} "
+                             f"blocks of {block_name} ({block.size} x {block.dtype})")
+
+    def _own_block(self, sendbuf: Any, dst: np.ndarray, coll: str) -> np.ndarray:
+        """The contribution of this rank: ``sendbuf``, or (``None``) its block of ``dst``."""
+        if sendbuf is None:
+            if dst.size % self.size:
+                raise ValueError(f"{coll}: recvbuf of {dst.size} elements is not {self.size} blocks")
+            m = dst.size // self.size
+            return dst[self.rank * m:(self.rank + 1) * m]
+        src = as_array(sendbuf, what="sendbuf")
+        self._check_blocks(dst, src, coll, "recvbuf", "sendbuf")
+        return src
+
     def _check_root(self, root: int, coll: str) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise ValueError(f"{coll}: root {root!r} is not a rank of a team of {self.size}")

@@ -10,11 +10,17 @@ from typing import Callable, Dict, List
 
 from pycoll import config
 from pycoll.algorithms import (
+    allgather_ring,
     allreduce_knomial,
     allreduce_rd,
     allreduce_ring,
+    alltoall_pairwise,
     barrier_dissemination,
     bcast_knomial,
+    gather_linear,
+    reduce_knomial,
+    reduce_scatter_ring,
+    scatter_linear,
     tuning,
 )
 from pycoll.algorithms.base import CollArgs
@@ -49,6 +55,12 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
         "dissemination": barrier_dissemination.build,
         "shm": _shm("barrier_shm"),
     },
+    "reduce": {"knomial": reduce_knomial.build},
+    "allgather": {"ring": allgather_ring.build},
+    "reduce_scatter": {"ring": reduce_scatter_ring.build},
+    "alltoall": {"pairwise": alltoall_pairwise.build},
+    "gather": {"linear": gather_linear.build},
+    "scatter": {"linear": scatter_linear.build},
 }
 
 
@@ -69,6 +81,12 @@ DEFAULT_RULES: List[Rule] = [
     Rule("bcast", "knomial"),
     Rule("barrier", "shm", team=(2, INF)),
     Rule("barrier", "dissemination"),
+    Rule("reduce", "knomial"),
+    Rule("allgather", "ring"),
+    Rule("reduce_scatter", "ring"),
+    Rule("alltoall", "pairwise"),
+    Rule("gather", "linear"),
+    Rule("scatter", "linear"),
 ]
 
 

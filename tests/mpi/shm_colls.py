@@ -55,6 +55,30 @@ def main(mode):
             assert (buf == np.arange(count, dtype=np.float32) + 7).all(), (root, count)
     for _ in range(5):
         team.barrier().wait()
+    # the other collectives over the team's point-to-point transport
+    for count in (0, 3, 100_001):
+        root = n - 1
+        out = np.zeros(count)
+        team.reduce(np.full(count, r + 1.0), out if r == root else None, root=root).wait()
+        if r == root:
+            assert (out == n * (n + 1) / 2).all()
+        ag = np.zeros(n * count)
+        team.allgather(np.full(count, float(r)), ag).wait()
+        assert (ag == np.repeat(np.arange(n, dtype=float), count)).all()
+        rs = np.zeros(count)
+        team.reduce_scatter(np.repeat(np.arange(n, dtype=float), count), rs).wait()
+        assert (rs == n * r).all()
+        a2a = np.zeros(n * count, np.int32)
+        team.alltoall(np.repeat(np.arange(n, dtype=np.int32) + 10 * r, count), a2a).wait()
+        assert (a2a == np.repeat(np.arange(n, dtype=np.int32) * 10 + r, count)).all()
+        g = np.zeros(n * count, np.int64)
+        team.gather(np.full(count, r, np.int64), g if r == 0 else None, root=0).wait()
+        if r == 0:
+            assert (g == np.repeat(np.arange(n), count)).all()
+        sc = np.zeros(count, np.int64)
+        whole = np.repeat(np.arange(n, dtype=np.int64), count) if r == root else None
+        team.scatter(whole, sc, root=root).wait()
+        assert (sc == r).all()
     # persistent collectives, started three times with refilled buffers
     buf = np.zeros(300_000, np.float32)
     pa = team.allreduce_init(buf)

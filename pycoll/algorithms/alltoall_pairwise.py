@@ -1,0 +1,29 @@
+"""Pairwise-exchange alltoall: in step s rank r sends its block for rank r+s and receives the
+block of rank r-s; n-1 steps, one peer at a time (bounded memory traffic per step)."""
+
+from __future__ import annotations
+
+from typing import Generator
+
+import numpy as np
+
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.tasks.task import Task
+
+
+class PairwiseAlltoall(StepTask):
+    def run(self) -> Generator[Waitable, None, None]:
+        a = self.args
+        n, rank, ch = a.size, a.rank, a.channel
+        m = a.dst.size // n
+        src = [a.src[i * m:(i + 1) * m] for i in range(n)]
+        dst = [a.dst[i * m:(i + 1) * m] for i in range(n)]
+        if m:
+            np.copyto(dst[rank], src[rank])
+        for s in range(1, n):
+            to, frm = (rank + s) % n, (rank - s) % n
+            yield (ch.isend(as_wire(src[to]), to, s), ch.irecv(as_wire(dst[frm]), frm, s))
+
+
+def build(args: CollArgs) -> Task:
+    return PairwiseAlltoall(args, name=args.name)

@@ -1,0 +1,28 @@
+"""Linear scatter: the root sends every rank its block at once."""
+
+from __future__ import annotations
+
+from typing import Generator
+
+import numpy as np
+
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.tasks.task import Task
+
+
+class LinearScatter(StepTask):
+    def run(self) -> Generator[Waitable, None, None]:
+        a = self.args
+        n, rank, root, ch = a.size, a.rank, a.root, a.channel
+        m = a.dst.size
+        if rank != root:
+            yield (ch.irecv(as_wire(a.dst), root, 0),)
+            return
+        blocks = [a.src[i * m:(i + 1) * m] for i in range(n)]
+        if m:
+            np.copyto(a.dst, blocks[rank])
+        yield tuple(ch.isend(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
+
+
+def build(args: CollArgs) -> Task:
+    return LinearScatter(args, name=args.name)
