@@ -115,5 +115,66 @@ class Comm:
         """Blocking allreduce (``MPI_Allreduce``)."""
         self.Iallreduce(sendbuf, recvbuf, op, **kw).Wait()
 
+    # ------------------------------------------------------------------ the other collectives
+    def Ibcast(self, buf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return Request(self.team.bcast(as_buffer(buf, writable=True, what="buf"), root, **kw))
+
+    def Bcast(self, buf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self.Ibcast(buf, root, **kw).Wait()
+
+    def Ibarrier(self, **kw: Any) -> Request:  # noqa: N802
+        return Request(self.team.barrier(**kw))
+
+    def Barrier(self, **kw: Any) -> None:  # noqa: N802
+        self.Ibarrier(**kw).Wait()
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
+                **kw: Any) -> Request:
+        mine = self.team.rank == root
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if mine and recvbuf is not None else None
+        if sendbuf is MPI.IN_PLACE or sendbuf is None:
+            return Request(self.team.reduce(dst, None, op, root, **kw))
+        return Request(self.team.reduce(as_buffer(sendbuf, what="sendbuf"), dst, op, root, **kw))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self.Ireduce(sendbuf, recvbuf, op, root, **kw).Wait()
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
+        src = None if sendbuf is MPI.IN_PLACE else as_buffer(sendbuf, what="sendbuf")
+        return Request(self.team.allgather(src, dst, **kw))
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
+        self.Iallgather(sendbuf, recvbuf, **kw).Wait()
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,  # noqa: N802
+                              **kw: Any) -> Request:
+        return Request(self.team.reduce_scatter(as_buffer(sendbuf, what="sendbuf"),
+                                                as_buffer(recvbuf, writable=True, what="recvbuf"), op, **kw))
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
+        self.Ireduce_scatter_block(sendbuf, recvbuf, op, **kw).Wait()
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        return Request(self.team.alltoall(as_buffer(sendbuf, what="sendbuf"),
+                                          as_buffer(recvbuf, writable=True, what="recvbuf"), **kw))
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
+        self.Ialltoall(sendbuf, recvbuf, **kw).Wait()
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if self.team.rank == root else None
+        return Request(self.team.gather(as_buffer(sendbuf, what="sendbuf"), dst, root, **kw))
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self.Igather(sendbuf, recvbuf, root, **kw).Wait()
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        src = as_buffer(sendbuf, what="sendbuf") if self.team.rank == root else None
+        return Request(self.team.scatter(src, as_buffer(recvbuf, writable=True, what="recvbuf"), root, **kw))
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self.Iscatter(sendbuf, recvbuf, root, **kw).Wait()
+
     def __repr__(self) -> str:
         return f"<pycoll.mpi.Comm rank {self.rank}/{self.size} over {self.comm!r}>"
