@@ -1,7 +1,6 @@
 """Run by tests/test_mpi.py under mpiexec: allreduce over MPI vs numpy."""
 
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -10,6 +9,7 @@ import pycoll
 from pycoll import ReduceOp, Team
 from pycoll.ops import DTYPES
 from tests.colltest import ALL_DTYPES, assert_same, expected, make_input, valid_ops
+from tests.mpi.common import run_rank
 
 
 def check(team, comm, dtype, op, count, alg, in_place, seed=0):
@@ -73,12 +73,7 @@ def main(mode):
         pycoll.wait_all(reqs)
         for t in range(3):
             assert (big[t] == sum(rr + t for rr in range(n))).all(), t
-    print(f"RANK {comm.rank} OK", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1])
-    except Exception:
-        print(f"RANK {MPI.COMM_WORLD.rank} FAILED\n{traceback.format_exc()}", flush=True)
-        MPI.COMM_WORLD.Abort(1)
+    run_rank(main, sys.argv[1])

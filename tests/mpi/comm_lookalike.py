@@ -1,11 +1,11 @@
 """Run under mpiexec by tests/test_mpi.py: pycoll.mpi.Comm accepts what mpi4py accepts."""
 
-import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 from pycoll.mpi import Comm
+from tests.mpi.common import run_rank
 
 
 def main():
@@ -79,12 +79,7 @@ def main():
     assert np.array_equal(sc, ref)
     comm.Ibarrier().Wait()
     comm.Barrier()
-    print(f"RANK {r} OK", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        print(f"RANK {MPI.COMM_WORLD.rank} FAILED\n{traceback.format_exc()}", flush=True)
-        MPI.COMM_WORLD.Abort(1)
+    run_rank(main)

@@ -2,7 +2,6 @@
 
 import os
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -12,6 +11,7 @@ from pycoll import ReduceOp, Team
 from pycoll.ops import DTYPES
 from pycoll.tl.shm.segment import DEFAULT_SLOT_BYTES
 from tests.colltest import ALL_DTYPES, assert_same, expected, make_input, valid_ops
+from tests.mpi.common import run_rank
 
 
 def check_allreduce(team, dtype, op, count, in_place, seed=0):
@@ -92,12 +92,7 @@ def main(mode):
         pycoll.wait_all([pa.start(), pb.start(), pbar.start()])
         assert (buf == sum(rr + run for rr in range(n))).all()
         assert (bb == run + 5).all()
-    print(f"RANK {r} OK", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1])
-    except Exception:
-        print(f"RANK {MPI.COMM_WORLD.rank} FAILED\n{traceback.format_exc()}", flush=True)
-        MPI.COMM_WORLD.Abort(1)
+    run_rank(main, sys.argv[1])
