@@ -59,8 +59,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
     """Run the benchmark, launching ranks first unless already under MPI."""
+    from pycoll import algorithms
+    from pycoll.config import parse_bytes
     from pycoll.launch import launch, under_mpi
+    from pycoll.ops import as_dtype, as_op, check_op
 
+    try:  # bad arguments fail here, before any rank starts
+        check_op(as_op(args.op), as_dtype(args.dtype))
+        parse_bytes(args.min_bytes)
+        parse_bytes(args.max_bytes)
+        if args.algorithm != "auto":
+            algorithms.get(args.coll, args.algorithm)
+    except ValueError as exc:
+        print(f"pycoll perf: {exc}", file=sys.stderr)
+        return 2
     if args.n > 1 and not under_mpi():
         return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout)
     from pycoll import perf
