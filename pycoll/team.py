@@ -321,8 +321,14 @@ class Team:
 
     def _unit(self, task: Task, key: tuple) -> Task:
         """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes
-        while in progress, and starts whatever the credit once a peer has started it."""
-        task.credit = task.nbytes
+        while in progress, and starts whatever the credit once a peer has started it.
+
+        Only a rank whose first move is a send takes credit: one that starts by waiting for a
+        peer (a bcast or scatter receiver, a reduce or gather root) injects nothing until that
+        peer's data arrives, and must not hold credit meanwhile, or two ranks could each hold the
+        credit the other needs. A rank that sends first makes its peers start (their transports
+        report the message), so the collective always finishes."""
+        task.credit = task.nbytes if getattr(task, "sends_first", True) else 0
         if task.credit and self.ctx.credit_bytes:
             self.ctx.watch_demand(task, self.transport, key)
         return task

@@ -68,4 +68,10 @@ class KnomialAllreduce(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return KnomialAllreduce(args, name=args.name)
+    task = KnomialAllreduce(args, name=args.name)
+    n, radix = args.size, min(max(2, int(args.options.get("radix", DEFAULT_RADIX))), max(args.size, 2))
+    full = 1
+    while full * radix <= n:
+        full *= radix
+    task.sends_first = not (args.rank < full and full + args.rank < n)  # proxies receive first
+    return task

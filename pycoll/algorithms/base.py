@@ -88,6 +88,10 @@ class StepTask(Task):
 
     __slots__ = ("args", "_gen", "_wait", "_scratch")
 
+    #: Whether this rank's first move in the collective is a send (then it takes credit; a rank
+    #: that starts by receiving does not: see Team._unit). Algorithms set it per rank.
+    sends_first = True
+
     def __init__(self, args: CollArgs, name: Optional[str] = None) -> None:
         super().__init__(name or args.name, nbytes=args.nbytes)
         self.args = args

@@ -42,4 +42,6 @@ class KnomialBcast(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return KnomialBcast(args, name=args.name)
+    task = KnomialBcast(args, name=args.name)
+    task.sends_first = args.rank == args.root
+    return task

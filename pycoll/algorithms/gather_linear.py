@@ -25,4 +25,6 @@ class LinearGather(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return LinearGather(args, name=args.name)
+    task = LinearGather(args, name=args.name)
+    task.sends_first = args.rank != args.root
+    return task

@@ -37,4 +37,10 @@ class BinomialReduce(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return BinomialReduce(args, name=args.name)
+    task = BinomialReduce(args, name=args.name)
+    n, vrank = args.size, (args.rank - args.root) % args.size
+    mask = 1
+    while mask < n and not vrank & mask and vrank + mask >= n:
+        mask <<= 1  # no child at this distance: the first move is further up
+    task.sends_first = mask < n and bool(vrank & mask)
+    return task

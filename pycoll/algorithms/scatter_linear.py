@@ -25,4 +25,6 @@ class LinearScatter(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return LinearScatter(args, name=args.name)
+    task = LinearScatter(args, name=args.name)
+    task.sends_first = args.rank == args.root
+    return task
