@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 import math
 import socket
-from typing import Any, Dict, Hashable, List, Optional
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pycoll import algorithms
-from pycoll.algorithms.base import CollArgs
+from pycoll.algorithms.base import CollArgs, equal_layout
 from pycoll.buffers import as_array, as_bytes
 from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Request
@@ -34,6 +34,43 @@ _EMPTY = np.empty(0, np.uint8)
 #: Finished collectives kept per call shape for reuse, and shapes remembered per team.
 MAX_PLANS_PER_SHAPE = 4
 MAX_PLAN_SHAPES = 64
+
+
+class _Call(NamedTuple):
+    """One checked collective call, what :meth:`Team._make` builds a task from."""
+
+    coll: str
+    src: np.ndarray
+    dst: np.ndarray
+    op: ReduceOp
+    root: int
+    out: Any  # what the request's wait() returns
+    #: Bytes the selection table is looked up with: the same on every rank (the whole buffer of
+    #: the block collectives; 0 where ranks can't know it: alltoallv, gatherv, scatterv).
+    nbytes: int
+    layout: Optional[Tuple[Tuple[int, int], ...]] = None  # v-collectives: the caller's blocks
+    rlayout: Optional[Tuple[Tuple[int, int], ...]] = None
+
+
+_BARRIER = _Call("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, 0)
+_UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
+
+
+def _span(layout: Sequence[Tuple[int, int]]) -> int:
+    """Elements covered by a layout's blocks (their total)."""
+    return sum(c for _, c in layout)
+
+
+def _equal_layout(call: _Call, n: int) -> Optional[List[Tuple[int, int]]]:
+    """The blocks of a non-v block collective (None for the others)."""
+    coll = call.coll
+    if coll in ("allgather", "gather"):
+        return equal_layout(call.src.size, n)
+    if coll in ("reduce_scatter", "scatter"):
+        return equal_layout(call.dst.size, n)
+    if coll == "alltoall":
+        return equal_layout(call.src.size // n, n)
+    return None
 
 
 class Team:
@@ -84,25 +121,378 @@ class Team:
         return ("u", tag, uses)
 
     # ------------------------------------------------------------------ collectives
+    # Each collective is a pair: ``x(...)`` starts it and returns a Request, ``x_init(...)`` makes a
+    # persistent one (MPI-4's ``MPI_X_init``) whose ``start()`` runs it again. Both check their
+    # arguments in ``_x_call`` and raise before any message key is taken.
+
     def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
                   tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
                   timeout: Optional[float] = None, **options: Any) -> Request:
         """Start an allreduce of ``sendbuf`` into ``recvbuf`` (``None``: in place); returns a
         :class:`~pycoll.Request` whose ``wait()`` returns the output buffer.
 
-        ``algorithm`` forces one (``rd``, ``ring``, ``knomial``; options such as ``radix=`` go to
-        it); ``tag`` matches the collective across ranks by tag instead of posting order;
-        ``priority`` orders it in the engine (lower first); ``timeout`` (seconds) overrides
-        ``PYCOLL_TIMEOUT``.
+        ``algorithm`` forces one (``rd``, ``ring``, ``knomial``, ``shm``; options such as
+        ``radix=`` go to it); ``tag`` matches the collective across ranks by tag instead of
+        posting order; ``priority`` orders it in the engine (lower first); ``timeout`` (seconds)
+        overrides ``PYCOLL_TIMEOUT``. The other collectives take the same keywords.
         """
+        return self._post(self._allreduce_call(sendbuf, recvbuf, op), priority, tag, algorithm, timeout,
+                          options)
+
+    def allreduce_init(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                       timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent allreduce: built once, run by each ``start()``; the buffers may be
+        refilled between starts."""
+        return Persistent(self, self._allreduce_call(sendbuf, recvbuf, op), priority, tag, algorithm, timeout,
+                          options)
+
+    def _allreduce_call(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Call:
         if type(op) is not ReduceOp:
             op = as_op(op)
-        src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
+        src, dst, out = self._elementwise(sendbuf, recvbuf, "allreduce")
         check_op(op, src.dtype)
-        return self._post("allreduce", src, dst, op, 0, out, priority, tag, algorithm, timeout, options)
+        return _Call("allreduce", src, dst, op, 0, out, dst.nbytes)
 
+    def bcast(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
+              algorithm: Optional[str] = None, timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a broadcast of ``buf`` from team rank ``root`` into ``buf`` on every rank."""
+        return self._post(self._bcast_call(buf, root), priority, tag, algorithm, timeout, options)
+
+    def bcast_init(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
+                   algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                   **options: Any) -> Persistent:
+        """A persistent broadcast."""
+        return Persistent(self, self._bcast_call(buf, root), priority, tag, algorithm, timeout, options)
+
+    def _bcast_call(self, buf: Any, root: int) -> _Call:
+        arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
+        self._check_root(root, "bcast")
+        return _Call("bcast", arr, arr, ReduceOp.SUM, root, buf, arr.nbytes)
+
+    def barrier(self, *, priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a barrier: its request completes once every rank of the team has entered it."""
+        return self._post(_BARRIER, priority, tag, algorithm, timeout, options)
+
+    def barrier_init(self, *, priority: int = 0, tag: Optional[Hashable] = None,
+                     algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                     **options: Any) -> Persistent:
+        """A persistent barrier."""
+        return Persistent(self, _BARRIER, priority, tag, algorithm, timeout, options)
+
+    def reduce(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, root: int = 0, *,
+               priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+               timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a reduction of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (``None`` at
+        the root: in place; ignored elsewhere)."""
+        return self._post(self._reduce_call(sendbuf, recvbuf, op, root), priority, tag, algorithm, timeout,
+                          options)
+
+    def reduce_init(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, root: int = 0, *,
+                    priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                    timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent reduce."""
+        return Persistent(self, self._reduce_call(sendbuf, recvbuf, op, root), priority, tag, algorithm,
+                          timeout, options)
+
+    def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> _Call:
+        op = as_op(op)
+        self._check_root(root, "reduce")
+        if self.rank == root:
+            src, dst, out = self._elementwise(sendbuf, recvbuf, "reduce")
+        else:
+            src = dst = as_array(sendbuf, what="sendbuf")
+            out = None
+        check_op(op, src.dtype)
+        return _Call("reduce", src, dst, op, root, out, src.nbytes)
+
+    def allgather(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                  algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                  **options: Any) -> Request:
+        """Start an allgather: ``recvbuf`` gets every rank's ``sendbuf`` in rank order
+        (``sendbuf=None``: in place, this rank's block of ``recvbuf`` is its contribution)."""
+        return self._post(self._allgather_call(sendbuf, recvbuf), priority, tag, algorithm, timeout, options)
+
+    def allgather_init(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                       algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                       **options: Any) -> Persistent:
+        """A persistent allgather."""
+        return Persistent(self, self._allgather_call(sendbuf, recvbuf), priority, tag, algorithm, timeout,
+                          options)
+
+    def _allgather_call(self, sendbuf: Any, recvbuf: Any) -> _Call:
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if dst.size % self.size:
+            raise ValueError(f"allgather: recvbuf of {dst.size} elements is not {self.size} equal blocks")
+        m = dst.size // self.size
+        src = self._contribution(sendbuf, dst, (self.rank * m, m), "allgather")
+        return _Call("allgather", src, dst, ReduceOp.SUM, 0, recvbuf, dst.nbytes)
+
+    def allgatherv(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+                   displs: Optional[Sequence[int]] = None, *, priority: int = 0,
+                   tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                   timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start an allgatherv: rank r contributes ``counts[r]`` elements, which land at
+        ``displs[r]`` of every ``recvbuf`` (default: back to back in rank order); ``sendbuf=None``:
+        in place, this rank's block of ``recvbuf`` is its contribution."""
+        return self._post(self._allgatherv_call(sendbuf, recvbuf, counts, displs), priority, tag, algorithm,
+                          timeout, options)
+
+    def allgatherv_init(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+                        displs: Optional[Sequence[int]] = None, *, priority: int = 0,
+                        tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                        timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent allgatherv."""
+        return Persistent(self, self._allgatherv_call(sendbuf, recvbuf, counts, displs), priority, tag,
+                          algorithm, timeout, options)
+
+    def _allgatherv_call(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+                         displs: Optional[Sequence[int]]) -> _Call:
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        layout = self._layout(counts, displs, dst.size, "allgatherv", "recvbuf")
+        src = self._contribution(sendbuf, dst, layout[self.rank], "allgatherv")
+        return _Call("allgatherv", src, dst, ReduceOp.SUM, 0, recvbuf, _span(layout) * dst.itemsize, layout)
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                       timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a reduce-scatter (block): rank r gets the reduction of block r of every rank's
+        ``sendbuf`` (``team.size`` blocks of ``recvbuf``'s size)."""
+        return self._post(self._reduce_scatter_call(sendbuf, recvbuf, op), priority, tag, algorithm, timeout,
+                          options)
+
+    def reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, *, priority: int = 0,
+                            tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                            timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent reduce-scatter (block)."""
+        return Persistent(self, self._reduce_scatter_call(sendbuf, recvbuf, op), priority, tag, algorithm,
+                          timeout, options)
+
+    def _reduce_scatter_call(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Call:
+        op = as_op(op)
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        self._check_blocks(src, dst, "reduce_scatter", "sendbuf", "recvbuf")
+        check_op(op, src.dtype)
+        return _Call("reduce_scatter", src, dst, op, 0, recvbuf, src.nbytes)
+
+    def reduce_scatterv(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int], op: Any = ReduceOp.SUM, *,
+                        priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                        timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a reduce-scatterv (``MPI_Reduce_scatter``): ``sendbuf`` holds ``sum(counts)``
+        elements, block r (``counts[r]`` elements, in rank order) is reduced into rank r's
+        ``recvbuf``."""
+        return self._post(self._reduce_scatterv_call(sendbuf, recvbuf, counts, op), priority, tag, algorithm,
+                          timeout, options)
+
+    def reduce_scatterv_init(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+                             op: Any = ReduceOp.SUM, *, priority: int = 0, tag: Optional[Hashable] = None,
+                             algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                             **options: Any) -> Persistent:
+        """A persistent reduce-scatterv."""
+        return Persistent(self, self._reduce_scatterv_call(sendbuf, recvbuf, counts, op), priority, tag,
+                          algorithm, timeout, options)
+
+    def _reduce_scatterv_call(self, sendbuf: Any, recvbuf: Any, counts: Sequence[int], op: Any) -> _Call:
+        op = as_op(op)
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        layout = self._layout(counts, None, src.size, "reduce_scatterv", "sendbuf")
+        if src.dtype != dst.dtype or dst.size != layout[self.rank][1]:
+            raise ValueError(f"reduce_scatterv: recvbuf ({dst.size} x {dst.dtype}) must hold "
+                             f"counts[{self.rank}] = {layout[self.rank][1]} elements of {src.dtype}")
+        check_op(op, src.dtype)
+        return _Call("reduce_scatterv", src, dst, op, 0, recvbuf, _span(layout) * src.itemsize, layout)
+
+    def alltoall(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                 algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                 **options: Any) -> Request:
+        """Start an alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this
+        rank) of its ``recvbuf``."""
+        return self._post(self._alltoall_call(sendbuf, recvbuf), priority, tag, algorithm, timeout, options)
+
+    def alltoall_init(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
+                      algorithm: Optional[str] = None, timeout: Optional[float] = None,
+                      **options: Any) -> Persistent:
+        """A persistent alltoall."""
+        return Persistent(self, self._alltoall_call(sendbuf, recvbuf), priority, tag, algorithm, timeout,
+                          options)
+
+    def _alltoall_call(self, sendbuf: Any, recvbuf: Any) -> _Call:
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if src.dtype != dst.dtype or src.size != dst.size or src.size % self.size:
+            raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
+                             f"{dst.dtype}) must be equal and hold {self.size} blocks")
+        return _Call("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, src.nbytes)
+
+    def alltoallv(self, sendbuf: Any, recvbuf: Any, sendcounts: Sequence[int], recvcounts: Sequence[int],
+                  sdispls: Optional[Sequence[int]] = None, rdispls: Optional[Sequence[int]] = None, *,
+                  priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                  timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start an alltoallv: ``sendcounts[j]`` elements at ``sdispls[j]`` of ``sendbuf`` go to
+        rank j, and ``recvcounts[i]`` elements from rank i land at ``rdispls[i]`` of ``recvbuf``
+        (displacements default to back to back). ``recvcounts[i]`` must equal rank i's
+        ``sendcounts[rank]``."""
+        return self._post(self._alltoallv_call(sendbuf, recvbuf, sendcounts, recvcounts, sdispls, rdispls),
+                          priority, tag, algorithm, timeout, options)
+
+    def alltoallv_init(self, sendbuf: Any, recvbuf: Any, sendcounts: Sequence[int], recvcounts: Sequence[int],
+                       sdispls: Optional[Sequence[int]] = None, rdispls: Optional[Sequence[int]] = None, *,
+                       priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                       timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent alltoallv."""
+        return Persistent(self, self._alltoallv_call(sendbuf, recvbuf, sendcounts, recvcounts, sdispls,
+                                                     rdispls), priority, tag, algorithm, timeout, options)
+
+    def _alltoallv_call(self, sendbuf: Any, recvbuf: Any, sendcounts: Sequence[int],
+                        recvcounts: Sequence[int], sdispls: Optional[Sequence[int]],
+                        rdispls: Optional[Sequence[int]]) -> _Call:
+        src = as_array(sendbuf, what="sendbuf")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if src.dtype != dst.dtype:
+            raise ValueError(f"alltoallv: sendbuf is {src.dtype}, recvbuf {dst.dtype}; they must match")
+        layout = self._layout(sendcounts, sdispls, src.size, "alltoallv", "sendbuf", overlap=True)
+        rlayout = self._layout(recvcounts, rdispls, dst.size, "alltoallv", "recvbuf")
+        if layout[self.rank][1] != rlayout[self.rank][1]:
+            raise ValueError(f"alltoallv: rank {self.rank} sends itself {layout[self.rank][1]} elements but "
+                             f"expects {rlayout[self.rank][1]}")
+        # sizes differ per rank, so every rank selects by team size alone (size 0)
+        return _Call("alltoallv", src, dst, ReduceOp.SUM, 0, recvbuf, 0, layout, rlayout)
+
+    def gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *, priority: int = 0,
+               tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+               timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a gather of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order;
+        ``recvbuf`` is ignored on other ranks; ``sendbuf=None`` at the root: in place)."""
+        return self._post(self._gather_call(sendbuf, recvbuf, root), priority, tag, algorithm, timeout,
+                          options)
+
+    def gather_init(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *, priority: int = 0,
+                    tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                    timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent gather."""
+        return Persistent(self, self._gather_call(sendbuf, recvbuf, root), priority, tag, algorithm, timeout,
+                          options)
+
+    def _gather_call(self, sendbuf: Any, recvbuf: Any, root: int) -> _Call:
+        self._check_root(root, "gather")
+        if self.rank != root:
+            src = as_array(sendbuf, what="sendbuf")
+            return _Call("gather", src, src, ReduceOp.SUM, root, None, src.nbytes * self.size)
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if dst.size % self.size:
+            raise ValueError(f"gather: recvbuf of {dst.size} elements is not {self.size} equal blocks")
+        m = dst.size // self.size
+        src = self._contribution(sendbuf, dst, (root * m, m), "gather")
+        return _Call("gather", src, dst, ReduceOp.SUM, root, recvbuf, dst.nbytes)
+
+    def gatherv(self, sendbuf: Any, recvbuf: Any = None, counts: Optional[Sequence[int]] = None,
+                displs: Optional[Sequence[int]] = None, root: int = 0, *, priority: int = 0,
+                tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a gatherv: rank r's ``sendbuf`` (``counts[r]`` elements) lands at ``displs[r]``
+        of ``recvbuf`` on ``root``. ``counts`` is needed at the root; tree algorithms (``knomial``)
+        need it on every rank, ``linear`` (the default) only at the root."""
+        return self._post(self._gatherv_call(sendbuf, recvbuf, counts, displs, root), priority, tag,
+                          algorithm, timeout, options)
+
+    def gatherv_init(self, sendbuf: Any, recvbuf: Any = None, counts: Optional[Sequence[int]] = None,
+                     displs: Optional[Sequence[int]] = None, root: int = 0, *, priority: int = 0,
+                     tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                     timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent gatherv."""
+        return Persistent(self, self._gatherv_call(sendbuf, recvbuf, counts, displs, root), priority, tag,
+                          algorithm, timeout, options)
+
+    def _gatherv_call(self, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]],
+                      displs: Optional[Sequence[int]], root: int) -> _Call:
+        self._check_root(root, "gatherv")
+        if self.rank != root:
+            src = as_array(sendbuf, what="sendbuf")
+            layout = None
+            if counts is not None:
+                layout = self._layout(counts, displs, None, "gatherv", "recvbuf")
+                if layout[self.rank][1] != src.size:
+                    raise ValueError(f"gatherv: sendbuf holds {src.size} elements, counts[{self.rank}] is "
+                                     f"{layout[self.rank][1]}")
+            return _Call("gatherv", src, src, ReduceOp.SUM, root, None, 0, layout)
+        if counts is None:
+            raise ValueError("gatherv: the root needs counts")
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        layout = self._layout(counts, displs, dst.size, "gatherv", "recvbuf")
+        src = self._contribution(sendbuf, dst, layout[root], "gatherv")
+        return _Call("gatherv", src, dst, ReduceOp.SUM, root, recvbuf, 0, layout)
+
+    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, priority: int = 0,
+                tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a scatter: block r of ``sendbuf`` on ``root`` goes to ``recvbuf`` of rank r
+        (``sendbuf`` is ignored on other ranks; ``recvbuf=None`` at the root: in place)."""
+        return self._post(self._scatter_call(sendbuf, recvbuf, root), priority, tag, algorithm, timeout,
+                          options)
+
+    def scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, priority: int = 0,
+                     tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                     timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent scatter."""
+        return Persistent(self, self._scatter_call(sendbuf, recvbuf, root), priority, tag, algorithm, timeout,
+                          options)
+
+    def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int) -> _Call:
+        self._check_root(root, "scatter")
+        if self.rank != root:
+            dst = as_array(recvbuf, writable=True, what="recvbuf")
+            return _Call("scatter", dst, dst, ReduceOp.SUM, root, recvbuf, dst.nbytes * self.size)
+        src = as_array(sendbuf, what="sendbuf")
+        if src.size % self.size:
+            raise ValueError(f"scatter: sendbuf of {src.size} elements is not {self.size} equal blocks")
+        m = src.size // self.size
+        dst = self._own_output(recvbuf, src, (root * m, m), "scatter")
+        return _Call("scatter", src, dst, ReduceOp.SUM, root, recvbuf if recvbuf is not None else dst,
+                     src.nbytes)
+
+    def scatterv(self, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]] = None,
+                 displs: Optional[Sequence[int]] = None, root: int = 0, *, priority: int = 0,
+                 tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                 timeout: Optional[float] = None, **options: Any) -> Request:
+        """Start a scatterv: ``counts[r]`` elements at ``displs[r]`` of ``sendbuf`` on ``root`` go
+        to rank r's ``recvbuf``. ``counts`` as for :meth:`gatherv`."""
+        return self._post(self._scatterv_call(sendbuf, recvbuf, counts, displs, root), priority, tag,
+                          algorithm, timeout, options)
+
+    def scatterv_init(self, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]] = None,
+                      displs: Optional[Sequence[int]] = None, root: int = 0, *, priority: int = 0,
+                      tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+                      timeout: Optional[float] = None, **options: Any) -> Persistent:
+        """A persistent scatterv."""
+        return Persistent(self, self._scatterv_call(sendbuf, recvbuf, counts, displs, root), priority, tag,
+                          algorithm, timeout, options)
+
+    def _scatterv_call(self, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]],
+                       displs: Optional[Sequence[int]], root: int) -> _Call:
+        self._check_root(root, "scatterv")
+        if self.rank != root:
+            dst = as_array(recvbuf, writable=True, what="recvbuf")
+            layout = None
+            if counts is not None:
+                layout = self._layout(counts, displs, None, "scatterv", "sendbuf", overlap=True)
+                if layout[self.rank][1] != dst.size:
+                    raise ValueError(f"scatterv: recvbuf holds {dst.size} elements, counts[{self.rank}] is "
+                                     f"{layout[self.rank][1]}")
+            return _Call("scatterv", dst, dst, ReduceOp.SUM, root, recvbuf, 0, layout)
+        if counts is None:
+            raise ValueError("scatterv: the root needs counts")
+        src = as_array(sendbuf, what="sendbuf")
+        layout = self._layout(counts, displs, src.size, "scatterv", "sendbuf", overlap=True)
+        dst = self._own_output(recvbuf, src, layout[root], "scatterv")
+        return _Call("scatterv", src, dst, ReduceOp.SUM, root, recvbuf if recvbuf is not None else dst, 0,
+                     layout)
+
+    # ------------------------------------------------------------------ argument checks
     @staticmethod
-    def _allreduce_buffers(sendbuf: Any, recvbuf: Any) -> tuple:
+    def _elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
         """(src, dst, what wait() returns) of an elementwise collective; ``recvbuf=None``: in place."""
         if recvbuf is None:
             src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
@@ -110,102 +500,9 @@ class Team:
         src = as_array(sendbuf, what="sendbuf")
         dst = as_array(recvbuf, writable=True, what="recvbuf")
         if src.dtype != dst.dtype or src.size != dst.size:
-            raise ValueError(f"allreduce: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
+            raise ValueError(f"{coll}: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
                              f"{dst.dtype}; they must match")
         return src, dst, recvbuf
-
-    def bcast(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
-              algorithm: Optional[str] = None, timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a broadcast of ``buf`` from team rank ``root`` into ``buf`` on every rank."""
-        arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
-        self._check_root(root, "bcast")
-        return self._post("bcast", arr, arr, ReduceOp.SUM, root, buf, priority, tag, algorithm, timeout,
-                          options)
-
-    def barrier(self, *, priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-                timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a barrier: its request completes once every rank of the team has entered it."""
-        return self._post("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, priority, tag, algorithm,
-                          timeout, options)
-
-    def reduce(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, root: int = 0, *,
-               priority: int = 0, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-               timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a reduction of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (``None`` at
-        the root: in place; ignored elsewhere)."""
-        op = as_op(op)
-        self._check_root(root, "reduce")
-        if self.rank == root:
-            src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
-        else:
-            src = dst = as_array(sendbuf, what="sendbuf")
-            out = None
-        check_op(op, src.dtype)
-        return self._post("reduce", src, dst, op, root, out, priority, tag, algorithm, timeout, options)
-
-    def allgather(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
-                  algorithm: Optional[str] = None, timeout: Optional[float] = None,
-                  **options: Any) -> Request:
-        """Start an allgather: ``recvbuf`` gets every rank's ``sendbuf`` in rank order
-        (``sendbuf=None``: in place, this rank's block of ``recvbuf`` is its contribution)."""
-        dst = as_array(recvbuf, writable=True, what="recvbuf")
-        src = self._own_block(sendbuf, dst, "allgather")
-        return self._post("allgather", src, dst, ReduceOp.SUM, 0, recvbuf, priority, tag, algorithm, timeout,
-                          options)
-
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM, *, priority: int = 0,
-                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-                       timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a reduce-scatter (block): rank r gets the reduction of block r of every rank's
-        ``sendbuf`` (``team.size`` blocks of ``recvbuf``'s size)."""
-        op = as_op(op)
-        src = as_array(sendbuf, what="sendbuf")
-        dst = as_array(recvbuf, writable=True, what="recvbuf")
-        self._check_blocks(src, dst, "reduce_scatter", "sendbuf", "recvbuf")
-        check_op(op, src.dtype)
-        return self._post("reduce_scatter", src, dst, op, 0, recvbuf, priority, tag, algorithm, timeout,
-                          options)
-
-    def alltoall(self, sendbuf: Any, recvbuf: Any, *, priority: int = 0, tag: Optional[Hashable] = None,
-                 algorithm: Optional[str] = None, timeout: Optional[float] = None,
-                 **options: Any) -> Request:
-        """Start an alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this
-        rank) of its ``recvbuf``."""
-        src = as_array(sendbuf, what="sendbuf")
-        dst = as_array(recvbuf, writable=True, what="recvbuf")
-        if src.dtype != dst.dtype or src.size != dst.size or src.size % self.size:
-            raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
-                             f"{dst.dtype}) must be equal and hold {self.size} blocks")
-        return self._post("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, priority, tag, algorithm, timeout,
-                          options)
-
-    def gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *, priority: int = 0,
-               tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-               timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a gather of every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order;
-        ``recvbuf`` is ignored on other ranks)."""
-        self._check_root(root, "gather")
-        src = as_array(sendbuf, what="sendbuf")
-        dst = src
-        if self.rank == root:
-            dst = as_array(recvbuf, writable=True, what="recvbuf")
-            self._check_blocks(dst, src, "gather", "recvbuf", "sendbuf")
-        return self._post("gather", src, dst, ReduceOp.SUM, root, recvbuf, priority, tag, algorithm, timeout,
-                          options)
-
-    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, priority: int = 0,
-                tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-                timeout: Optional[float] = None, **options: Any) -> Request:
-        """Start a scatter: block r of ``sendbuf`` on ``root`` goes to ``recvbuf`` of rank r
-        (``sendbuf`` is ignored on other ranks)."""
-        self._check_root(root, "scatter")
-        dst = as_array(recvbuf, writable=True, what="recvbuf")
-        src = dst
-        if self.rank == root:
-            src = as_array(sendbuf, what="sendbuf")
-            self._check_blocks(src, dst, "scatter", "sendbuf", "recvbuf")
-        return self._post("scatter", src, dst, ReduceOp.SUM, root, recvbuf, priority, tag, algorithm, timeout,
-                          options)
 
     def _check_blocks(self, whole: np.ndarray, block: np.ndarray, coll: str, whole_name: str,
                       block_name: str) -> None:
@@ -213,42 +510,84 @@ class Team:
             raise ValueError(f"{coll}: {whole_name} ({whole.size} x {whole.dtype}) must hold {self.size} "
                              f"blocks of {block_name} ({block.size} x {block.dtype})")
 
-    def _own_block(self, sendbuf: Any, dst: np.ndarray, coll: str) -> np.ndarray:
-        """The contribution of this rank: ``sendbuf``, or (``None``) its block of ``dst``."""
+    def _contribution(self, sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], coll: str) -> np.ndarray:
+        """This rank's input to a gathering collective: ``sendbuf``, or (``None``: in place) its
+        ``block`` of ``dst``."""
+        off, cnt = block
         if sendbuf is None:
-            if dst.size % self.size:
-                raise ValueError(f"{coll}: recvbuf of {dst.size} elements is not {self.size} blocks")
-            m = dst.size // self.size
-            return dst[self.rank * m:(self.rank + 1) * m]
+            return dst[off:off + cnt]
         src = as_array(sendbuf, what="sendbuf")
-        self._check_blocks(dst, src, coll, "recvbuf", "sendbuf")
+        if src.dtype != dst.dtype or src.size != cnt:
+            raise ValueError(f"{coll}: sendbuf ({src.size} x {src.dtype}) must be rank {self.rank}'s "
+                             f"block of recvbuf ({cnt} x {dst.dtype})")
         return src
+
+    def _own_output(self, recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str) -> np.ndarray:
+        """The root's output of a scattering collective: ``recvbuf``, or (``None``: in place) its
+        block of ``src`` (left where it is)."""
+        off, cnt = block
+        if recvbuf is None:
+            return src[off:off + cnt]
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        if src.dtype != dst.dtype or dst.size != cnt:
+            raise ValueError(f"{coll}: recvbuf ({dst.size} x {dst.dtype}) must hold the root's block of "
+                             f"sendbuf ({cnt} x {src.dtype})")
+        return dst
+
+    def _layout(self, counts: Sequence[int], displs: Optional[Sequence[int]], room: Optional[int], coll: str,
+                what: str, overlap: bool = False) -> Tuple[Tuple[int, int], ...]:
+        """Checked ``((displ, count), ...)`` per rank of a v-collective's buffer of ``room``
+        elements (None: not known on this rank). Receive blocks may not overlap (as in MPI)."""
+        n = self.size
+        try:
+            counts = [int(c) for c in counts]
+            displs = None if displs is None else [int(d) for d in displs]
+        except (TypeError, ValueError):
+            raise TypeError(f"{coll}: counts and displs must be sequences of integers") from None
+        if len(counts) != n or (displs is not None and len(displs) != n):
+            raise ValueError(f"{coll}: counts and displs need one entry per rank ({n}), got {len(counts)} "
+                             f"and {'none' if displs is None else len(displs)}")
+        if displs is None:
+            displs = list(itertools.accumulate([0] + counts[:-1]))
+        for r, (d, c) in enumerate(zip(displs, counts)):
+            if c < 0 or d < 0 or (room is not None and d + c > room):
+                raise ValueError(f"{coll}: block of rank {r} ({c} elements at {d}) does not fit {what} of "
+                                 f"{room} elements")
+        if not overlap:
+            end = 0
+            for d, c in sorted((d, c) for d, c in zip(displs, counts) if c):
+                if d < end:
+                    raise ValueError(f"{coll}: blocks of {what} overlap at element {d}")
+                end = d + c
+        return tuple(zip(displs, counts))
 
     def _check_root(self, root: int, coll: str) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise ValueError(f"{coll}: root {root!r} is not a rank of a team of {self.size}")
 
-    def _post(self, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int, out: Any,
-              priority: int, tag: Optional[Hashable], algorithm: Optional[str], timeout: Optional[float],
-              options: dict) -> Request:
+    # ------------------------------------------------------------------ building and posting
+    def _post(self, call: _Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
+              timeout: Optional[float], options: dict) -> Request:
         """Build (or reuse) the collective's task and submit it. Everything the caller passed has
         been checked: nothing here fails before the message key is taken."""
-        task, key, shape = self._make(coll, src, dst, op, root, tag, algorithm, options, reuse=True)
+        task, key, shape = self._make(call, tag, algorithm, options, reuse=True)
         if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
-            return self._submit(task, priority, timeout, out)
-        return self._submit(self._unit(task, key), priority, timeout, out, shape)
+            return self._submit(task, priority, timeout, call.out)
+        return self._submit(self._unit(task, key), priority, timeout, call.out, shape)
 
-    def _make(self, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int,
-              tag: Optional[Hashable], algorithm: Optional[str], options: dict, reuse: bool) -> tuple:
+    def _make(self, call: _Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
+              reuse: bool) -> tuple:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused)."""
+        coll, src, dst = call.coll, call.src, call.dst
         if algorithm is None:
-            name = self._selected.get((coll, dst.nbytes, tag is None)) or self._select(coll, dst.nbytes, tag)
+            nbytes = call.nbytes
+            name = self._selected.get((coll, nbytes, tag is None)) or self._select(coll, nbytes, tag)
         else:
             name = algorithm
-        shape = (coll, name, dst.size, dst.dtype, id(op), src is dst, root,
-                 tuple(sorted(options.items())) if options else ())
+        shape = (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
+                 call.rlayout, tuple(sorted(options.items())) if options else ())
         pool = self._plans.get(shape) if reuse else None
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self._coll_key(tag)
@@ -259,39 +598,15 @@ class Team:
         if name == "shm" and (self.shared is None or tag is not None):
             raise ValueError(f"{coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
                              "share a host (and PYCOLL_TLS allowing shm)")
-        key = self._coll_key(tag)
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.size > 1:
-            return self._partitioned(build, coll, key, src, dst, op, pb, options), key, None
-        return build(self._args(coll, key, src, dst, op, name, options, root)), key, shape
-
-    # ------------------------------------------------------------------ persistent collectives
-    def allreduce_init(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
-                       tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
-                       timeout: Optional[float] = None, **options: Any) -> Persistent:
-        """A persistent allreduce (MPI-4's ``MPI_Allreduce_init``): built once, run by each
-        ``start()``; the buffers may be refilled between starts."""
-        if type(op) is not ReduceOp:
-            op = as_op(op)
-        src, dst, out = self._allreduce_buffers(sendbuf, recvbuf)
-        check_op(op, src.dtype)
-        return Persistent(self, "allreduce", src, dst, op, 0, out, priority, tag, algorithm, timeout, options)
-
-    def bcast_init(self, buf: Any, root: int = 0, *, priority: int = 0, tag: Optional[Hashable] = None,
-                   algorithm: Optional[str] = None, timeout: Optional[float] = None,
-                   **options: Any) -> Persistent:
-        """A persistent broadcast."""
-        arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
-        self._check_root(root, "bcast")
-        return Persistent(self, "bcast", arr, arr, ReduceOp.SUM, root, buf, priority, tag, algorithm, timeout,
-                          options)
-
-    def barrier_init(self, *, priority: int = 0, tag: Optional[Hashable] = None,
-                     algorithm: Optional[str] = None, timeout: Optional[float] = None,
-                     **options: Any) -> Persistent:
-        """A persistent barrier."""
-        return Persistent(self, "barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, priority, tag, algorithm,
-                          timeout, options)
+            key = self._coll_key(tag)
+            return self._partitioned(build, call, key, pb, options), key, None
+        args = self._args(call, _UNKEYED, name, options)
+        task = build(args)  # a builder that rejects its arguments raises before a key is taken
+        key = self._coll_key(tag)
+        args.channel.rekey(key)
+        return task, key, shape
 
     def _select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         name = algorithms.select(coll, self.size, nbytes, shared=self.shared is not None and tag is None)
@@ -333,22 +648,25 @@ class Team:
             self.ctx.watch_demand(task, self.transport, key)
         return task
 
-    def _args(self, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray, op: ReduceOp, name: str,
-              options: dict, root: int = 0) -> CollArgs:
-        return CollArgs(coll, self.rank, self.size, self.transport.channel(key), src, dst, op, root,
-                        name=f"{coll}:{name}@{self.rank}", options=options, shared=self.shared)
+    def _args(self, call: _Call, key: tuple, name: str, options: dict) -> CollArgs:
+        layout, rlayout = call.layout, call.rlayout
+        if layout is None:
+            layout = rlayout = _equal_layout(call, self.size)
+        return CollArgs(call.coll, self.rank, self.size, self.transport.channel(key), call.src, call.dst,
+                        call.op, call.root, name=f"{call.coll}:{name}@{self.rank}", options=options,
+                        shared=self.shared, layout=layout, rlayout=rlayout)
 
-    def _partitioned(self, build: Any, coll: str, key: tuple, src: np.ndarray, dst: np.ndarray,
-                     op: ReduceOp, part_bytes: int, options: dict) -> Task:
+    def _partitioned(self, build: Any, call: _Call, key: tuple, part_bytes: int, options: dict) -> Task:
         """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
         the part index): large work split so that urgent collectives can go in between."""
+        src, dst = call.src, call.dst
         per = max(1, part_bytes // dst.itemsize)
-        sched = Schedule(name=f"{coll}#{key[1]}/parts@{self.rank}")
+        sched = Schedule(name=f"{call.coll}#{key[1]}/parts@{self.rank}")
         for i, lo in enumerate(range(0, dst.size, per)):
             sl = slice(lo, lo + per)
             part_key = (*key, "part", i)
-            sched.add(self._unit(build(self._args(coll, part_key, src[sl], dst[sl], op, coll, options)),
-                                 part_key))
+            part = call._replace(src=src[sl], dst=dst[sl])
+            sched.add(self._unit(build(self._args(part, part_key, call.coll, options)), part_key))
         return sched
 
     def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
@@ -487,12 +805,12 @@ class Persistent:
     schedule and scratch are built once; every ``start()`` runs it again on the same buffers
     (refill them between starts) and returns the Request of that run."""
 
-    def __init__(self, team: Team, coll: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp, root: int,
-                 out: Any, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
-                 timeout: Optional[float], options: dict) -> None:
-        self.team, self.coll = team, coll
-        self._call = (src, dst, op, root, tag, algorithm, options)
-        self._out, self._priority, self._timeout = out, priority, timeout
+    def __init__(self, team: Team, call: _Call, priority: int, tag: Optional[Hashable],
+                 algorithm: Optional[str], timeout: Optional[float], options: dict) -> None:
+        self.team, self.coll = team, call.coll
+        self._call = call
+        self._tag, self._algorithm, self._options = tag, algorithm, options
+        self._priority, self._timeout = priority, timeout
         self._task: Optional[Task] = None
         self.request: Optional[Request] = None
 
@@ -500,18 +818,17 @@ class Persistent:
         """Run the collective once more (collective: every rank starts it)."""
         if self.request is not None and not self.request.done:
             raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
-        team = self.team
-        src, dst, op, root, tag, algorithm, options = self._call
+        team, call, tag = self.team, self._call, self._tag
         task = self._task
         if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
-            task, key, shape = team._make(self.coll, src, dst, op, root, tag, algorithm, options, reuse=False)
+            task, key, shape = team._make(call, tag, self._algorithm, self._options, reuse=False)
             self._task = task if shape is not None else None
         else:
             key = team._coll_key(tag)
-            task.rebind(src, dst, key)
+            task.rebind(call.src, call.dst, key)
         if self._task is not None:
             team._unit(task, key)
-        self.request = team._submit(task, self._priority, self._timeout, self._out)
+        self.request = team._submit(task, self._priority, self._timeout, call.out)
         return self.request
 
     def wait(self, timeout: Optional[float] = None) -> Any:

@@ -67,7 +67,7 @@ def test_ring_pipelines_many_fragments():
     data = [np.arange(100_000, dtype=np.float64) + r for r in range(3)]
     tasks = []
     for r, team in enumerate(teams):
-        args = team._args("allreduce", team._coll_key(None), data[r], data[r], ReduceOp.SUM, "ring", {})
+        args = team._args(team._allreduce_call(data[r], None, ReduceOp.SUM), team._coll_key(None), "ring", {})
         tasks.append(allreduce_ring.build(args, fragment_bytes=30_000, depth=3))
     reqs = [teams[0].ctx.submit(t) for t in tasks]
     pycoll.wait_all(reqs)

@@ -123,14 +123,28 @@ def test_bad_arguments_raise_before_anything_is_sent():
     a, b = pycoll.local_teams(2)
     with pytest.raises(ValueError, match="root 2"):
         a.bcast(np.zeros(3), root=2)
-    with pytest.raises(ValueError, match="must hold 2 blocks"):
+    with pytest.raises(ValueError, match="not 2 equal blocks"):
         a.allgather(np.zeros(3), np.zeros(5))
+    with pytest.raises(ValueError, match="must be rank 0's block"):
+        a.allgather(np.zeros(3), np.zeros(4))
     with pytest.raises(ValueError, match="must hold 2 blocks"):
         a.reduce_scatter(np.zeros(5), np.zeros(2))
     with pytest.raises(ValueError, match="hold 2 blocks"):
         a.alltoall(np.zeros(3), np.zeros(3))
-    with pytest.raises(ValueError, match="must hold 2 blocks"):
+    with pytest.raises(ValueError, match="not 2 equal blocks"):
         a.gather(np.zeros(2), np.zeros(3), root=0)
+    with pytest.raises(ValueError, match="counts and displs need one entry per rank"):
+        a.allgatherv(np.zeros(2), np.zeros(3), [2])
+    with pytest.raises(ValueError, match="block of rank 1 .3 elements at 2. does not fit"):
+        a.allgatherv(np.zeros(2), np.zeros(4), [2, 3])
+    with pytest.raises(ValueError, match="overlap at element 1"):
+        a.allgatherv(np.zeros(2), np.zeros(4), [2, 2], [0, 1])
+    with pytest.raises(ValueError, match="sends itself 1 elements but expects 2"):
+        a.alltoallv(np.zeros(2), np.zeros(3), [1, 1], [2, 1])
+    with pytest.raises(ValueError, match="root needs counts"):
+        a.gatherv(np.zeros(2), np.zeros(4), root=0)
+    with pytest.raises(TypeError, match="sequences of integers"):
+        a.scatterv(np.zeros(4), np.zeros(2), counts=["x", 2], root=0)
     with pytest.raises(ValueError, match="BAND is not defined"):
         a.reduce(np.zeros(2), np.zeros(2), op="band")
     assert a.next_sequence() == 0 and a.transport.fabric.pending_messages() == 0

@@ -55,12 +55,18 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
         "dissemination": barrier_dissemination.build,
         "shm": _shm("barrier_shm"),
     },
-    "reduce": {"knomial": reduce_knomial.build},
-    "allgather": {"ring": allgather_ring.build},
-    "reduce_scatter": {"ring": reduce_scatter_ring.build},
+    "reduce": {"knomial": reduce_knomial.build, "shm": _shm("reduce_shm")},
+    "allgather": {"ring": allgather_ring.build, "shm": _shm("allgather_shm")},
+    "reduce_scatter": {"ring": reduce_scatter_ring.build, "shm": _shm("reduce_scatter_shm")},
     "alltoall": {"pairwise": alltoall_pairwise.build},
     "gather": {"linear": gather_linear.build},
     "scatter": {"linear": scatter_linear.build},
+    # the v-variants: blocks of any size (args.layout), so only algorithms that handle them
+    "allgatherv": {"ring": allgather_ring.build, "shm": _shm("allgather_shm")},
+    "reduce_scatterv": {"ring": reduce_scatter_ring.build, "shm": _shm("reduce_scatter_shm")},
+    "alltoallv": {"pairwise": alltoall_pairwise.build},
+    "gatherv": {"linear": gather_linear.build},
+    "scatterv": {"linear": scatter_linear.build},
 }
 
 
@@ -87,6 +93,11 @@ DEFAULT_RULES: List[Rule] = [
     Rule("alltoall", "pairwise"),
     Rule("gather", "linear"),
     Rule("scatter", "linear"),
+    Rule("allgatherv", "ring"),
+    Rule("reduce_scatterv", "ring"),
+    Rule("alltoallv", "pairwise"),
+    Rule("gatherv", "linear"),
+    Rule("scatterv", "linear"),
 ]
 
 

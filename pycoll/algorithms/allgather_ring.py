@@ -1,5 +1,6 @@
-"""Ring allgather: rank r's block starts at r; in step s every rank passes the block it received
-in the previous step to its right neighbour. n-1 steps, each moving one block per rank."""
+"""Ring allgather(v): rank r's block starts at r; in step s every rank passes the block it
+received in the previous step to its right neighbour. n-1 steps, each moving one block per rank
+(blocks may differ in size: allgatherv)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ class RingAllgather(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
-        m = a.src.size
-        blocks = [a.dst[i * m:(i + 1) * m] for i in range(n)]
-        if a.src is not a.dst and m:
+        blocks = [a.dst[off:off + cnt] for off, cnt in a.layout]
+        if a.src is not blocks[rank] and a.src.size:
             np.copyto(blocks[rank], a.src)
         right, left = (rank + 1) % n, (rank - 1) % n
         for s in range(n - 1):

@@ -1,4 +1,4 @@
-"""Pairwise-exchange alltoall: in step s rank r sends its block for rank r+s and receives the
+"""Pairwise-exchange alltoall(v): in step s rank r sends its block for rank r+s and receives the
 block of rank r-s; n-1 steps, one peer at a time (bounded memory traffic per step)."""
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ class PairwiseAlltoall(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
-        m = a.dst.size // n
-        src = [a.src[i * m:(i + 1) * m] for i in range(n)]
-        dst = [a.dst[i * m:(i + 1) * m] for i in range(n)]
-        if m:
+        src = [a.src[off:off + cnt] for off, cnt in a.layout]
+        dst = [a.dst[off:off + cnt] for off, cnt in a.rlayout]
+        if dst[rank].size:
             np.copyto(dst[rank], src[rank])
         for s in range(1, n):
             to, frm = (rank + s) % n, (rank - s) % n

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Generator, Hashable, List, Optional, Sequence
+from typing import Any, Generator, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +37,12 @@ class CollArgs:
     options: dict = field(default_factory=dict)
     #: The team's node-shared segment when all its ranks share a host (else None).
     shared: Any = None
+    #: Block collectives: ``layout[r] = (offset, count)`` (elements) of rank r's block in the
+    #: *whole* buffer: dst of allgather(v)/gather(v), src of reduce_scatter(v)/scatter(v), src of
+    #: alltoall(v) (the block sent to r). Equal blocks for the non-v forms. None elsewhere.
+    layout: Optional[Sequence[Tuple[int, int]]] = None
+    #: alltoall(v) only: ``rlayout[r]`` is the block of dst that receives rank r's data.
+    rlayout: Optional[Sequence[Tuple[int, int]]] = None
 
     @property
     def in_place(self) -> bool:
@@ -49,6 +55,22 @@ class CollArgs:
     @property
     def nbytes(self) -> int:
         return self.dst.nbytes
+
+
+def equal_layout(m: int, n: int) -> List[Tuple[int, int]]:
+    """The layout of ``n`` blocks of ``m`` elements each, back to back."""
+    return [(i * m, m) for i in range(n)]
+
+
+def is_packed(layout: Sequence[Tuple[int, int]]) -> bool:
+    """Whether the blocks lie back to back in rank order from offset 0 (so a range of ranks'
+    blocks is one contiguous slice)."""
+    end = 0
+    for off, cnt in layout:
+        if off != end:
+            return False
+        end += cnt
+    return True
 
 
 def block_bounds(count: int, nblocks: int) -> List[int]:
@@ -284,5 +306,5 @@ def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -
     np.copyto(out, acc)
 
 
-__all__ = ["Channel", "CollArgs", "StepTask", "as_wire", "block_bounds", "copy_in", "finish",
-           "rebind_args", "reduce_ordered", "Hashable"]
+__all__ = ["Channel", "CollArgs", "StepTask", "as_wire", "block_bounds", "copy_in", "equal_layout",
+           "finish", "is_packed", "rebind_args", "reduce_ordered", "Hashable"]

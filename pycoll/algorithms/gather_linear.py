@@ -1,4 +1,4 @@
-"""Linear gather: every rank sends its block to the root, which receives all of them at once."""
+"""Linear gather(v): every rank sends its block to the root, which receives all of them at once."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ class LinearGather(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, root, ch = a.size, a.rank, a.root, a.channel
-        m = a.src.size
-        if rank != root:
+        if rank != root:  # needs only its own block: a gatherv's counts may be known at the root only
             yield (ch.isend(as_wire(a.src), root, 0),)
             return
-        blocks = [a.dst[i * m:(i + 1) * m] for i in range(n)]
-        if m:
+        blocks = [a.dst[off:off + cnt] for off, cnt in a.layout]
+        if a.src.size:
             np.copyto(blocks[rank], a.src)
         yield tuple(ch.irecv(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
 

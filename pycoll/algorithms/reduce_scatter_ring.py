@@ -1,6 +1,6 @@
-"""Ring reduce-scatter (block): in step s rank r sends its partial sum of block r-s-1 to the
-right and adds its own contribution to block r-s-2 received from the left; after n-1 steps rank
-r holds the reduction of block r."""
+"""Ring reduce-scatter (block, and v with unequal blocks): in step s rank r sends its partial
+sum of block r-s-1 to the right and adds its own contribution to block r-s-2 received from the
+left; after n-1 steps rank r holds the reduction of block r."""
 
 from __future__ import annotations
 
@@ -17,21 +17,22 @@ class RingReduceScatter(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
-        m = a.dst.size
-        own = [a.src[i * m:(i + 1) * m] for i in range(n)]
+        own = [a.src[off:off + cnt] for off, cnt in a.layout]
         if n == 1:
-            if m:
+            if a.dst.size:
                 np.copyto(a.dst, own[0])
         else:
             reduce = reducer(a.op, a.dst.dtype)
-            bufs = [self.scratch(0, a.dst), self.scratch(1, a.dst)]  # received / partial, alternating
+            most = a.src[:max(cnt for _, cnt in a.layout)]
+            bufs = [self.scratch(0, most), self.scratch(1, most)]  # received / partial, alternating
             right, left = (rank + 1) % n, (rank - 1) % n
             send = own[(rank - 1) % n]
             for s in range(n - 1):
-                recv = bufs[s % 2]
+                b = (rank - s - 2) % n  # the block received in this step
+                recv = bufs[s % 2][:a.layout[b][1]]
                 yield (ch.isend(as_wire(send), right, s), ch.irecv(as_wire(recv), left, s))
                 out = a.dst if s == n - 2 else recv
-                reduce(recv, own[(rank - s - 2) % n], out)
+                reduce(recv, own[b], out)
                 send = out
         if a.op is ReduceOp.AVG:
             finish_avg(a.dst, n)

@@ -1,4 +1,4 @@
-"""Linear scatter: the root sends every rank its block at once."""
+"""Linear scatter(v): the root sends every rank its block at once."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ class LinearScatter(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, root, ch = a.size, a.rank, a.root, a.channel
-        m = a.dst.size
         if rank != root:
             yield (ch.irecv(as_wire(a.dst), root, 0),)
             return
-        blocks = [a.src[i * m:(i + 1) * m] for i in range(n)]
-        if m:
+        blocks = [a.src[off:off + cnt] for off, cnt in a.layout]
+        if a.dst.size:
             np.copyto(a.dst, blocks[rank])
         yield tuple(ch.isend(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
 
