@@ -15,7 +15,8 @@ Everything pycoll does not implement is passed through to the mpi4py communicato
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import itertools
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -24,7 +25,7 @@ from mpi4py.util.dtlib import to_numpy_dtype
 from pycoll.buffers import as_array, as_bytes
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
-from pycoll.team import Team
+from pycoll.team import Persistent, Team
 
 
 def as_buffer(spec: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:
@@ -77,8 +78,85 @@ class Request:
     test = Test
 
 
+class Prequest:
+    """What the ``_init`` methods return (mpi4py's ``Prequest``): ``Start()`` runs the persistent
+    collective once more, ``Wait()``/``Test()`` the current run, ``Free()`` releases it."""
+
+    __slots__ = ("persistent",)
+
+    def __init__(self, persistent: Persistent) -> None:
+        self.persistent = persistent
+
+    def Start(self) -> None:  # noqa: N802
+        self.persistent.start()
+
+    def Wait(self, status: Any = None) -> bool:  # noqa: N802
+        self.persistent.wait()
+        return True
+
+    def Test(self, status: Any = None) -> bool:  # noqa: N802
+        return self.persistent.test()
+
+    def Free(self) -> None:  # noqa: N802
+        self.persistent.free()
+
+    @staticmethod
+    def Startall(requests: Sequence[Prequest]) -> None:  # noqa: N802
+        for req in requests:
+            req.Start()
+
+
+VBuffer = Tuple[np.ndarray, List[int], List[int]]
+
+
+def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buffer") -> VBuffer:
+    """``(array, counts, displs)`` of an mpi4py vector buffer specification: ``buf``,
+    ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf, datatype]``, ``[buf, counts, datatype]``,
+    ``[buf, (counts, displs), datatype]`` or ``[buf, counts, displs, datatype]``. Without counts the
+    buffer is split into ``size`` equal blocks."""
+    counts = displs = None
+    if isinstance(spec, (list, tuple)):
+        if not 1 <= len(spec) <= 4:
+            raise ValueError(f"{what}: expected [buf, counts, displs, datatype] or a shorter form, got "
+                             f"{len(spec)} items")
+        items = list(spec)
+        datatype = items.pop() if len(items) > 1 and isinstance(items[-1], MPI.Datatype) else None
+        buf = items[0]
+        if len(items) == 2:
+            counts = items[1]
+            pair = isinstance(counts, tuple) and len(counts) == 2
+            if pair and not isinstance(counts[0], (int, np.integer)):  # (counts, displs)
+                counts, displs = counts
+        elif len(items) == 3:
+            counts, displs = items[1], items[2]
+        arr = (as_array(buf, writable=writable, what=what) if datatype is None
+               else as_bytes(buf, writable=writable, what=what).view(to_numpy_dtype(datatype)))
+    else:
+        arr = as_array(spec, writable=writable, what=what)
+    if counts is None:
+        if arr.size % size:
+            raise ValueError(f"{what}: {arr.size} elements do not split into {size} equal blocks; "
+                             "give counts")
+        counts = [arr.size // size] * size
+    counts = [int(c) for c in counts]
+    if displs is None:
+        displs = list(itertools.accumulate([0] + counts[:-1]))
+    return arr, counts, [int(d) for d in displs]
+
+
+def _in_place(sendbuf: Any) -> bool:
+    return sendbuf is MPI.IN_PLACE or sendbuf is None
+
+
 class Comm:
-    """An mpi4py communicator whose collectives go through pycoll (a :class:`pycoll.Team`)."""
+    """An mpi4py communicator whose collectives go through pycoll (a :class:`pycoll.Team`).
+
+    Every collective has mpi4py's three forms: blocking (``Allgather``), non-blocking
+    (``Iallgather``, returns a :class:`Request`) and persistent (``Allgather_init``, returns a
+    :class:`Prequest`). pycoll's keywords (``priority``, ``tag``, ``algorithm``, ``timeout``)
+    may follow the MPI arguments. For ``Gatherv``/``Scatterv`` only the root knows the counts (as
+    in MPI), so they run the ``linear`` algorithm unless ``algorithm=`` says otherwise.
+    """
 
     def __init__(self, comm: Any = None, ctx: Optional[Context] = None) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
@@ -101,80 +179,215 @@ class Comm:
     def Get_size(self) -> int:  # noqa: N802
         return self.team.size
 
-    # ------------------------------------------------------------------ allreduce
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> Request:  # noqa: N802
-        """Non-blocking allreduce (``MPI_Iallreduce``); pycoll keywords (``priority``, ``tag``,
-        ``algorithm``, ``timeout``) may follow."""
+    def _start(self, coll: str, args: tuple, kw: dict) -> Request:
+        return Request(getattr(self.team, coll)(*args, **kw))
+
+    def _init(self, coll: str, args: tuple, kw: dict) -> Prequest:
+        return Prequest(getattr(self.team, coll + "_init")(*args, **kw))
+
+    # ------------------------------------------------------------------ argument conversion
+    # Each returns the arguments of the Team method of the same collective.
+    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
         dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        if sendbuf is MPI.IN_PLACE or sendbuf is None:
-            return Request(self.team.allreduce(dst, None, op, **kw))
-        src = as_buffer(sendbuf, what="sendbuf")
-        return Request(self.team.allreduce(src, dst, op, **kw))
+        return (dst, None, op) if _in_place(sendbuf) else (as_buffer(sendbuf, what="sendbuf"), dst, op)
 
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple:
+        mine = self.team.rank == root
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if mine and recvbuf is not None else None
+        if _in_place(sendbuf):
+            return dst, None, op, root
+        return as_buffer(sendbuf, what="sendbuf"), dst, op, root
+
+    def _allgather(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
+        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst
+
+    def _allgatherv(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        dst, counts, displs = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
+        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, counts, displs
+
+    def _reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
+        return as_buffer(sendbuf, what="sendbuf"), as_buffer(recvbuf, writable=True, what="recvbuf"), op
+
+    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]],
+                        op: Any) -> tuple:
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
+        if recvcounts is None:  # as mpi4py: every rank's count is its recvbuf's size
+            recvcounts = self.team.comm.allgather(dst.size)
+        return as_buffer(sendbuf, what="sendbuf"), dst, list(recvcounts), op
+
+    def _alltoall(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        return as_buffer(sendbuf, what="sendbuf"), as_buffer(recvbuf, writable=True, what="recvbuf")
+
+    def _alltoallv(self, sendbuf: Any, recvbuf: Any) -> tuple:
+        src, scounts, sdispls = as_vbuffer(sendbuf, self.size, what="sendbuf")
+        dst, rcounts, rdispls = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
+        return src, dst, scounts, rcounts, sdispls, rdispls
+
+    def _gather(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        if self.team.rank != root:
+            return as_buffer(sendbuf, what="sendbuf"), None, root
+        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
+        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, root
+
+    def _gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        if self.team.rank != root:
+            return as_buffer(sendbuf, what="sendbuf"), None, None, None, root
+        dst, counts, displs = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
+        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, counts, displs, root
+
+    def _scatter(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        if self.team.rank != root:
+            return None, as_buffer(recvbuf, writable=True, what="recvbuf"), root
+        dst = None if _in_place(recvbuf) else as_buffer(recvbuf, writable=True, what="recvbuf")
+        return as_buffer(sendbuf, what="sendbuf"), dst, root
+
+    def _scatterv(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
+        if self.team.rank != root:
+            return None, as_buffer(recvbuf, writable=True, what="recvbuf"), None, None, root
+        src, counts, displs = as_vbuffer(sendbuf, self.size, what="sendbuf")
+        dst = None if _in_place(recvbuf) else as_buffer(recvbuf, writable=True, what="recvbuf")
+        return src, dst, counts, displs, root
+
+    @staticmethod
+    def _linear(kw: dict) -> dict:
+        """Gatherv/Scatterv: non-roots do not know the counts, so every rank runs ``linear``."""
+        return kw if "algorithm" in kw else dict(kw, algorithm="linear")
+
+    # ------------------------------------------------------------------ the collectives
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
-        """Blocking allreduce (``MPI_Allreduce``)."""
-        self.Iallreduce(sendbuf, recvbuf, op, **kw).Wait()
+        self._start("allreduce", self._allreduce(sendbuf, recvbuf, op), kw).Wait()
 
-    # ------------------------------------------------------------------ the other collectives
-    def Ibcast(self, buf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return Request(self.team.bcast(as_buffer(buf, writable=True, what="buf"), root, **kw))
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> Request:  # noqa: N802
+        return self._start("allreduce", self._allreduce(sendbuf, recvbuf, op), kw)
+
+    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("allreduce", self._allreduce(sendbuf, recvbuf, op), kw)
 
     def Bcast(self, buf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
         self.Ibcast(buf, root, **kw).Wait()
 
-    def Ibarrier(self, **kw: Any) -> Request:  # noqa: N802
-        return Request(self.team.barrier(**kw))
+    def Ibcast(self, buf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return self._start("bcast", (as_buffer(buf, writable=True, what="buf"), root), kw)
+
+    def Bcast_init(self, buf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("bcast", (as_buffer(buf, writable=True, what="buf"), root), kw)
 
     def Barrier(self, **kw: Any) -> None:  # noqa: N802
         self.Ibarrier(**kw).Wait()
 
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
-                **kw: Any) -> Request:
-        mine = self.team.rank == root
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if mine and recvbuf is not None else None
-        if sendbuf is MPI.IN_PLACE or sendbuf is None:
-            return Request(self.team.reduce(dst, None, op, root, **kw))
-        return Request(self.team.reduce(as_buffer(sendbuf, what="sendbuf"), dst, op, root, **kw))
+    def Ibarrier(self, **kw: Any) -> Request:  # noqa: N802
+        return self._start("barrier", (), kw)
+
+    def Barrier_init(self, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("barrier", (), kw)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self.Ireduce(sendbuf, recvbuf, op, root, **kw).Wait()
+        self._start("reduce", self._reduce(sendbuf, recvbuf, op, root), kw).Wait()
 
-    def Iallgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        src = None if sendbuf is MPI.IN_PLACE else as_buffer(sendbuf, what="sendbuf")
-        return Request(self.team.allgather(src, dst, **kw))
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
+                **kw: Any) -> Request:
+        return self._start("reduce", self._reduce(sendbuf, recvbuf, op, root), kw)
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
+                    **kw: Any) -> Prequest:
+        return self._init("reduce", self._reduce(sendbuf, recvbuf, op, root), kw)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self.Iallgather(sendbuf, recvbuf, **kw).Wait()
+        self._start("allgather", self._allgather(sendbuf, recvbuf), kw).Wait()
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        return self._start("allgather", self._allgather(sendbuf, recvbuf), kw)
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("allgather", self._allgather(sendbuf, recvbuf), kw)
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
+        self._start("allgatherv", self._allgatherv(sendbuf, recvbuf), kw).Wait()
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        return self._start("allgatherv", self._allgatherv(sendbuf, recvbuf), kw)
+
+    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("allgatherv", self._allgatherv(sendbuf, recvbuf), kw)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
+        self._start("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw).Wait()
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,  # noqa: N802
                               **kw: Any) -> Request:
-        return Request(self.team.reduce_scatter(as_buffer(sendbuf, what="sendbuf"),
-                                                as_buffer(recvbuf, writable=True, what="recvbuf"), op, **kw))
+        return self._start("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw)
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
-        self.Ireduce_scatter_block(sendbuf, recvbuf, op, **kw).Wait()
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,  # noqa: N802
+                                  **kw: Any) -> Prequest:
+        return self._init("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw)
 
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        return Request(self.team.alltoall(as_buffer(sendbuf, what="sendbuf"),
-                                          as_buffer(recvbuf, writable=True, what="recvbuf"), **kw))
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None,  # noqa: N802
+                       op: Any = MPI.SUM, **kw: Any) -> None:
+        self._start("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw).Wait()
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None,  # noqa: N802
+                        op: Any = MPI.SUM, **kw: Any) -> Request:
+        return self._start("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw)
+
+    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
+                            recvcounts: Optional[Sequence[int]] = None, op: Any = MPI.SUM,
+                            **kw: Any) -> Prequest:
+        return self._init("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self.Ialltoall(sendbuf, recvbuf, **kw).Wait()
+        self._start("alltoall", self._alltoall(sendbuf, recvbuf), kw).Wait()
 
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if self.team.rank == root else None
-        return Request(self.team.gather(as_buffer(sendbuf, what="sendbuf"), dst, root, **kw))
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        return self._start("alltoall", self._alltoall(sendbuf, recvbuf), kw)
+
+    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("alltoall", self._alltoall(sendbuf, recvbuf), kw)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
+        self._start("alltoallv", self._alltoallv(sendbuf, recvbuf), kw).Wait()
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
+        return self._start("alltoallv", self._alltoallv(sendbuf, recvbuf), kw)
+
+    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("alltoallv", self._alltoallv(sendbuf, recvbuf), kw)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self.Igather(sendbuf, recvbuf, root, **kw).Wait()
+        self._start("gather", self._gather(sendbuf, recvbuf, root), kw).Wait()
 
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        src = as_buffer(sendbuf, what="sendbuf") if self.team.rank == root else None
-        return Request(self.team.scatter(src, as_buffer(recvbuf, writable=True, what="recvbuf"), root, **kw))
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return self._start("gather", self._gather(sendbuf, recvbuf, root), kw)
+
+    def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("gather", self._gather(sendbuf, recvbuf, root), kw)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self._start("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw)).Wait()
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return self._start("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw))
+
+    def Gatherv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw))
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self.Iscatter(sendbuf, recvbuf, root, **kw).Wait()
+        self._start("scatter", self._scatter(sendbuf, recvbuf, root), kw).Wait()
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return self._start("scatter", self._scatter(sendbuf, recvbuf, root), kw)
+
+    def Scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("scatter", self._scatter(sendbuf, recvbuf, root), kw)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
+        self._start("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw)).Wait()
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
+        return self._start("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw))
+
+    def Scatterv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
+        return self._init("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw))
 
     def __repr__(self) -> str:
         return f"<pycoll.mpi.Comm rank {self.rank}/{self.size} over {self.comm!r}>"

@@ -28,3 +28,11 @@ def test_tagged_different_orders_small_credit(n):
 @pytest.mark.parametrize("n", [1, 3])
 def test_comm_lookalike(n):
     run_ranks(n, "tests/mpi/comm_lookalike.py", timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["tagged", "untagged"])
+@pytest.mark.parametrize("tls", ["mpi", "shm,mpi"])
+def test_thousand_mixed_collectives_small_credit(mode, tls):
+    """1,000 collectives of every kind with random priorities on 4 processes under a credit of
+    4 KiB: tagged ones posted in a different order on every rank, untagged ones in one order."""
+    run_ranks(4, "tests/mpi/many_in_flight.py", mode, "1000", "4096", timeout=180, env={"PYCOLL_TLS": tls})

@@ -129,6 +129,7 @@ class _Trivial(Task):
     """A team of one, or nothing to reduce."""
 
     takes_credit = False
+    sends_first = False  # sends nothing: holds no credit as a unit (see Team._unit)
 
     def __init__(self, args: CollArgs) -> None:
         super().__init__(args.name, nbytes=args.nbytes)

@@ -212,6 +212,8 @@ class SegmentTask(Task):
     """
 
     takes_credit = False
+    #: Sends no messages: as a unit of the team's credit it holds none (see Team._unit).
+    sends_first = False
 
     def __init__(self, args: CollArgs, kind: int, name: str) -> None:
         super().__init__(name, nbytes=args.nbytes)

@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from pycoll import config
 from pycoll.engine.request import Request
@@ -115,8 +115,13 @@ class Context:
         self._transports: List[Any] = []
         # Tasks that take credit and carry a message key: if a peer already started one (a message
         # with its key arrived), it starts at once whatever the credit, so ranks that started
-        # collectives in different orders never wait on each other.
-        self._demand: dict = {}
+        # collectives in different orders never wait on each other. Indexed by (transport, demand
+        # id); the transports list the ids of messages that arrive unexpected, so finding the
+        # collectives peers started costs O(arrivals), not O(blocked collectives).
+        self._demand: Dict[Tuple[Any, Hashable], List[Task]] = {}
+        self._demand_of: Dict[Task, Tuple[Any, Hashable]] = {}
+        self._demand_check: List[Task] = []  # watched since the last look: check each once
+        self._demand_tls: Dict[int, list] = {}  # [transport, tasks watched on it]
         self._progress_hooks: List[Callable[[], int]] = []
         self.lock = threading.RLock()
         self.posted = 0  # tasks started
@@ -257,7 +262,7 @@ class Context:
             splits = self.partition_bytes and task.nbytes > self.partition_bytes
             if need and limit and self.in_flight and self.in_flight + need > limit and not splits:
                 self.stats["credit_waits"] += 1
-                if self._demand:
+                if self._demand_of:
                     started += self._start_demanded()
                 break
             _heappop(ready)
@@ -266,17 +271,53 @@ class Context:
         return started
 
     def watch_demand(self, task: Task, transport: Any, key: tuple) -> None:
-        """Start ``task`` regardless of credit once ``transport.has_unexpected(key)`` (a peer
-        has started the collective with message key ``key``)."""
-        self._demand[task] = (transport, key)
+        """Start ``task`` regardless of credit once a message of the collective with message key
+        ``key`` arrives on ``transport`` before its receive (a peer has started it)."""
+        where = (transport, transport.demand_id(key))
+        self._demand.setdefault(where, []).append(task)
+        self._demand_of[task] = where
+        self._demand_check.append(task)
+        entry = self._demand_tls.get(id(transport))
+        if entry is None:
+            entry = self._demand_tls[id(transport)] = [transport, 0]
+            transport.arrivals = []
+        entry[1] += 1
+
+    def _unwatch(self, task: Task) -> None:
+        where = self._demand_of.pop(task)
+        tasks = self._demand[where]
+        tasks.remove(task)
+        if not tasks:
+            del self._demand[where]
+        entry = self._demand_tls[id(where[0])]
+        entry[1] -= 1
+        if not entry[1]:
+            del self._demand_tls[id(where[0])]
+            where[0].arrivals = None  # nobody listens: stop listing
 
     def _start_demanded(self) -> int:
-        """Start credit-blocked tasks whose peers already started them (see ``watch_demand``)."""
+        """Start credit-blocked tasks whose peers already started them (see ``watch_demand``):
+        those whose demand id arrived since the last look, and those watched since then whose
+        messages were already there."""
+        check, self._demand_check = self._demand_check, []
+        for transport, _ in list(self._demand_tls.values()):
+            transport.poll_unexpected()
+            arrived, transport.arrivals = transport.arrivals, []
+            if transport.arrivals_overflowed:  # too many to list: look at every watched task
+                transport.arrivals_overflowed = False
+                check.extend(t for t in self._demand_of if self._demand_of[t][0] is transport)
+            for did in arrived:
+                check.extend(self._demand.get((transport, did), ()))
         started = 0
-        for task, (transport, key) in list(self._demand.items()):
+        for task in check:
+            where = self._demand_of.get(task)
+            if where is None:  # started (or dropped) already
+                continue
             if task.state is not NOT_READY:
-                del self._demand[task]
-            elif task._pending == 0 and transport.has_unexpected(key):
+                self._unwatch(task)
+            elif task._pending:  # not ready yet: look again next time
+                self._demand_check.append(task)
+            elif where[0].has_unexpected_id(where[1]):
                 self.stats["demand_starts"] += 1
                 started += 1
                 self._start(task, task.credit)  # its queue entry is skipped when popped
@@ -284,8 +325,8 @@ class Context:
 
     def _start(self, task: Task, need: int) -> None:
         """Post one task: take its credit, publish STARTED, call ``post()``."""
-        if self._demand:
-            self._demand.pop(task, None)
+        if self._demand_of and task in self._demand_of:
+            self._unwatch(task)
         task.state = IN_PROGRESS
         self.posted += 1
         timeout = task.timeout

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from typing import Any, Dict, Hashable, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
@@ -139,11 +139,24 @@ class _Both(TransportRequest):
         self.recv.cancel()
 
 
+#: Arrivals a transport keeps for the engine before it stops listing them (then the engine
+#: looks at every credit-blocked collective once).
+MAX_ARRIVALS = 1 << 16
+
+
 class Transport(abc.ABC):
     """Point-to-point messaging among the ranks of one team."""
 
     #: Short name (``local``, ``self``, ``mpi``, ``shm``, ``ucx``).
     name = "base"
+
+    # Messages that arrived before their receive was posted are counted by *demand id* (what
+    # :meth:`demand_id` makes of a collective's key) so that the engine can ask in O(1) whether a
+    # peer started a collective; while the engine listens (``arrivals`` is a list) each such
+    # arrival is also listed there. Transports call ``_stashed``/``_unstashed``.
+    _unexpected_ids: Optional[Dict[Hashable, int]] = None
+    arrivals: Optional[List[Hashable]] = None
+    arrivals_overflowed = False
 
     @abc.abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
@@ -161,10 +174,48 @@ class Transport(abc.ABC):
         """Move pending messages; return how many operations finished (0: idle)."""
         return 0
 
+    def demand_id(self, key: tuple) -> Hashable:
+        """The id under which unexpected messages of the collective with message key ``key``
+        (every tag ``(*key, step)``) are counted."""
+        return key_hash(key)
+
+    def poll_unexpected(self) -> None:  # noqa: B027 - optional: most transports count as they go
+        """Take in messages that arrived without a posted receive, so that they are counted
+        (transports that learn of messages only when asked override this)."""
+
     def has_unexpected(self, key: tuple) -> bool:
-        """Whether a message whose tag starts with ``key`` arrived and waits for its receive
+        """Whether a message whose tag is ``(*key, step)`` arrived and waits for its receive
         (a peer has started that collective). The engine asks this of credit-blocked work."""
-        return False
+        self.poll_unexpected()
+        ids = self._unexpected_ids
+        return bool(ids) and self.demand_id(key) in ids
+
+    def has_unexpected_id(self, did: Hashable) -> bool:
+        """Whether messages of demand id ``did`` wait for their receive (as counted so far)."""
+        ids = self._unexpected_ids
+        return bool(ids) and did in ids
+
+    def _stashed(self, did: Hashable) -> None:
+        """A message of demand id ``did`` arrived before its receive."""
+        ids = self._unexpected_ids
+        if ids is None:
+            ids = self._unexpected_ids = {}
+        ids[did] = ids.get(did, 0) + 1
+        arrivals = self.arrivals
+        if arrivals is not None:
+            if len(arrivals) < MAX_ARRIVALS:
+                arrivals.append(did)
+            else:
+                self.arrivals_overflowed = True
+
+    def _unstashed(self, did: Hashable) -> None:
+        """A receive took an unexpected message of demand id ``did``."""
+        ids = self._unexpected_ids
+        left = ids[did] - 1
+        if left:
+            ids[did] = left
+        else:
+            del ids[did]
 
     def close(self) -> None:  # noqa: B027 - optional, most transports hold nothing
         """Release the transport's resources."""

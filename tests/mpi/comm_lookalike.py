@@ -79,6 +79,72 @@ def main():
     assert np.array_equal(sc, ref)
     comm.Ibarrier().Wait()
     comm.Barrier()
+    check_v_and_persistent(world, comm, n, r)
+
+
+def check_v_and_persistent(world, comm, n, r):
+    """The v-collectives with mpi4py's vector buffer specs, and the persistent forms, against
+    mpi4py's own."""
+    counts = [(i % 3) + 1 for i in range(n)]
+    displs = [sum(counts) + 2 - sum(counts[:i + 1]) for i in range(n)]  # reversed, with a gap
+    room = sum(counts) + 2
+    mine = np.arange(counts[r], dtype=np.float64) + 10 * r
+    got, ref = np.full(room, -1.0), np.full(room, -1.0)
+    comm.Allgatherv(mine, [got, counts, displs, MPI.DOUBLE])
+    world.Allgatherv(mine, [ref, counts, displs, MPI.DOUBLE])
+    assert np.array_equal(got, ref), (got, ref)
+    got2 = ref.copy()
+    got2[displs[r]:displs[r] + counts[r]] = mine
+    comm.Iallgatherv(MPI.IN_PLACE, [got2, (counts, displs), MPI.DOUBLE]).Wait()
+    assert np.array_equal(got2, ref)
+    whole = np.arange(float(sum(counts))) * (r + 1)
+    rs, ref = np.zeros(counts[r]), np.zeros(counts[r])
+    comm.Reduce_scatter(whole, rs, counts, op=MPI.SUM)
+    world.Reduce_scatter(whole, ref, counts, op=MPI.SUM)
+    assert np.array_equal(rs, ref)
+    rs2 = np.zeros(counts[r])
+    comm.Reduce_scatter(whole, rs2, op=MPI.MAX)  # counts from every rank's recvbuf
+    world.Reduce_scatter(whole, ref, op=MPI.MAX)
+    assert np.array_equal(rs2, ref)
+    scounts = [(r + j) % 3 for j in range(n)]
+    rcounts = [(i + r) % 3 for i in range(n)]
+    src = np.arange(float(sum(scounts))) + 100 * r
+    a2a, ref = np.zeros(sum(rcounts)), np.zeros(sum(rcounts))
+    comm.Alltoallv([src, scounts], [a2a, rcounts])
+    world.Alltoallv([src, scounts], [ref, rcounts])
+    assert np.array_equal(a2a, ref)
+    root = n // 2
+    g, ref = np.full(room, -1.0), np.full(room, -1.0)
+    comm.Gatherv(mine, [g, counts, displs, MPI.DOUBLE] if r == root else None, root=root)
+    world.Gatherv(mine, [ref, counts, displs, MPI.DOUBLE] if r == root else None, root=root)
+    assert r != root or np.array_equal(g, ref)
+    sv, ref = np.zeros(counts[r]), np.zeros(counts[r])
+    source = np.arange(float(room))
+    comm.Scatterv([source, counts, displs, MPI.DOUBLE] if r == root else None, sv, root=root)
+    world.Scatterv([source, counts, displs, MPI.DOUBLE] if r == root else None, ref, root=root)
+    assert np.array_equal(sv, ref)
+    # persistent: built once, started three times with refilled buffers
+    buf, out = np.zeros(4), np.zeros(4)
+    p_ar = comm.Allreduce_init(buf, out, op=MPI.SUM)
+    p_bc = comm.Bcast_init(bc := np.zeros(3), root=n - 1)
+    p_ag = comm.Allgatherv_init(mine, [got, counts, displs, MPI.DOUBLE])
+    p_ba = comm.Barrier_init()
+    for it in range(3):
+        buf[:] = r + it
+        bc[:] = it if r == n - 1 else -1
+        got[:] = -1
+        reqs = [p_ar, p_bc, p_ag, p_ba]
+        Prequest = type(p_ar)
+        Prequest.Startall(reqs)
+        for q in reqs:
+            q.Wait()
+        assert (out == sum(range(n)) + n * it).all()
+        assert (bc == it).all()
+        ref = np.full(room, -1.0)
+        world.Allgatherv(mine, [ref, counts, displs, MPI.DOUBLE])
+        assert np.array_equal(got, ref)
+    for q in (p_ar, p_bc, p_ag, p_ba):
+        q.Free()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Dict, Hashable, Tuple
 
 import numpy as np
 
-from pycoll.tl.base import Transport, TransportRequest, deliver
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key
 
 
 class _LocalRecv(TransportRequest):
@@ -34,9 +34,11 @@ class LocalFabric:
         self._unexpected: Dict[Tuple[int, int, Hashable], deque] = defaultdict(deque)
         self.bytes_sent = [0] * size
         self.messages_sent = [0] * size
+        self.transports: Dict[int, LocalTransport] = {}
 
     def transport(self, rank: int) -> LocalTransport:
-        return LocalTransport(self, rank)
+        t = self.transports[rank] = LocalTransport(self, rank)
+        return t
 
     def deliver(self, src: int, dst: int, tag: Hashable, data: np.ndarray) -> None:
         key = (dst, src, tag)
@@ -50,6 +52,7 @@ class LocalFabric:
             deliver("local", req, req.buf, data)
         else:
             self._unexpected[key].append(data.copy())
+            self.transports[dst]._stashed(key_hash(split_key(tag)[0]))
 
     def match(self, req: _LocalRecv) -> None:
         queue = self._unexpected.get(req.key)
@@ -57,16 +60,10 @@ class LocalFabric:
             data = queue.popleft()
             if not queue:
                 del self._unexpected[req.key]
+            self.transports[req.key[0]]._unstashed(key_hash(split_key(req.key[2])[0]))
             deliver("local", req, req.buf, data)
         else:
             self._posted[req.key].append(req)
-
-    def has_unexpected(self, rank: int, key: tuple) -> bool:
-        n = len(key)
-        for (dst, _src, tag) in self._unexpected:
-            if dst == rank and isinstance(tag, tuple) and tag[:n] == key:
-                return True
-        return False
 
     def pending_messages(self) -> int:
         """Messages sent and not yet received (for tests: 0 after every collective)."""
@@ -91,9 +88,6 @@ class LocalTransport(Transport):
         self.fabric.deliver(self.rank, peer, tag, buf)
         req.done = True
         return req
-
-    def has_unexpected(self, key: tuple) -> bool:
-        return self.fabric.has_unexpected(self.rank, key)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:

@@ -189,6 +189,7 @@ class MPITransport(Transport):
                 deliver("mpi", req, buf, stashed.popleft())
                 if not stashed:
                     del self._stash[(peer, wire)]
+                self._unstashed(("slot", wire >> _STEP_BITS))
                 return req
             req.reqs = [self.comm.Irecv([buf, MPI.BYTE], peer, wire)]
             return req
@@ -201,11 +202,13 @@ class MPITransport(Transport):
             deliver("mpi", req, buf, stashed.popleft())
             if not stashed:
                 del self._kstash[k]
+            self._unstashed(req.khash)
             return req
         target = self._payload_for.get((peer, wire))
         if target is not None and target[0] is None and target[1] == k and target[2] <= buf.nbytes:
             # its header was read before this receive was posted: take the payload directly
             self._payload_for[(peer, wire)] = (req, k, target[2])
+            self._unstashed(req.khash)
             self._probe_channel(peer, wire)
             return req
         self._waiting[k].append(req)
@@ -241,6 +244,7 @@ class MPITransport(Transport):
             data = np.empty(nbytes, np.uint8)
             msg.Recv([data, MPI.BYTE])
             self._stash[(src, wire)].append(data)
+            self._stashed(("slot", wire >> _STEP_BITS))
             return
         channel = (src, wire)
         target = self._payload_for.pop(channel, None)
@@ -258,6 +262,7 @@ class MPITransport(Transport):
                     recv = waiting.popleft()
                     if not waiting:
                         del self._waiting[k]
+                    self._unstashed(k[1])
                     deliver("mpi", recv, recv.buf, data)
                 else:
                     self._kstash[k].append(data)
@@ -280,6 +285,8 @@ class MPITransport(Transport):
             if size > recv.buf.nbytes:
                 recv.error = too_large("mpi", size, src, recv.tag, recv.buf.nbytes)
                 recv = None  # drain it into the stash
+        if recv is None:
+            self._stashed(khash)  # a peer started this collective: its payload has no receive yet
         self._payload_for[channel] = (recv, k, size)
 
     def progress(self) -> int:
@@ -296,16 +303,14 @@ class MPITransport(Transport):
         """Receive every message that arrived without a posted receive (into the stash)."""
         return self._probe_channel(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
-    def has_unexpected(self, key: tuple) -> bool:
-        self.drain()
+    def demand_id(self, key: tuple) -> Hashable:
         prefix, _, checked = split_key((*key, 0))
-        if not checked:
-            slot = (prefix[1] & _SLOT_MASK) << _STEP_BITS
-            return any(not w & _CHECKED and (w & ~_STEP_MASK) == slot for (_, w) in self._stash)
-        h = key_hash(prefix)
-        if any(k[1] == h for k in self._kstash):
-            return True
-        return any(t[1][1] == h for t in self._payload_for.values())
+        if not checked:  # untagged messages carry only the sequence number's slot
+            return ("slot", prefix[1] & _SLOT_MASK)
+        return key_hash(prefix)
+
+    def poll_unexpected(self) -> None:
+        self.drain()
 
     def pending(self) -> List[str]:
         """What is stashed or awaited (for diagnostics)."""

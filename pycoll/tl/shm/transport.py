@@ -113,6 +113,7 @@ class ShmTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
+            self._unstashed(k[1])
             deliver("shm", req, req.buf, data)
             return req
         self._posted[k].append(req)
@@ -157,6 +158,7 @@ class ShmTransport(Transport):
                 recv.done = True
             else:
                 self._stash[k].append(target)
+                self._stashed(khash)
             moved += 1
 
     # ------------------------------------------------------------------ engine side
@@ -221,7 +223,5 @@ class ShmTransport(Transport):
         if peer in self._dead:
             raise self._dead[peer]
 
-    def has_unexpected(self, key: tuple) -> bool:
+    def poll_unexpected(self) -> None:
         self.progress()
-        h = key_hash(split_key((*key, 0))[0])
-        return any(k[1] == h for k in self._stash)

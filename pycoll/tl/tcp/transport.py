@@ -140,6 +140,7 @@ class TCPTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
+            self._unstashed(k[1])
             deliver("tcp", req, req.buf, data)
             return req
         if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
@@ -210,6 +211,7 @@ class TCPTransport(Transport):
                 done += 1
             else:
                 self._stash[(p.rank, *p.k)].append(p.data)
+                self._stashed(p.k[0])
             p.target, p.recv, p.data = None, None, None
 
     def _lost(self, p: _Peer, what: str) -> None:
@@ -242,10 +244,8 @@ class TCPTransport(Transport):
             moved += self._read(key.data)
         return moved
 
-    def has_unexpected(self, key: tuple) -> bool:
+    def poll_unexpected(self) -> None:
         self.progress()
-        h = key_hash(split_key((*key, 0))[0])
-        return any(k[1] == h for k in self._stash)
 
     def close(self) -> None:
         for p in self.peers.values():
