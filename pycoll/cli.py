@@ -2,7 +2,7 @@
 
     pycoll info                                  version, transports, algorithms, settings
     pycoll run -n N [--timeout S] -- CMD ...     launch N ranks with the bundled mpiexec
-    pycoll perf allreduce -n N [--compare mpi]   benchmark a collective (launches the ranks itself)
+    pycoll perf COLL... -n N [--compare mpi]     benchmark collectives (launches the ranks itself)
 """
 
 from __future__ import annotations
@@ -59,24 +59,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
     """Run the benchmark, launching ranks first unless already under MPI."""
-    from pycoll import algorithms
-    from pycoll.config import parse_bytes
+    from pycoll import perf
     from pycoll.launch import launch, under_mpi
-    from pycoll.ops import as_dtype, as_op, check_op
 
     try:  # bad arguments fail here, before any rank starts
-        check_op(as_op(args.op), as_dtype(args.dtype))
-        parse_bytes(args.min_bytes)
-        parse_bytes(args.max_bytes)
-        if args.algorithm != "auto":
-            algorithms.get(args.coll, args.algorithm)
+        perf.validate(args)
     except ValueError as exc:
         print(f"pycoll perf: {exc}", file=sys.stderr)
         return 2
     if args.n > 1 and not under_mpi():
         return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout)
-    from pycoll import perf
-
     return perf.run(args)
 
 
@@ -93,19 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
-    from pycoll.perf import COLLECTIVES
+    from pycoll.perf import COLLECTIVES, describe
 
-    perf = sub.add_parser("perf", help="benchmark a collective against MPI's own")
-    perf.add_argument("coll", choices=COLLECTIVES)
+    perf = sub.add_parser(
+        "perf", help="benchmark collectives against MPI's own",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time pycoll's collectives (and, with --compare mpi, MPI's in the same run) at doubling "
+                    "sizes; algbw = size / time, busbw = algbw * nccl-tests' factor.",
+        epilog="collectives (size: what the bytes column counts, as in nccl-tests; the v-variants run "
+               "with equal counts):\n" + describe())
+    perf.add_argument("coll", nargs="+", choices=(*COLLECTIVES, "all"), metavar="COLL",
+                      help=f"one or more of: {', '.join(COLLECTIVES)}; or all")
     perf.add_argument("-n", type=int, default=2, help="ranks to launch (default 2)")
     perf.add_argument("--min-bytes", default="8")
     perf.add_argument("--max-bytes", default="128M")
     perf.add_argument("--dtype", default="float32")
-    perf.add_argument("--op", default="sum")
+    perf.add_argument("--op", default=None,
+                      help="reduction of allreduce, reduce, reduce_scatter(v) (default sum)")
+    perf.add_argument("--root", type=int, default=None,
+                      help="root of bcast, reduce, gather(v), scatter(v) (default 0)")
     perf.add_argument("--algorithm", default="auto", help="auto or one of the collective's algorithms")
     perf.add_argument("--iters", type=int, default=0, help="calls per size (default: by size)")
     perf.add_argument("--warmup", type=int, default=None, help="warm-up calls per size")
-    perf.add_argument("--check", action="store_true", help="verify every size against numpy")
+    perf.add_argument("--check", action="store_true", help="verify every size against numpy (pycoll and MPI)")
     perf.add_argument("--compare", choices=["mpi", "none"], default="none",
                       help="also time MPI's own collective in the same run")
     perf.add_argument("--json", default=None, help="write the results to this file")

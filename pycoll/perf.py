@@ -3,8 +3,41 @@
 Every size is measured for pycoll and, with ``--compare mpi``, for MPI's own collective in the
 same run, alternating rounds so that drift on a shared machine hits both alike. Each rank times
 ``iters`` back-to-back blocking calls after a barrier; the table shows the mean over ranks of the
-per-call time, its min and max over ranks, algbw = bytes / time and busbw = algbw * factor, with
-nccl-tests' factor (allreduce: 2(n-1)/n).
+per-call time, its min and max over ranks, algbw = size / time and busbw = algbw * factor.
+
+What "size" (the ``bytes`` column; ``count`` is the same in elements, whereas nccl-tests' count
+column is per rank for the block collectives) means follows nccl-tests (its doc/PERFORMANCE.md
+and src/*.cu), as does the busbw factor, for ``n`` ranks:
+
+================  ==================================================  ==========  ====================
+collective        size                                                busbw       MPI (--compare mpi)
+================  ==================================================  ==========  ====================
+allreduce         the buffer (send = recv)                            2(n-1)/n    Allreduce
+bcast             the buffer                                          1           Bcast
+reduce            the buffer (send; recv at the root)                 1           Reduce
+allgather(v)      recvbuf: the n blocks together (sendbuf = size/n)   (n-1)/n     Allgather(v)
+reduce_scatter(v) sendbuf: the n blocks together (recvbuf = size/n)   (n-1)/n     Reduce_scatter_block
+                                                                                  / Reduce_scatter
+alltoall(v)       sendbuf = recvbuf: the n blocks together            (n-1)/n     Alltoall(v)
+gather(v)         recvbuf at the root: n blocks (sendbuf = size/n)    (n-1)/n     Gather(v)
+scatter(v)        sendbuf at the root: n blocks (recvbuf = size/n)    (n-1)/n     Scatter(v)
+barrier           none: time only (no algbw/busbw; sizes ignored)     -           Barrier
+================  ==================================================  ==========  ====================
+
+For the block collectives a nominal size ``S`` gives blocks of ``max(1, S / itemsize // n)``
+elements, and the row shows the bytes actually moved (``n`` blocks; sizes that round to the same
+blocks are shown once). The v-variants are timed with equal counts (every rank's block the same
+size, displacements back to back), against MPI's v-collective given the same counts and
+displacements, so they measure the cost of the v machinery next to the block form. With one rank
+the (n-1)/n factors are 0, as in nccl-tests.
+
+Several collectives (or ``all``) run one after the other in one launch, a table each; ``--op``
+then applies to those that reduce (default sum) and ``--root`` to the rooted ones (default 0),
+and either is an error when no named collective takes it.
+
+``--check`` runs each size once more outside the timing, for pycoll and (with ``--compare mpi``)
+for MPI, and compares every rank's output with numpy's answer (a barrier is checked by delaying
+rank 0: no rank may leave it before rank 0 has entered).
 """
 
 from __future__ import annotations
@@ -13,18 +46,146 @@ import json
 import platform
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from pycoll.config import parse_bytes
-from pycoll.ops import as_dtype, as_op, check_op, reference
+from pycoll.ops import BFLOAT16, ReduceOp, as_dtype, as_op, check_op, finish_avg, reference
 
-BUS_FACTOR: Dict[str, Callable[[int], float]] = {
-    "allreduce": lambda n: 2 * (n - 1) / n if n > 1 else 1.0,
+_FACTORS: Dict[str, Optional[Callable[[int], float]]] = {
+    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
+    "(n-1)/n": lambda n: (n - 1) / n,
+    "1": lambda n: 1.0,
+    "-": None,
 }
-COLLECTIVES = tuple(BUS_FACTOR)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """How ``pycoll perf`` sizes, times and checks one collective."""
+
+    name: str
+    #: The mpi4py method timed by ``--compare mpi`` ("" when MPI has none).
+    mpi: str
+    #: nccl-tests' busbw factor as a formula in n ("-": no bandwidth, time only).
+    factor: str
+    #: What the size column is.
+    size: str
+    reduces: bool = False
+    rooted: bool = False
+    #: The size is ``n`` blocks (one per rank).
+    blocks: bool = False
+    #: The pycoll method is a v-variant (timed with equal counts).
+    vector: bool = False
+
+    def bus_factor(self, n: int) -> Optional[float]:
+        """busbw / algbw for ``n`` ranks (None: the collective moves no data)."""
+        fn = _FACTORS[self.factor]
+        return None if fn is None else fn(n)
+
+    def algorithms_of(self, tables: Dict[str, Any]) -> str:
+        """The collective whose algorithm table ``--algorithm`` names come from: its own, else
+        (a v-variant without a table of its own) the block form's."""
+        return self.name[:-1] if self.vector and self.name not in tables else self.name
+
+
+_WHOLE_N = "the n blocks together"
+COLLS: Dict[str, Collective] = {c.name: c for c in (
+    Collective("allreduce", "Allreduce", "2(n-1)/n", "the buffer (send = recv)", reduces=True),
+    Collective("bcast", "Bcast", "1", "the buffer", rooted=True),
+    Collective("reduce", "Reduce", "1", "the buffer (sendbuf; recvbuf at the root)", reduces=True,
+               rooted=True),
+    Collective("allgather", "Allgather", "(n-1)/n", f"recvbuf, {_WHOLE_N}", blocks=True),
+    Collective("allgatherv", "Allgatherv", "(n-1)/n", f"recvbuf, {_WHOLE_N} (equal counts)", blocks=True,
+               vector=True),
+    Collective("reduce_scatter", "Reduce_scatter_block", "(n-1)/n", f"sendbuf, {_WHOLE_N}", reduces=True,
+               blocks=True),
+    Collective("reduce_scatterv", "Reduce_scatter", "(n-1)/n", f"sendbuf, {_WHOLE_N} (equal counts)",
+               reduces=True, blocks=True, vector=True),
+    Collective("alltoall", "Alltoall", "(n-1)/n", f"sendbuf (= recvbuf), {_WHOLE_N}", blocks=True),
+    Collective("alltoallv", "Alltoallv", "(n-1)/n", f"sendbuf (= recvbuf), {_WHOLE_N} (equal counts)",
+               blocks=True, vector=True),
+    Collective("gather", "Gather", "(n-1)/n", f"recvbuf at the root, {_WHOLE_N}", rooted=True, blocks=True),
+    Collective("gatherv", "Gatherv", "(n-1)/n", f"recvbuf at the root, {_WHOLE_N} (equal counts)",
+               rooted=True, blocks=True, vector=True),
+    Collective("scatter", "Scatter", "(n-1)/n", f"sendbuf at the root, {_WHOLE_N}", rooted=True, blocks=True),
+    Collective("scatterv", "Scatterv", "(n-1)/n", f"sendbuf at the root, {_WHOLE_N} (equal counts)",
+               rooted=True, blocks=True, vector=True),
+    Collective("barrier", "Barrier", "-", "none: time only"),
+)}
+COLLECTIVES = tuple(COLLS)
+#: busbw = algbw * BUS_FACTOR[coll](n) (None: barrier, no bandwidth).
+BUS_FACTOR: Dict[str, Optional[Callable[[int], float]]] = {c.name: _FACTORS[c.factor] for c in COLLS.values()}
 ROUNDS = 2
+#: The default op of a reducing collective.
+DEFAULT_OP = "sum"
+
+
+def describe() -> str:
+    """One line per collective: size convention, busbw factor, MPI counterpart (for --help)."""
+    lines = [f"  {'collective':<16} {'busbw':<9} {'MPI':<21} size"]
+    for c in COLLS.values():
+        lines.append(f"  {c.name:<16} {c.factor:<9} {c.mpi or '-':<21} {c.size}")
+    return "\n".join(lines)
+
+
+def selected(colls: Sequence[str]) -> List[str]:
+    """The collectives named on the command line (``all``: every one), in order, once each."""
+    out: List[str] = []
+    for name in colls:
+        for c in (COLLECTIVES if name == "all" else (name,)):
+            if c not in COLLS:
+                raise ValueError(f"unknown collective {c!r}; known: {', '.join(COLLECTIVES)}, all")
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def validate(args: Any, size: Optional[int] = None) -> List[str]:
+    """Check the arguments of ``pycoll perf`` (ValueError with a clear message) before any rank
+    starts; returns the collectives to run. ``size``: the number of ranks (default ``args.n``)."""
+    from pycoll import algorithms
+    from pycoll.team import Team
+
+    colls = selected(args.coll if isinstance(args.coll, (list, tuple)) else [args.coll])
+    n = args.n if size is None else size
+    specs = [COLLS[c] for c in colls]
+    dtype = as_dtype(args.dtype)
+    reducing = [c.name for c in COLLS.values() if c.reduces]
+    rooted = [c.name for c in COLLS.values() if c.rooted]
+    if args.op is not None and not any(s.reduces for s in specs):
+        raise ValueError(f"--op: {', '.join(colls)} does not reduce (--op applies to {', '.join(reducing)})")
+    op = as_op(args.op or DEFAULT_OP)
+    for s in specs:
+        if s.reduces:
+            check_op(op, dtype)
+    root = getattr(args, "root", None)
+    if root is not None:
+        if not any(s.rooted for s in specs):
+            raise ValueError(f"--root: {', '.join(colls)} has no root "
+                             f"(--root applies to {', '.join(rooted)})")
+        if not 0 <= root < n:
+            raise ValueError(f"--root {root} is not a rank of {n}")
+    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    if any(s.factor != "-" for s in specs) and max(lo, dtype.itemsize) > hi:
+        raise ValueError(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}: no sizes")
+    if args.iters < 0 or (args.warmup is not None and args.warmup < 0):
+        raise ValueError("--iters and --warmup must be >= 0")
+    for s in specs:
+        if args.algorithm != "auto":
+            algorithms.get(s.algorithms_of(algorithms.ALGORITHMS), args.algorithm)
+        if not callable(getattr(Team, s.name, None)):
+            raise ValueError(f"{s.name}: this pycoll's Team has no {s.name}() method")
+    if args.compare == "mpi":
+        for s in specs:
+            if not s.mpi:
+                raise ValueError(f"--compare mpi: MPI has no counterpart of {s.name}")
+        if dtype == BFLOAT16 and any(s.factor != "-" for s in specs):
+            raise ValueError("--compare mpi: MPI has no bfloat16 datatype")
+    return colls
 
 
 def sizes(min_bytes: int, max_bytes: int, itemsize: int) -> List[int]:
@@ -33,6 +194,21 @@ def sizes(min_bytes: int, max_bytes: int, itemsize: int) -> List[int]:
     while b <= max_bytes:
         out.append(max(1, b // itemsize))
         b *= 2
+    return out
+
+
+def block_counts(spec: Collective, counts: Sequence[int], n: int) -> List[int]:
+    """The element counts of the rows of ``spec``: ``counts`` as they are, or for a block
+    collective ``n`` blocks of ``max(1, count // n)`` (repeats dropped); ``[0]`` for barrier."""
+    if spec.factor == "-":
+        return [0]
+    if not spec.blocks:
+        return list(counts)
+    out: List[int] = []
+    for c in counts:
+        total = max(1, c // n) * n
+        if total not in out:
+            out.append(total)
     return out
 
 
@@ -45,6 +221,192 @@ def _input(count: int, dtype: np.dtype, rank: int) -> np.ndarray:
     return ((np.arange(count) % 7) + rank).astype(dtype)
 
 
+def _same(got: Optional[np.ndarray], want: np.ndarray) -> bool:
+    if got is None:
+        return False
+    if got.dtype.kind == "f" or got.dtype == BFLOAT16:
+        return bool(np.array_equal(got.astype(np.float64), want.astype(np.float64)))
+    return bool(np.array_equal(got, want))
+
+
+def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace:
+    """One row: buffers of ``total`` elements (the size), the pycoll and MPI calls, and checks.
+
+    ``check_pycoll()`` / ``check_mpi()`` clear the outputs, run the call once and say whether this
+    rank's output is numpy's answer."""
+    team, comm, n, rank, dtype = env.team, env.comm, env.n, env.rank, env.dtype
+    op, mpi_op, root, algorithm = env.op, env.mpi_op, env.root, env.algorithm
+    m = total // n if spec.blocks else total  # one block
+    counts = [m] * n
+    displs = [i * m for i in range(n)]
+    mpi_type = env.mpi_type
+    # every rank's send buffer: one block for allgather(v)/gather(v), else the size
+    one = spec.name.startswith(("allgather", "gather"))
+    inputs = [_input(m if one else total, dtype, r) for r in range(n)]
+    mine = inputs[rank]
+    outs: List[np.ndarray] = []  # what a check clears first
+    want: Optional[np.ndarray] = None  # this rank's expected output (None: nothing to check here)
+    name = spec.name
+    fix_avg = op is ReduceOp.AVG  # MPI sums: divide its result as pycoll does
+    py: Callable[[], Any]
+    mp: Callable[[], Any]
+
+    if name == "allreduce":
+        send, recv = mine, np.empty(total, dtype)
+        outs, want = [recv], reference(inputs, op)
+
+        def py() -> Any:
+            return team.allreduce(send, recv, op, algorithm=algorithm).wait()
+
+        def mp() -> Any:
+            return comm.Allreduce(send, recv, op=mpi_op)
+    elif name == "bcast":
+        buf = inputs[root].copy() if rank == root else np.empty(total, dtype)
+        outs, want = ([] if rank == root else [buf]), inputs[root]
+        recv = buf
+
+        def py() -> Any:
+            return team.bcast(buf, root, algorithm=algorithm).wait()
+
+        def mp() -> Any:
+            return comm.Bcast(buf, root=root)
+    elif name == "reduce":
+        send, recv = mine, np.empty(total, dtype)
+        if rank == root:
+            outs, want = [recv], reference(inputs, op)
+
+        def py() -> Any:
+            return team.reduce(send, recv, op, root, algorithm=algorithm).wait()
+
+        def mp() -> Any:
+            return comm.Reduce(send, recv, op=mpi_op, root=root)
+    elif name in ("allgather", "allgatherv"):
+        send, recv = mine, np.empty(total, dtype)
+        outs, want = [recv], np.concatenate(inputs)
+        if name == "allgather":
+            def py() -> Any:
+                return team.allgather(send, recv, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Allgather(send, recv)
+        else:
+            def py() -> Any:
+                return team.allgatherv(send, recv, counts, displs=displs, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Allgatherv(send, [recv, counts, displs, mpi_type])
+    elif name in ("reduce_scatter", "reduce_scatterv"):
+        send, recv = mine, np.empty(m, dtype)
+        outs, want = [recv], reference(inputs, op)[rank * m:(rank + 1) * m]
+        if name == "reduce_scatter":
+            def py() -> Any:
+                return team.reduce_scatter(send, recv, op, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Reduce_scatter_block(send, recv, op=mpi_op)
+        else:
+            def py() -> Any:
+                return team.reduce_scatterv(send, recv, counts, op=op, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Reduce_scatter(send, recv, counts, op=mpi_op)
+    elif name in ("alltoall", "alltoallv"):
+        send, recv = mine, np.empty(total, dtype)
+        outs, want = [recv], np.concatenate([x[rank * m:(rank + 1) * m] for x in inputs])
+        if name == "alltoall":
+            def py() -> Any:
+                return team.alltoall(send, recv, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Alltoall(send, recv)
+        else:
+            def py() -> Any:
+                return team.alltoallv(send, recv, counts, counts, sdispls=displs, rdispls=displs,
+                                      algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Alltoallv([send, counts, displs, mpi_type], [recv, counts, displs, mpi_type])
+    elif name in ("gather", "gatherv"):
+        send = mine
+        recv = np.empty(total, dtype) if rank == root else None
+        if recv is not None:
+            outs, want = [recv], np.concatenate(inputs)
+        if name == "gather":
+            def py() -> Any:
+                return team.gather(send, recv, root, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Gather(send, recv, root=root)
+        else:
+            rspec = None if recv is None else [recv, counts, displs, mpi_type]
+
+            def py() -> Any:
+                return team.gatherv(send, recv, counts, displs=displs, root=root, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Gatherv(send, rspec, root=root)
+    elif name in ("scatter", "scatterv"):
+        send = mine if rank == root else None
+        recv = np.empty(m, dtype)
+        outs, want = [recv], inputs[root][rank * m:(rank + 1) * m]
+        if name == "scatter":
+            def py() -> Any:
+                return team.scatter(send, recv, root, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Scatter(send, recv, root=root)
+        else:
+            sspec = None if send is None else [send, counts, displs, mpi_type]
+
+            def py() -> Any:
+                return team.scatterv(send, recv, counts, displs=displs, root=root, algorithm=algorithm).wait()
+
+            def mp() -> Any:
+                return comm.Scatterv(sspec, recv, root=root)
+    elif name == "barrier":
+        recv = None
+
+        def py() -> Any:
+            return team.barrier(algorithm=algorithm).wait()
+
+        def mp() -> Any:
+            return comm.Barrier()
+    else:  # pragma: no cover - COLLS and this function list the same collectives
+        raise ValueError(f"unknown collective {name!r}")
+
+    def check(call: Callable[[], Any], is_mpi: bool) -> bool:
+        if name == "barrier":
+            return _check_barrier(call, comm, rank)
+        for o in outs:
+            o.fill(0)
+        comm.Barrier()
+        call()
+        if want is None:
+            return True
+        got = recv
+        if is_mpi and fix_avg and got is not None:
+            got = got.copy()
+            finish_avg(got, n)
+        return _same(got, want)
+
+    return SimpleNamespace(count=total, nbytes=total * dtype.itemsize, py=py, mpi=mp,
+                           check_pycoll=lambda: check(py, False), check_mpi=lambda: check(mp, True))
+
+
+def _check_barrier(call: Callable[[], Any], comm: Any, rank: int, delay: float = 0.02) -> bool:
+    """Rank 0 enters ``delay`` s late; a rank that leaves before rank 0 entered (allowing 5 ms of
+    clock skew) shows a barrier that does not wait."""
+    comm.Barrier()
+    entered = 0.0
+    if rank == 0:
+        time.sleep(delay)
+        entered = time.time()
+    call()
+    left = time.time()
+    entered = comm.bcast(entered, root=0)
+    return left >= entered - 0.005
+
+
 def run(args: Any) -> int:
     """Benchmark under MPI (every rank runs this)."""
     from mpi4py import MPI
@@ -54,19 +416,78 @@ def run(args: Any) -> int:
     comm = MPI.COMM_WORLD
     team = Team.from_mpi(comm)
     n, rank = team.size, team.rank
+    try:
+        colls = validate(args, n)
+    except ValueError as exc:
+        if rank == 0:
+            print(f"pycoll perf: {exc}", file=sys.stderr, flush=True)
+        return 2
     dtype = as_dtype(args.dtype)
-    op = as_op(args.op)
-    check_op(op, dtype)
-    mpi_op = getattr(MPI, "SUM" if op.name == "AVG" else op.name)
-    algorithm = None if args.algorithm == "auto" else args.algorithm
-    compare = args.compare == "mpi"
-    factor = BUS_FACTOR[args.coll](n)
+    op = as_op(args.op or DEFAULT_OP)
+    mpi_type = None
+    if args.compare == "mpi" and dtype != BFLOAT16:
+        from mpi4py.util.dtlib import from_numpy_dtype
+
+        mpi_type = from_numpy_dtype(dtype)
+    env = SimpleNamespace(team=team, comm=comm, n=n, rank=rank, dtype=dtype, op=op,
+                          mpi_op=getattr(MPI, "SUM" if op is ReduceOp.AVG else op.name),
+                          root=args.root or 0, mpi_mod=MPI, mpi_type=mpi_type,
+                          algorithm=None if args.algorithm == "auto" else args.algorithm)
     counts = sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dtype.itemsize)
     rows: List[Dict[str, Any]] = []
+    metas: List[Dict[str, Any]] = []
+    status = 0
+    for coll in colls:
+        spec = COLLS[coll]
+        got, meta = _run_one(spec, env, args, counts)
+        rows.extend(got)
+        metas.append(meta)
+        if got and "error" in got[-1]:
+            status = 2
+    if rank == 0 and args.json:
+        meta = dict(metas[0])
+        if len(metas) > 1:  # what differs by collective goes under "colls"
+            meta = {k: v for k, v in meta.items() if k not in _PER_COLL}
+            meta["coll"] = ",".join(colls)
+            meta["colls"] = {m["coll"]: {k: m[k] for k in _PER_COLL if k != "coll"} for m in metas}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    failed = any(r.get("check") == "WRONG" or r.get("mpi_check") == "WRONG" for r in rows)
+    return status or (1 if failed else 0)
+
+
+_PER_COLL = ("coll", "op", "root", "bus_factor", "factor", "size", "mpi")
+
+
+def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int]) -> tuple:
+    """Measure one collective at every size; rank 0 prints its table. Returns (rows, meta)."""
+    team, comm, n, rank, dtype = env.team, env.comm, env.n, env.rank, env.dtype
+    MPI = env.mpi_mod  # noqa: N806 - mpi4py's name
+    compare = args.compare == "mpi"
+    factor = spec.bus_factor(n)
+    rows: List[Dict[str, Any]] = []
+    meta = {"coll": spec.name, "ranks": n, "dtype": str(dtype), "op": env.op.name.lower() if spec.reduces
+            else None, "root": env.root if spec.rooted else None, "algorithm": args.algorithm,
+            "bus_factor": factor, "factor": spec.factor, "size": spec.size,
+            "mpi": spec.mpi if compare else None,
+            "transport": _transports(team), "machine": platform.node(), "cpus": _cpus(),
+            "python": platform.python_version(), "time": time.time()}
     if rank == 0:
-        print(f"# pycoll perf {args.coll}: {n} ranks, {dtype}, op {op.name.lower()}, algorithm "
-              f"{args.algorithm}, transport {_transports(team)}, machine {platform.node()} "
-              f"({platform.machine()}, {_cpus()} cpus)")
+        what = f"{n} ranks" + (f", {dtype}" if factor is not None else "")
+        if spec.reduces:
+            what += f", op {env.op.name.lower()}"
+        what += f", algorithm {args.algorithm}"
+        if spec.rooted:
+            what += f", root {env.root}"
+        print(f"# pycoll perf {spec.name}: {what}, transport {_transports(team)}, machine "
+              f"{platform.node()} ({platform.machine()}, {_cpus()} cpus)")
+        if factor is None:
+            print(f"# {spec.name} moves no data: time only" + (f"; MPI: {spec.mpi}" if compare else ""))
+        else:
+            print(f"# size = {spec.size}; algbw = size / time; busbw = algbw * {spec.factor} = "
+                  f"algbw * {factor:.3f} (nccl-tests)" + (f"; MPI: {spec.mpi}" if compare else ""))
+        if compare:
+            print("# vs_mpi = mpi_us / avg_us (> 1: pycoll faster)")
         head = f"{'count':>10} {'bytes':>10} {'avg_us':>10} {'min_us':>10} {'max_us':>10} " \
                f"{'algbw':>7} {'busbw':>7}"
         if compare:
@@ -75,69 +496,73 @@ def run(args: Any) -> int:
         print(f"{'':>10} {'':>10} {'':>10} {'':>10} {'':>10} {'GB/s':>7} {'GB/s':>7}"
               + (f" | {'':>10} {'GB/s':>9} {'x':>6}" if compare else ""))
         sys.stdout.flush()
-    # warm up the engine, the transport and MPI once before anything is timed
-    warm_send, warm_recv = _input(counts[0], dtype, rank), np.empty(counts[0], dtype)
-    for _ in range(200):
-        team.allreduce(warm_send, warm_recv, op, algorithm=algorithm).wait()
-        if compare:
-            comm.Allreduce(warm_send, warm_recv, op=mpi_op)
-    for i, count in enumerate(counts):
-        nbytes = count * dtype.itemsize
+    totals = block_counts(spec, counts, n)
+    # warm up the engine, the transport and MPI once before anything is timed; a type or op that
+    # MPI rejects shows here (on every rank alike) and ends this collective with a clear error
+    warm = _case(spec, env, totals[0])
+    try:
+        for _ in range(200):
+            warm.py()
+            if compare:
+                warm.mpi()
+    except MPI.Exception as exc:
+        lines = [x.split("): ")[-1].strip() for x in str(exc).splitlines() if x.strip()]
+        why = lines[0].removesuffix(":").removesuffix(", error stack")
+        if len(lines) > 1:
+            why += f" ({lines[-1]})"
+        if rank == 0:
+            print(f"pycoll perf: MPI's {spec.mpi} rejects {dtype}"
+                  + (f" with op {env.op.name.lower()}" if spec.reduces else "")
+                  + f": {why} (run without --compare mpi)", file=sys.stderr, flush=True)
+        return [{"coll": spec.name, "error": why}], meta
+    for i, total in enumerate(totals):
+        case = _case(spec, env, total)
+        nbytes = case.nbytes
         iters = args.iters or auto_iters(nbytes)
         warmup = args.warmup if args.warmup is not None else max(1, min(10, iters // 10))
-        send = _input(count, dtype, rank)
-        recv = np.empty_like(send)
-
-        def pycoll_call(send: np.ndarray = send, recv: np.ndarray = recv) -> None:
-            team.allreduce(send, recv, op, algorithm=algorithm).wait()
-
-        def mpi_call(send: np.ndarray = send, recv: np.ndarray = recv) -> None:
-            comm.Allreduce(send, recv, op=mpi_op)
-
         if rank == 0 and (nbytes >= 1 << 20 or i % 8 == 0):
-            print(f"pycoll perf: {args.coll} {nbytes} B ({i + 1}/{len(counts)})", file=sys.stderr, flush=True)
+            print(f"pycoll perf: {spec.name} {nbytes} B ({i + 1}/{len(totals)})", file=sys.stderr, flush=True)
+        row: Dict[str, Any] = {"coll": spec.name, "count": case.count, "bytes": nbytes, "iters": iters}
         ok = ""
         if args.check:
-            pycoll_call()
-            want = reference([_input(count, dtype, r) for r in range(n)], op)
-            good = np.array_equal(recv.astype(np.float64) if dtype.kind == "f" else recv,
-                                  want.astype(np.float64) if dtype.kind == "f" else want)
-            all_good = comm.allreduce(bool(good), op=MPI.LAND)
-            ok = "  ok" if all_good else "  WRONG"
+            good = comm.allreduce(case.check_pycoll(), op=MPI.LAND)
+            row["check"] = "ok" if good else "WRONG"
+            if compare:
+                row["mpi_check"] = "ok" if comm.allreduce(case.check_mpi(), op=MPI.LAND) else "WRONG"
+            bad = [w for w, k in (("WRONG", "check"), ("MPI_WRONG", "mpi_check")) if row.get(k) == "WRONG"]
+            ok = "  " + (",".join(bad) if bad else "ok")
         t_py, t_mpi = [], []
         for _ in range(ROUNDS):
-            t_py.append(_time(pycoll_call, iters, warmup, comm))
+            t_py.append(_time(case.py, iters, warmup, comm))
             if compare:
-                t_mpi.append(_time(mpi_call, iters, warmup, comm))
-        mine = float(np.mean(t_py))
-        times = comm.allgather(mine)
-        row: Dict[str, Any] = {"count": count, "bytes": nbytes, "iters": iters,
-                               "avg_us": float(np.mean(times)) * 1e6, "min_us": min(times) * 1e6,
-                               "max_us": max(times) * 1e6}
-        row["algbw"] = nbytes / (row["avg_us"] * 1e-6) / 1e9 if row["avg_us"] else 0.0
-        row["busbw"] = row["algbw"] * factor
+                t_mpi.append(_time(case.mpi, iters, warmup, comm))
+        times = comm.allgather(float(np.mean(t_py)))
+        row.update(avg_us=float(np.mean(times)) * 1e6, min_us=min(times) * 1e6, max_us=max(times) * 1e6)
+        row["algbw"] = _bw(nbytes, row["avg_us"]) if factor is not None else None
+        row["busbw"] = row["algbw"] * factor if factor is not None else None
         if compare:
             mpi_times = comm.allgather(float(np.mean(t_mpi)))
             row["mpi_us"] = float(np.mean(mpi_times)) * 1e6
-            row["mpi_algbw"] = nbytes / (row["mpi_us"] * 1e-6) / 1e9 if row["mpi_us"] else 0.0
+            row["mpi_algbw"] = _bw(nbytes, row["mpi_us"]) if factor is not None else None
             row["vs_mpi"] = row["mpi_us"] / row["avg_us"] if row["avg_us"] else 0.0
-        if args.check:
-            row["check"] = ok.strip()
         rows.append(row)
         if rank == 0:
-            line = f"{count:>10} {nbytes:>10} {row['avg_us']:>10.2f} {row['min_us']:>10.2f} " \
-                   f"{row['max_us']:>10.2f} {row['algbw']:>7.3f} {row['busbw']:>7.3f}"
+            line = f"{case.count:>10} {nbytes:>10} {row['avg_us']:>10.2f} {row['min_us']:>10.2f} " \
+                   f"{row['max_us']:>10.2f} {_fmt(row['algbw'], 7)} {_fmt(row['busbw'], 7)}"
             if compare:
-                line += f" | {row['mpi_us']:>10.2f} {row['mpi_algbw']:>9.3f} {row['vs_mpi']:>6.2f}"
+                line += f" | {row['mpi_us']:>10.2f} {_fmt(row['mpi_algbw'], 9)} {row['vs_mpi']:>6.2f}"
             print(line + ok, flush=True)
-    if rank == 0 and args.json:
-        meta = {"coll": args.coll, "ranks": n, "dtype": str(dtype), "op": op.name.lower(),
-                "algorithm": args.algorithm, "transport": _transports(team), "machine": platform.node(),
-                "cpus": _cpus(), "python": platform.python_version(), "time": time.time()}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    failed = any(r.get("check") == "WRONG" for r in rows)
-    return 1 if failed else 0
+    if rank == 0:
+        print(flush=True)
+    return rows, meta
+
+
+def _bw(nbytes: int, us: float) -> float:
+    return nbytes / (us * 1e-6) / 1e9 if us else 0.0
+
+
+def _fmt(value: Optional[float], width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.3f}"
 
 
 def _transports(team: Any) -> str:

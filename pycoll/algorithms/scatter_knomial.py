@@ -1,0 +1,63 @@
+"""K-nomial tree scatter(v) (binomial for radix 2): log_k(n) rounds instead of the linear
+scatter's n-1 messages out of the root. The root sends each child its whole subtree's blocks as
+one message packed in subtree order (the ranks 0, 1, ... places after the root; straight from
+its input when those blocks lie back to back there), farthest subtree first; an inner rank
+keeps its own block and passes its children theirs.
+
+The v-form needs ``counts`` on every rank (an inner rank must know its subtree's sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Generator
+
+import numpy as np
+
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.gather_knomial import TreePlan, scratch_of
+from pycoll.tasks.task import Task
+
+
+class KnomialScatter(StepTask):
+    def __init__(self, args: CollArgs, name: str) -> None:
+        super().__init__(args, name)
+        self.plan = TreePlan(args)
+        # the root sends first; every other rank waits for its parent
+        self.sends_first = self.plan.parent is None
+
+    def run(self) -> Generator[Waitable, None, None]:
+        a, p = self.args, self.plan
+        ch = a.channel
+        if p.parent is not None:
+            if p.leaf:
+                yield (ch.irecv(as_wire(a.dst), p.parent, 0),)
+                return
+            buf = scratch_of(self, p.scratch_size, a.dst.dtype)
+            yield (ch.irecv(as_wire(buf), p.parent, 0),)
+            sends = tuple(ch.isend(as_wire(buf[lo:hi]), r, 0) for r, lo, hi, _, _ in p.children)
+            own = a.dst.size
+            if own:
+                np.copyto(a.dst, buf[:own])
+            yield sends
+            return
+        # the root: pack the children's subtrees that are not back to back in the input, send
+        buf = scratch_of(self, p.scratch_size, a.src.dtype) if p.scratch_size else a.src[:0]
+        sends = []
+        for r, lo, hi, span, pieces in p.children:
+            if span is None:
+                for at, off, cnt in pieces:
+                    if cnt:
+                        np.copyto(buf[lo + at:lo + at + cnt], a.src[off:off + cnt])
+                part = buf[lo:hi]
+            else:
+                part = a.src[span[0]:span[1]]
+            sends.append(ch.isend(as_wire(part), r, 0))
+        off, cnt = a.layout[a.rank]
+        if cnt:
+            np.copyto(a.dst, a.src[off:off + cnt])
+        if sends:
+            yield sends
+
+
+def build(args: CollArgs) -> Task:
+    return KnomialScatter(args, name=args.name)

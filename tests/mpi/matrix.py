@@ -1,0 +1,23 @@
+"""Run under mpiexec by tests/test_matrix.py: the whole collective matrix (tests/matrix.py) on a
+team of real processes, every registered algorithm (shm ones too when the ranks share a host)."""
+
+import sys
+import time
+
+from mpi4py import MPI
+
+from pycoll.team import Team
+from tests.matrix import run_all
+from tests.mpi.common import run_rank
+
+
+def main(dtypes: str, large: str) -> None:
+    team = Team.from_mpi(MPI.COMM_WORLD)
+    t0 = time.monotonic()
+    done = run_all([team], team.size, team.shared is not None, int(large), dtypes=dtypes == "1")
+    if team.rank == 0:
+        print(f"{team.size} ranks: {sum(done.values())} cases in {time.monotonic() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    run_rank(main, *sys.argv[1:])
