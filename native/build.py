@@ -25,6 +25,7 @@ typedef struct {
     int coll, op, dtype, root;
     const char *src; char *dst; uint64_t count;
     uint64_t gen; uint64_t chunk; uint64_t nchunks; int phase; uint64_t spins;
+    const uint64_t *layout; uint64_t src_count;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);

@@ -85,8 +85,14 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive,
 
 /* One collective on the segment, advanced by pycoll_shm_progress() without blocking for long.
  * Collectives on one segment run one at a time, in the same order on every rank; gen counts
- * chunks over all of them and must be equal on every rank. */
-enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER };
+ * chunks over all of them and must be equal on every rank.
+ *
+ * Flags: arrive = g once this rank's slot holds its data of generation g; reduced = g once this
+ * rank has read everything it reads of generation g's slots (and written its part of the
+ * result). Every collective publishes both for each of its generations, and a rank writes its
+ * slot of generation g only once every rank's reduced flag is at g - 2 (the same slot). */
+enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COLL_ALLGATHER,
+       PC_COLL_REDUCE_SCATTER, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;
@@ -100,6 +106,12 @@ typedef struct {
     uint64_t nchunks;
     int phase;
     uint64_t spins;         /* polls of flags that found them not ready (statistics) */
+    /* allgather(v), reduce_scatter(v): block r is layout[2r] (offset) and layout[2r+1] (count),
+     * in elements, of the whole buffer (allgather: dst, count elements; reduce_scatter: src,
+     * src_count elements); this rank's block has the size of its src (allgather, src_count) or
+     * dst (reduce_scatter, count) */
+    const uint64_t *layout;
+    uint64_t src_count;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

@@ -91,7 +91,12 @@ static inline void publish(uint64_t *flag, uint64_t gen) {
 }
 
 /* Wait (up to max_polls polls) until every rank's flag (0 arrive, 1 reduced) reaches gen, or only
- * rank `only` if only >= 0. Returns 1 ready, 0 not yet, PC_ESTATE if a flag is impossible. */
+ * rank `only` if only >= 0. Returns 1 ready, 0 not yet, PC_ESTATE if a flag is impossible.
+ *
+ * How far ahead can a peer be? A rank writes its slot of generation g only once every reduced
+ * flag is at g - 2, so with this rank's reduced flag at r (<= c->gen) nobody writes beyond
+ * r + 2, and nobody finishes a generation beyond r + 2 (it needs data of that generation, or the
+ * slot of a reduce's non-root). A barrier publishes its flags on entry: r + 3 at most. */
 static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint64_t max_polls) {
     uint64_t polls = 0;
     for (;;) {
@@ -101,7 +106,7 @@ static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint6
             pc_shm_ctrl_t *b = ctrl(c->base, r);
             uint64_t v = atomic_load_explicit((_Atomic uint64_t *)(which ? &b->reduced : &b->arrive),
                                               memory_order_acquire);
-            if (v > gen + 2) return PC_ESTATE; /* no rank runs more than a chunk ahead */
+            if (v > c->gen + 3) return PC_ESTATE; /* see below: nobody gets further ahead */
             if (v < gen) { ready = 0; break; }
         }
         if (ready) return 1;
@@ -111,19 +116,77 @@ static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint6
     }
 }
 
+/* Before this rank writes its slot of generation c->gen: every rank is done with the same slot's
+ * previous use (generation gen - 2). Free when they are (one pass over the flags). */
+static int slot_free(pc_shm_coll_t *c, uint64_t max_polls) {
+    return c->gen > 2 ? wait_flags(c, 1, c->gen - 2, -1, max_polls) : 1;
+}
+
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* elements of a block of cnt elements in chunk k of per elements */
+static uint64_t piece(uint64_t cnt, uint64_t k, uint64_t per) {
+    if (k >= cnt / per + 1) return 0; /* also guards k * per against overflow */
+    uint64_t lo = k * per;
+    return lo >= cnt ? 0 : min64(cnt - lo, per);
+}
+
+/* reduce_scatter: elements of each block in one chunk (block b's piece lies at b * that in every
+ * slot); whole cache lines when a slot is big enough */
+static uint64_t rs_per(uint64_t slot_bytes, uint32_t nranks, size_t es) {
+    uint64_t bytes = slot_bytes / nranks;
+    if (bytes >= PC_LINE) bytes -= bytes % PC_LINE;
+    return bytes / es;
+}
+
+/* The layout of a block collective: every block inside the whole buffer, this rank's block the
+ * size of its own buffer. */
+static int check_layout(const pc_shm_coll_t *c, size_t es) {
+    if (!c->layout) return PC_EINVAL;
+    uint64_t whole = c->coll == PC_COLL_ALLGATHER ? c->count : c->src_count;
+    uint64_t mine = c->coll == PC_COLL_ALLGATHER ? c->src_count : c->count;
+    if (whole > UINT64_MAX / es || mine > UINT64_MAX / es) return PC_EINVAL;
+    for (uint32_t r = 0; r < c->nranks; r++) {
+        uint64_t off = c->layout[2 * r], cnt = c->layout[2 * r + 1];
+        if (cnt > whole || off > whole - cnt) return PC_ERANGE;
+    }
+    return c->layout[2 * c->rank + 1] == mine ? PC_OK : PC_EINVAL;
+}
+
+static uint64_t max_block(const pc_shm_coll_t *c) {
+    uint64_t most = 0;
+    for (uint32_t r = 0; r < c->nranks; r++) most = c->layout[2 * r + 1] > most ? c->layout[2 * r + 1] : most;
+    return most;
+}
+
+/* reduce: up to this many ranks the root reduces every chunk alone (it reads n chunks, nothing
+ * else moves twice); more ranks share the reduction of each chunk as the allreduce does */
+#define PC_REDUCE_AT_ROOT 4
+
+static int rooted(int coll) { return coll == PC_COLL_BCAST || coll == PC_COLL_REDUCE; }
+static int blocks(int coll) { return coll == PC_COLL_ALLGATHER || coll == PC_COLL_REDUCE_SCATTER; }
+
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
     const pc_shm_header_t *h = c->base;
     size_t es = pycoll_dtype_size(c->dtype);
     if (c->coll == PC_COLL_BARRIER) return 1;
-    if (!es || h->slot_bytes < es) return 0;
-    uint64_t per = h->slot_bytes / es;
-    return (c->count + per - 1) / per;
+    if (!es || h->slot_bytes < es || c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks)
+        return 0;
+    uint64_t per = h->slot_bytes / es, n = c->count;
+    if (blocks(c->coll)) {
+        if (check_layout(c, es)) return 0; /* pycoll_shm_progress() says why */
+        if (c->coll == PC_COLL_REDUCE_SCATTER) per = rs_per(h->slot_bytes, c->nranks, es);
+        if (!per) return 0;
+        n = max_block(c);
+    }
+    return n / per + (n % per != 0);
 }
 
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
     if (rc) return rc;
-    if (c->rank >= c->nranks || (c->coll == PC_COLL_BCAST && (c->root < 0 || (uint32_t)c->root >= c->nranks)))
+    if (c->rank >= c->nranks || c->coll < 0 || c->coll >= PC_NCOLLS ||
+        (rooted(c->coll) && (c->root < 0 || (uint32_t)c->root >= c->nranks)))
         return PC_EINVAL;
     const pc_shm_header_t *h = c->base;
     char *base = c->base;
@@ -131,6 +194,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     if (c->coll == PC_COLL_BARRIER) {
         if (c->phase == 0) {
             publish(&me->arrive, c->gen);
+            publish(&me->reduced, c->gen); /* reads no slot: done with this generation */
             c->phase = 1;
         }
         rc = wait_flags(c, 0, c->gen, -1, max_polls);
@@ -140,45 +204,138 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
         return 1;
     }
     size_t es = pycoll_dtype_size(c->dtype);
-    if (!es) return PC_EINVAL;
+    if (!es || h->slot_bytes < es) return PC_EINVAL;
     uint64_t per = h->slot_bytes / es;
+    if (blocks(c->coll)) {
+        rc = check_layout(c, es);
+        if (rc) return rc;
+        if (c->coll == PC_COLL_REDUCE_SCATTER) per = rs_per(h->slot_bytes, c->nranks, es);
+        if (!per) return PC_EINVAL; /* slots too small for a piece of every block */
+    }
+    if (c->nchunks != pycoll_shm_chunks(c)) return PC_EINVAL; /* the state was not set up */
+    const void *ins[PC_SHM_MAX_RANKS];
     while (c->chunk < c->nchunks) {
         uint64_t off = c->chunk * per;
-        uint64_t m = c->count - off < per ? c->count - off : per;
+        uint64_t m = blocks(c->coll) ? 0 : c->count - off < per ? c->count - off : per;
         uint64_t parity = c->gen & 1;
         char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes;
+        char *mine = slots + (uint64_t)c->rank * h->slot_bytes;
         char *result = base + h->result_off + parity * h->slot_bytes;
-        if (c->coll == PC_COLL_ALLREDUCE) {
+        if (c->coll == PC_COLL_REDUCE && c->nranks <= PC_REDUCE_AT_ROOT) {
+            /* the others copy their chunk into their slot and are done with it; the root reduces
+             * the slots and its own input, in rank order, straight into dst */
             if (c->phase == 0) {
-                memcpy(slots + (uint64_t)c->rank * h->slot_bytes, c->src + off * es, m * es);
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                if ((int)c->rank != c->root || c->src == c->dst) /* in place: dst is an input */
+                    memcpy(mine, c->src + off * es, m * es);
+                if ((int)c->rank != c->root) {
+                    publish(&me->arrive, c->gen);
+                    publish(&me->reduced, c->gen); /* reads no slot */
+                }
+                c->phase = 1;
+            }
+            if ((int)c->rank == c->root) {
+                for (uint32_t r = 0; r < c->nranks; r++) {
+                    if ((int)r == c->root) continue;
+                    rc = wait_flags(c, 0, c->gen, (int)r, max_polls);
+                    if (rc <= 0) return rc;
+                }
+                for (uint32_t r = 0; r < c->nranks; r++) ins[r] = slots + r * h->slot_bytes;
+                if (c->src != c->dst) ins[c->rank] = c->src + off * es;
+                rc = pycoll_reduce_n(c->op, c->dtype, c->dst + off * es, ins, (int)c->nranks, m);
+                if (rc) return rc;
+                publish(&me->arrive, c->gen);
+                publish(&me->reduced, c->gen);
+            }
+        } else if (c->coll == PC_COLL_ALLREDUCE || c->coll == PC_COLL_REDUCE) {
+            /* this rank reduces [lo, hi) of the chunk: the peers read the rest of its slot, it
+             * reads its own part from src */
+            uint64_t lo = m * c->rank / c->nranks, hi = m * (c->rank + 1) / c->nranks;
+            if (c->phase == 0) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                memcpy(mine, c->src + off * es, lo * es);
+                memcpy(mine + hi * es, c->src + (off + hi) * es, (m - hi) * es);
                 publish(&me->arrive, c->gen);
                 c->phase = 1;
             }
             if (c->phase == 1) {
                 rc = wait_flags(c, 0, c->gen, -1, max_polls);
                 if (rc <= 0) return rc;
-                uint64_t lo = m * c->rank / c->nranks, hi = m * (c->rank + 1) / c->nranks;
+                /* this rank's share of the chunk, reduced over the ranks' inputs in rank order */
                 if (hi > lo) {
-                    const void *ins[PC_SHM_MAX_RANKS];
                     for (uint32_t r = 0; r < c->nranks; r++) ins[r] = slots + r * h->slot_bytes + lo * es;
+                    ins[c->rank] = c->src + (off + lo) * es;
                     rc = pycoll_reduce_n(c->op, c->dtype, result + lo * es, ins, (int)c->nranks, hi - lo);
                     if (rc) return rc;
                 }
                 publish(&me->reduced, c->gen);
                 c->phase = 2;
             }
-            rc = wait_flags(c, 1, c->gen, -1, max_polls);
+            if (c->coll == PC_COLL_ALLREDUCE || (int)c->rank == c->root) {
+                rc = wait_flags(c, 1, c->gen, -1, max_polls);
+                if (rc <= 0) return rc;
+                memcpy(c->dst + off * es, result, m * es);
+            }
+        } else if (c->coll == PC_COLL_ALLGATHER) {
+            /* every rank's piece of its block in its slot; everyone copies the others' out */
+            if (c->phase == 0) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                uint64_t mm = piece(c->src_count, c->chunk, per);
+                const char *from = mm ? c->src + off * es : NULL;
+                if (mm) memcpy(mine, from, mm * es);
+                publish(&me->arrive, c->gen);
+                if (mm) { /* its own block while the peers copy theirs; in place: already there */
+                    char *to = c->dst + (c->layout[2 * c->rank] + off) * es;
+                    if (to != from) memmove(to, from, mm * es);
+                }
+                c->phase = 1;
+            }
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
             if (rc <= 0) return rc;
-            memcpy(c->dst + off * es, result, m * es);
+            for (uint32_t r = 0; r < c->nranks; r++) {
+                uint64_t mr = piece(c->layout[2 * r + 1], c->chunk, per);
+                if (r != c->rank && mr)
+                    memcpy(c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
+            }
+            publish(&me->reduced, c->gen);
+        } else if (c->coll == PC_COLL_REDUCE_SCATTER) {
+            /* every rank's piece of every block in its slot (block b at b * per); each rank
+             * reduces the pieces of its own block in rank order straight into its dst, reading
+             * its own piece from src (unless dst overlaps it: then from the slot too) */
+            const char *own = c->src + c->layout[2 * c->rank] * es;
+            uintptr_t o = (uintptr_t)own, d = (uintptr_t)c->dst, nb = c->count * es;
+            int direct = !nb || o + nb <= d || d + nb <= o;
+            if (c->phase == 0) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                for (uint32_t b = 0; b < c->nranks; b++) {
+                    uint64_t mb = piece(c->layout[2 * b + 1], c->chunk, per);
+                    if (mb && (b != c->rank || !direct))
+                        memcpy(mine + b * per * es, c->src + (c->layout[2 * b] + off) * es, mb * es);
+                }
+                publish(&me->arrive, c->gen);
+                c->phase = 1;
+            }
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            uint64_t mm = piece(c->count, c->chunk, per);
+            if (mm) {
+                for (uint32_t r = 0; r < c->nranks; r++)
+                    ins[r] = slots + r * h->slot_bytes + (uint64_t)c->rank * per * es;
+                if (direct) ins[c->rank] = own + off * es;
+                rc = pycoll_reduce_n(c->op, c->dtype, c->dst + off * es, ins, (int)c->nranks, mm);
+                if (rc) return rc;
+            }
+            publish(&me->reduced, c->gen);
         } else { /* bcast: the root's slot carries the chunk */
             char *slot = slots + (uint64_t)c->root * h->slot_bytes;
             if ((int)c->rank == c->root) {
                 if (c->phase == 0) {
-                    /* the readers of generation gen-2 (same slot) must be done with it */
-                    if (c->gen > 2) {
-                        rc = wait_flags(c, 1, c->gen - 2, -1, max_polls);
-                        if (rc <= 0) return rc;
-                    }
+                    rc = slot_free(c, max_polls); /* the readers of generation gen-2 (same slot) */
+                    if (rc <= 0) return rc;
                     memcpy(slot, c->dst + off * es, m * es);
                     publish(&me->arrive, c->gen);
                     publish(&me->reduced, c->gen);
@@ -188,6 +345,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 rc = wait_flags(c, 0, c->gen, c->root, max_polls);
                 if (rc <= 0) return rc;
                 memcpy(c->dst + off * es, slot, m * es);
+                publish(&me->arrive, c->gen);
                 publish(&me->reduced, c->gen);
             }
             if (c->chunk + 1 == c->nchunks && (int)c->rank == c->root) {

@@ -9,9 +9,12 @@ from mpi4py import MPI
 import pycoll
 from pycoll import ReduceOp, Team
 from pycoll.ops import DTYPES
+from pycoll.tl.shm import segment as shm_segment
 from pycoll.tl.shm.segment import DEFAULT_SLOT_BYTES
 from tests.colltest import ALL_DTYPES, assert_same, expected, make_input, valid_ops
 from tests.mpi.common import run_rank
+
+SMALL_SLOT_BYTES = 4096
 
 
 def check_allreduce(team, dtype, op, count, in_place, seed=0):
@@ -23,12 +26,160 @@ def check_allreduce(team, dtype, op, count, in_place, seed=0):
     assert_same([got], expected(ins, op), f"shm n={n} {dtype} {op.name} count={count} in_place={in_place}")
 
 
+BLOCK_DTYPES = ("float32", "float64", "int32", "bfloat16")
+BLOCK_OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.AVG)
+
+
+def block_layouts(n, per_slot):
+    """(counts, displs) of allgatherv/reduce_scatterv cases: unequal blocks, empty ones, one larger
+    than a slot, gaps between blocks (displs)."""
+    counts = [(3 * k + 1) % 5 for k in range(n)]  # 1, 4, 2, 0, ...
+    big = [per_slot + 3 if k == n - 1 else k for k in range(n)]  # block 0 empty, the last > a slot
+    yield counts, None
+    yield big, None
+    yield [0] * n, None
+    displs = [sum(big[:k]) + 5 * k + 2 for k in range(n)]  # gaps, not back to back
+    yield big, displs
+    yield counts, [sum(counts[k + 1:]) for k in range(n)]  # blocks in reverse rank order
+
+
+def check_blocks(team, slot_bytes):
+    """reduce, allgather(v), reduce_scatter(v) on the segment (algorithm="shm") vs numpy."""
+    n, r = team.size, team.rank
+    shm = {"algorithm": "shm"}
+    for dtype in BLOCK_DTYPES:
+        dt = DTYPES[dtype]
+        per_slot = slot_bytes // dt.itemsize
+        ops = [op for op in BLOCK_OPS if op in valid_ops(dtype)]
+        for i, op in enumerate(ops):
+            for count in (0, 1, 2 * n + 1, 2 * per_slot + 3):
+                what = f"n={n} {dtype} {op.name} count={count}"
+                ins = [make_input(dtype, op, rr, count, seed=i) for rr in range(n)]
+                want = expected(ins, op)
+                # reduce to every root, in place at the root every other time
+                for root in range(n):
+                    in_place = (root + count) % 2 == 0
+                    src = ins[r].copy()
+                    out = np.full(count, 99, dt)
+                    if r == root:
+                        got = team.reduce(src, None if in_place else out, op, root, **shm).wait()
+                        assert_same([got], want, f"reduce root={root} in_place={in_place} {what}")
+                        if not in_place:
+                            assert_same([src], ins[r], f"reduce: root's sendbuf changed {what}")
+                    else:
+                        team.reduce(src, out, op, root, **shm).wait()
+                        assert_same([src], ins[r], f"reduce: sendbuf of rank {r} changed {what}")
+                        assert (out.view(np.uint8) == np.full(count, 99, dt).view(np.uint8)).all(), what
+                    if r == root and count:  # bitwise what the shm allreduce computes
+                        ar = team.allreduce(ins[r].copy(), None, op, **shm).wait()
+                        assert ar.tobytes() == got.tobytes(), f"reduce != allreduce {what}"
+                    elif count:
+                        team.allreduce(ins[r].copy(), None, op, **shm).wait()
+                # reduce_scatter: block b of the whole buffer goes to rank b
+                whole = [make_input(dtype, op, rr, n * count, seed=i + 7) for rr in range(n)]
+                want_rs = expected(whole, op)
+                rs = np.full(count, 99, dt)
+                team.reduce_scatter(whole[r].copy(), rs, op, **shm).wait()
+                assert_same([rs], want_rs[r * count:(r + 1) * count], f"reduce_scatter {what}")
+                buf = whole[r].copy()  # recvbuf is this rank's block of sendbuf (MPI_IN_PLACE-like)
+                team.reduce_scatter(buf, buf[r * count:(r + 1) * count], op, **shm).wait()
+                assert_same([buf[r * count:(r + 1) * count]], want_rs[r * count:(r + 1) * count],
+                            f"reduce_scatter into its own block {what}")
+            # allgather (op-independent): out of place and in place
+            for count in (0, 1, 2 * n + 1, 2 * per_slot + 3):
+                what = f"n={n} {dtype} count={count}"
+                ins = [make_input(dtype, ReduceOp.SUM, rr, count, seed=3) for rr in range(n)]
+                want = np.concatenate(ins) if count else np.zeros(0, dt)
+                ag = np.full(n * count, 99, dt)
+                team.allgather(ins[r], ag, **shm).wait()
+                assert_same([ag], want, f"allgather {what}")
+                ag = np.full(n * count, 99, dt)
+                ag[r * count:(r + 1) * count] = ins[r]
+                team.allgather(None, ag, **shm).wait()
+                assert_same([ag], want, f"allgather in place {what}")
+        # the v-variants
+        for counts, displs in block_layouts(n, per_slot):
+            what = f"n={n} {dtype} counts={counts} displs={displs}"
+            offs = displs if displs is not None else [sum(counts[:k]) for k in range(n)]
+            total = max([o + c for o, c in zip(offs, counts)] + [0])
+            ins = [make_input(dtype, ReduceOp.SUM, rr, counts[rr], seed=5) for rr in range(n)]
+            want = np.full(total, 99, dt)
+            for rr in range(n):
+                want[offs[rr]:offs[rr] + counts[rr]] = ins[rr]
+            for in_place in (False, True):
+                agv = np.full(total, 99, dt)
+                if in_place:
+                    agv[offs[r]:offs[r] + counts[r]] = ins[r]
+                team.allgatherv(None if in_place else ins[r], agv, counts, displs, **shm).wait()
+                assert_same([agv], want, f"allgatherv in_place={in_place} {what}")
+            if displs is not None:
+                continue  # reduce_scatterv: blocks back to back
+            for op in (ReduceOp.SUM, ReduceOp.MAX):
+                whole = [make_input(dtype, op, rr, sum(counts), seed=9) for rr in range(n)]
+                want_rs = expected(whole, op)
+                rsv = np.full(counts[r], 99, dt)
+                team.reduce_scatterv(whole[r], rsv, counts, op, **shm).wait()
+                assert_same([rsv], want_rs[offs[r]:offs[r] + counts[r]], f"reduce_scatterv {op.name} {what}")
+    # mixed with the other segment collectives, several in flight, completed in reverse order
+    bufs = [np.full(1000 * (k + 1), float(r + k)) for k in range(3)]
+    outs = [np.zeros(n * b.size) for b in bufs]
+    reqs = [team.allgather(b, o, **shm) for b, o in zip(bufs, outs)]
+    red = np.zeros(5000)
+    reqs.append(team.reduce(np.full(5000, r + 1.0), red, root=n - 1, **shm))
+    reqs.append(team.barrier())
+    reqs.append(team.barrier())
+    bc = np.full(100, r, np.int64)
+    reqs.append(team.bcast(bc, root=n - 1))
+    rsb = np.zeros(777, np.float32)
+    reqs.append(team.reduce_scatter(np.ones(777 * n, np.float32), rsb, **shm))
+    pycoll.wait_all(list(reversed(reqs)))
+    for k, o in enumerate(outs):
+        assert (o == np.repeat(np.arange(n, dtype=float) + k, bufs[k].size)).all(), k
+    if r == n - 1:
+        assert (red == n * (n + 1) / 2).all()
+    assert (bc == n - 1).all() and (rsb == n).all()
+
+
+def check_blocks_default(team):
+    """Sizes across the default slot (1 MiB per rank), with the team's own algorithm selection."""
+    n, r = team.size, team.rank
+    per_slot = DEFAULT_SLOT_BYTES // 4
+    for count in (per_slot + 1, 5 * per_slot // 2 + 3):
+        ins = [make_input("float32", ReduceOp.SUM, rr, count) for rr in range(n)]
+        want = expected(ins, ReduceOp.SUM)
+        out = np.zeros(count, np.float32)
+        team.reduce(ins[r], out, root=n - 1, algorithm="shm").wait()
+        if r == n - 1:
+            assert_same([out], want, f"reduce count={count}")
+        ag = np.zeros(n * count, np.float32)
+        team.allgather(ins[r], ag, algorithm="shm").wait()
+        assert_same([ag], np.concatenate(ins), f"allgather count={count}")
+        whole = [make_input("bfloat16", ReduceOp.AVG, rr, n * count) for rr in range(n)]
+        want = expected(whole, ReduceOp.AVG)
+        rs = np.zeros(count, DTYPES["bfloat16"])
+        team.reduce_scatter(whole[r], rs, ReduceOp.AVG, algorithm="shm").wait()
+        assert_same([rs], want[r * count:(r + 1) * count], f"reduce_scatter count={count}")
+    counts = [per_slot * 2 + 1 if k == 0 else 3 * k for k in range(n)]
+    agv = np.zeros(sum(counts), np.float64)
+    mine = np.full(counts[r], r + 0.5)
+    team.allgatherv(mine, agv, counts, algorithm="shm").wait()
+    assert (agv == np.repeat(np.arange(n) + 0.5, counts)).all()
+
+
 def main(mode):
+    if mode == "blocks":  # slots made small: every size above a few KiB takes several chunks
+        shm_segment.DEFAULT_SLOT_BYTES = SMALL_SLOT_BYTES
     comm = MPI.COMM_WORLD
     team = Team.from_mpi(comm)
     n, r = team.size, team.rank
     expect_shm = n > 1 and "shm" in os.environ.get("PYCOLL_TLS", "shm")
     assert (team.shared is not None) == expect_shm, (team.shared, expect_shm)
+    if mode == "blocks":
+        check_blocks(team, SMALL_SLOT_BYTES)
+        return
+    if mode == "blocks-default-slot":  # a few sizes across the default (1 MiB) slot
+        check_blocks_default(team)
+        return
     if mode == "matrix":
         for dtype in ALL_DTYPES:
             per_slot = DEFAULT_SLOT_BYTES // DTYPES[dtype].itemsize

@@ -5,11 +5,12 @@ through ``/proc/<pid>/fd/<fd>`` (allowed only to the same user) and map it. It n
 ``/dev/shm``, so nothing is left behind whatever happens to the ranks, SIGKILL included; the memory
 goes away when the last rank unmaps it.
 
-Collectives on the segment (allreduce, bcast, barrier) are native state machines
-(``native/shm.c``): each call advances one as far as it can without blocking and returns, so the
-engine keeps running other work. They run one at a time, in the order the team's ranks posted them
-(tickets handed out at call time), and every step re-validates the segment header. A rank that
-waits checks every ``LIVENESS_S`` that its peers' processes still exist.
+Collectives on the segment (allreduce, bcast, barrier, reduce, allgather(v), reduce_scatter(v))
+are native state machines (``native/shm.c``): each call advances one as far as it can without
+blocking and returns, so the engine keeps running other work. They run one at a time, in the
+order the team's ranks posted them (tickets handed out at call time), and every step re-validates
+the segment header. A rank that waits checks every ``LIVENESS_S`` that its peers' processes still
+exist.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ LIVENESS_S = 0.05
 DEFAULT_SLOT_BYTES = 1 << 20
 #: Flag polls per native progress call before it returns to the engine.
 POLLS_PER_CALL = 4000
+#: The fewest a call halves down to while the peers keep it waiting (see ShmSegment.progress).
+MIN_POLLS_PER_CALL = 64
 
-COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER = 0, 1, 2
+COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER = range(6)
 
 
 def shm_available() -> bool:
@@ -43,6 +46,19 @@ def shm_available() -> bool:
     return True
 
 
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has exited but was not reaped yet (its state in /proc is Z)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    end = stat.rfind(b")")
+    return end >= 0 and stat[end + 2:end + 3] in (b"Z", b"X")
+
+
 class ShmSegment:
     """rank ``rank`` of ``size``'s mapping of the team's segment.
 
@@ -51,8 +67,11 @@ class ShmSegment:
     """
 
     def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]],
-                 slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
+                 slot_bytes: Optional[int] = None) -> None:
         from pycoll.native import ERRORS, ffi, lib
+
+        if slot_bytes is None:
+            slot_bytes = DEFAULT_SLOT_BYTES  # read at call time: tests make it small
 
         self.ffi, self.lib, self.errors = ffi, lib, ERRORS
         self.rank, self.size = rank, size
@@ -106,7 +125,9 @@ class ShmSegment:
         self.tickets = 0  # collectives handed out, in call order
         self.turn = 0  # the ticket that may run now
         self.broken: Optional[BaseException] = None
-        self.polls = POLLS_PER_CALL
+        self.polls = POLLS_PER_CALL  # the most flag polls of one native call
+        self._budget = POLLS_PER_CALL  # those of the next call (halved while peers keep us waiting)
+        self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
 
     # ------------------------------------------------------------------ collectives
     def ticket(self) -> int:
@@ -137,21 +158,30 @@ class ShmSegment:
         """Advance ``st``; True once done. Raises TransportError on a bad segment or a dead peer."""
         if self.broken is not None:
             raise self.broken
-        rc = self.lib.pycoll_shm_progress(st, self.polls)
+        budget = self._budget if self._budget < self.polls else self.polls
+        rc = self.lib.pycoll_shm_progress(st, budget)
         if rc == 1:
+            if budget < self.polls:
+                self._budget = budget * 2
             self.next_gen = int(st.gen)
             self.turn += 1
             return True
         if rc < 0:
             self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
             raise self.broken
+        # The peers were not there within the budget: they may be waiting for this core (other
+        # processes keep the others busy). Spin less before going back to the engine (which
+        # yields); a call that finishes at once doubles the budget again, up to ``polls``.
+        if budget > MIN_POLLS_PER_CALL:
+            self._budget = budget // 2
         if time.monotonic() - waited_since > LIVENESS_S:
             self.check_peers()
         return False
 
     def fail(self, error: BaseException) -> None:
         """A collective on the segment stopped halfway: the segment's state is unknown now."""
-        self.broken = TransportError(f"shm: the segment is unusable after an earlier failure: {error}")
+        if self.broken is None:  # keep the first cause (later failures are its consequences)
+            self.broken = TransportError(f"shm: the segment is unusable after an earlier failure: {error}")
 
     def flags(self) -> str:
         """Every rank's (arrive, reduced) generations, for diagnostics."""
@@ -160,16 +190,25 @@ class ShmSegment:
                          for r in range(self.size))
 
     def check_peers(self) -> None:
+        """Raise if a peer's process is gone (or a zombie nobody has reaped yet); at most once
+        per ``LIVENESS_S``."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + LIVENESS_S
         for r, pid in enumerate(self.pids):
             if r == self.rank:
                 continue
             try:
                 os.kill(pid, 0)
+                dead = _zombie(pid)
             except ProcessLookupError:
+                dead = True
+            except PermissionError:
+                dead = False
+            if dead:
                 self.broken = TransportError(f"shm: rank {r} (pid {pid}) has died")
                 raise self.broken from None
-            except PermissionError:
-                pass
 
     def close(self) -> None:
         if getattr(self, "mm", None) is not None:
