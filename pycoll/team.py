@@ -609,7 +609,9 @@ class Team:
         return task, key, shape
 
     def _select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
-        name = algorithms.select(coll, self.size, nbytes, shared=self.shared is not None and tag is None)
+        seg = self.shared
+        name = algorithms.select(coll, self.size, nbytes, shared=seg is not None and tag is None,
+                                 cma=seg is not None and seg.cma)
         if len(self._selected) > 4096:
             self._selected.clear()
         self._selected[(coll, nbytes, tag is None)] = name
@@ -777,7 +779,8 @@ class Team:
         # Point to point through the segment too, instead of TCP sockets. An MPI team keeps MPI for
         # point to point: MPICH already uses shared memory on a host, and its small messages cost
         # less than the descriptor protocol driven from Python (measured: 14 against 47 us).
-        if self.transport.name == "tcp" and cma_works(self.shared, allgather):
+        self.shared.cma = cma_works(self.shared, allgather)
+        if self.transport.name == "tcp" and self.shared.cma:
             self.ctx.remove_transport(self.transport)
             self.transport.close()
             self.transport = ShmTransport(self.shared)

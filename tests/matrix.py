@@ -40,14 +40,15 @@ class Case:
                 f"{' in-place' if self.in_place else ''}{' persistent' if self.persistent else ''}")
 
 
-def cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: bool = False) -> Iterator[Case]:
+def cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: bool = False,
+          cma: bool = False) -> Iterator[Case]:
     """The matrix for a team of ``n``; ``shared``: the team has a shared segment (shm algorithms
     run); ``dtypes``: sweep every dtype x op of the reducing collectives (else float32 SUM only);
     ``thin`` (large teams): counts 0, odd and large, persistent only for the odd count."""
     roots = sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
-            if alg == "shm" and not shared:
+            if (alg == "shm" and not shared) or (alg == "cma" and not cma):
                 continue
             if coll in REDUCING and dtypes:
                 for dtype in ALL_DTYPES:
@@ -275,10 +276,10 @@ def run(teams: List[pycoll.Team], case: Case) -> None:
 
 
 def run_all(teams: List[pycoll.Team], n: int, shared: bool, large: int, dtypes: bool = True,
-            thin: bool = False) -> Dict[str, int]:
+            thin: bool = False, cma: bool = False) -> Dict[str, int]:
     """Every case for a team of ``n``; returns how many ran per collective."""
     done: Dict[str, int] = {}
-    for case in cases(n, shared, large, dtypes, thin):
+    for case in cases(n, shared, large, dtypes, thin, cma):
         try:
             run(teams, case)
         except Exception as exc:

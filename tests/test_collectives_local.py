@@ -143,6 +143,8 @@ def test_bad_arguments_raise_before_anything_is_sent():
         a.alltoallv(np.zeros(2), np.zeros(3), [1, 1], [2, 1])
     with pytest.raises(ValueError, match="root needs counts"):
         a.gatherv(np.zeros(2), np.zeros(4), root=0)
+    with pytest.raises(ValueError, match="process_vm_readv"):
+        a.allgather(np.zeros(2), np.zeros(4), algorithm="cma")
     with pytest.raises(TypeError, match="sequences of integers"):
         a.scatterv(np.zeros(4), np.zeros(2), counts=["x", 2], root=0)
     with pytest.raises(ValueError, match="BAND is not defined"):

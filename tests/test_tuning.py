@@ -17,6 +17,12 @@ def test_defaults():
     assert algorithms.select("allreduce", 1, 1 << 20, shared=True) == "rd"
     assert algorithms.select("bcast", 5, 10) == "knomial"
     assert algorithms.select("barrier", 5, 0, shared=True) == "shm"
+    # cma only where the ranks may read each other's memory; then for 2 ranks from 2 MiB
+    assert algorithms.select("allgather", 2, 4 << 20, shared=True) == "shm"
+    assert algorithms.select("allgather", 2, 4 << 20, shared=True, cma=True) == "cma"
+    assert algorithms.select("allgather", 2, 64 << 10, shared=True, cma=True) == "shm"
+    assert algorithms.select("allgatherv", 2, 4 << 20, shared=False, cma=True) == "cma"  # tagged calls too
+    assert algorithms.select("allgather", 4, 4 << 20, shared=True, cma=True) == "shm"
 
 
 def test_parse_the_documented_examples():

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List
 from pycoll import config
 from pycoll.algorithms import (
     allgather_bruck,
+    allgather_cma,
     allgather_rd,
     allgather_ring,
     allreduce_knomial,
@@ -67,7 +68,7 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
     "reduce": {"knomial": reduce_knomial.build, "shm": _shm("reduce_shm"),
                "rs_gather": reduce_rs_gather.build},
     "allgather": {"ring": allgather_ring.build, "shm": _shm("allgather_shm"), "rd": allgather_rd.build,
-                  "bruck": allgather_bruck.build},
+                  "bruck": allgather_bruck.build, "cma": allgather_cma.build},
     "reduce_scatter": {"ring": reduce_scatter_ring.build, "shm": _shm("reduce_scatter_shm"),
                        "rhalving": reduce_scatter_rhalving.build},
     "alltoall": {"pairwise": alltoall_pairwise.build, "bruck": alltoall_bruck.build},
@@ -75,7 +76,7 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
     "scatter": {"linear": scatter_linear.build, "knomial": scatter_knomial.build},
     # the v-variants: blocks of any size (args.layout), so only algorithms that handle them
     "allgatherv": {"ring": allgather_ring.build, "shm": _shm("allgather_shm"), "rd": allgather_rd.build,
-                   "bruck": allgather_bruck.build},
+                   "bruck": allgather_bruck.build, "cma": allgather_cma.build},
     "reduce_scatterv": {"ring": reduce_scatter_ring.build, "shm": _shm("reduce_scatter_shm"),
                         "rhalving": reduce_scatter_rhalving.build},
     "alltoallv": {"pairwise": alltoall_pairwise.build},
@@ -126,6 +127,13 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce", "shm", team=(2, INF)),
     Rule("reduce", "rs_gather", msg=(4 << 20, INF), team=(2, INF)),
     Rule("reduce", "knomial"),
+    # Two ranks, large: shm copies each block three times (into the slot, out to every rank, plus
+    # the own block), cma once (read straight from the peer). `pycoll perf allgather -n 2|4
+    # --min-bytes 64K --max-bytes 16M --algorithm cma|shm --compare mpi`, us (MPI/pycoll):
+    #   n=2 cma / shm: 1 MiB 146-150 / 155-156; 2 MiB 236-246 / 298-314; 4 MiB 362-764 / 607-610;
+    #       8 MiB 887-1025 / 1282-1403; 16 MiB 2307-2776 (0.97-1.05) / 2875-3042 (0.77)
+    #   n=4 (on 2 cores) cma / shm: 4 MiB 2742 / 1130; 16 MiB 8500 / 5021 -> shm
+    Rule("allgather", "cma", msg=(2 << 20, INF), team=(2, 2)),
     Rule("allgather", "shm", team=(2, INF)),
     # allgather, reduce_scatter, alltoall point to point, float32, us per call (min over 2-4 runs of
     # best-of-3 interleaved rounds, max over ranks; 2 cores shared with other jobs, so +-30%):
@@ -168,6 +176,7 @@ DEFAULT_RULES: List[Rule] = [
     Rule("gather", "knomial", msg=(1 << 20, 8 << 20), team=(3, INF)),
     Rule("gather", "linear"),
     Rule("scatter", "linear"),
+    Rule("allgatherv", "cma", msg=(2 << 20, INF), team=(2, 2)),  # as allgather
     Rule("allgatherv", "shm", team=(2, INF)),
     Rule("allgatherv", "rd", msg=(0, 4 << 20), team=(3, INF)),  # as allgather
     Rule("allgatherv", "ring"),
@@ -194,12 +203,14 @@ def rules() -> List[Rule]:
 _parsed: Dict[str, List[Rule]] = {}
 
 
-def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "host") -> str:
+def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "host",
+           cma: bool = False) -> str:
     """The algorithm for a collective of ``nbytes`` on a team of ``size``; ``shared``: the team
-    has a shared-memory segment and the call is untagged (so ``shm`` rules apply)."""
+    has a shared-memory segment and the call is untagged (so ``shm`` rules apply); ``cma``: its
+    ranks may read each other's memory (``cma`` rules apply)."""
     if coll not in ALGORITHMS:
         raise ValueError(f"unknown collective {coll!r}")
-    name = tuning.choose(rules(), coll, size, nbytes, mem, shared)
+    name = tuning.choose(rules(), coll, size, nbytes, mem, shared, cma)
     if name is None:
         raise ValueError(f"no algorithm for {coll} on {size} ranks with {nbytes} B (check PYCOLL_TUNE)")
     return name

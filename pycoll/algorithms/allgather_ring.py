@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.tasks.task import Task
 
 
@@ -17,12 +15,16 @@ class RingAllgather(StepTask):
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
         blocks = [a.dst[off:off + cnt] for off, cnt in a.layout]
-        if a.src is not blocks[rank] and a.src.size:
-            np.copyto(blocks[rank], a.src)
         right, left = (rank + 1) % n, (rank - 1) % n
         for s in range(n - 1):
-            yield (ch.isend(as_wire(blocks[(rank - s) % n]), right, s),
-                   ch.irecv(as_wire(blocks[(rank - s - 1) % n]), left, s))
+            # the first step sends straight from the input, while it is copied into place
+            step = (ch.isend(as_wire(a.src if s == 0 else blocks[(rank - s) % n]), right, s),
+                    ch.irecv(as_wire(blocks[(rank - s - 1) % n]), left, s))
+            if s == 0:
+                copy_block(blocks[rank], a.src)
+            yield step
+        if n == 1:
+            copy_block(blocks[rank], a.src)
 
 
 def build(args: CollArgs) -> Task:

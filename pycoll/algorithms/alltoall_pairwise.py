@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.tasks.task import Task
 
 
@@ -17,11 +15,14 @@ class PairwiseAlltoall(StepTask):
         n, rank, ch = a.size, a.rank, a.channel
         src = [a.src[off:off + cnt] for off, cnt in a.layout]
         dst = [a.dst[off:off + cnt] for off, cnt in a.rlayout]
-        if dst[rank].size:
-            np.copyto(dst[rank], src[rank])
         for s in range(1, n):
             to, frm = (rank + s) % n, (rank - s) % n
-            yield (ch.isend(as_wire(src[to]), to, s), ch.irecv(as_wire(dst[frm]), frm, s))
+            step = (ch.isend(as_wire(src[to]), to, s), ch.irecv(as_wire(dst[frm]), frm, s))
+            if s == 1:
+                copy_block(dst[rank], src[rank])  # while the first exchange runs
+            yield step
+        if n == 1:
+            copy_block(dst[rank], src[rank])
 
 
 def build(args: CollArgs) -> Task:

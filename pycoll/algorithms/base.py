@@ -294,6 +294,12 @@ def finish(args: CollArgs) -> None:
         finish_avg(args.dst, args.size)
 
 
+def copy_block(dst: np.ndarray, src: np.ndarray) -> None:
+    """Copy a rank's own block into place, unless it is already there (in place)."""
+    if src.size and not (src.ctypes.data == dst.ctypes.data and src.nbytes == dst.nbytes):
+        np.copyto(dst, src)
+
+
 def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -> None:
     """``out = parts[0] op parts[1] op ...`` in this order (so every rank computing it from the
     same parts gets bitwise the same result); ``out`` may be one of the parts."""

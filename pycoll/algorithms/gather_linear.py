@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.tasks.task import Task
 
 
@@ -18,9 +16,9 @@ class LinearGather(StepTask):
             yield (ch.isend(as_wire(a.src), root, 0),)
             return
         blocks = [a.dst[off:off + cnt] for off, cnt in a.layout]
-        if a.src.size:
-            np.copyto(blocks[rank], a.src)
-        yield tuple(ch.irecv(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
+        recvs = tuple(ch.irecv(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
+        copy_block(blocks[rank], a.src)  # while the peers' blocks arrive
+        yield recvs
 
 
 def build(args: CollArgs) -> Task:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.tasks.task import Task
 
 
@@ -18,9 +16,9 @@ class LinearScatter(StepTask):
             yield (ch.irecv(as_wire(a.dst), root, 0),)
             return
         blocks = [a.src[off:off + cnt] for off, cnt in a.layout]
-        if a.dst.size:
-            np.copyto(a.dst, blocks[rank])
-        yield tuple(ch.isend(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
+        sends = tuple(ch.isend(as_wire(blocks[r]), r, 0) for r in range(n) if r != root)
+        copy_block(a.dst, blocks[rank])  # while the blocks leave
+        yield sends
 
 
 def build(args: CollArgs) -> Task:

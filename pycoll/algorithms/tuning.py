@@ -18,7 +18,8 @@ fields in any order::
 - ``mem=host`` or ``mem=cuda``; default any;
 - the algorithm's name (exactly one; ``@name`` works too).
 
-A rule naming ``shm`` applies only to untagged calls on a team with a shared segment.
+A rule naming ``shm`` applies only to untagged calls on a team with a shared segment; one naming
+``cma`` only on a team on one host whose ranks may read each other's memory.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Rule:
     mem: Optional[str] = None
     source: str = "default"
 
-    def matches(self, size: int, nbytes: int, mem: str, shared: bool) -> bool:
-        if self.algorithm == "shm" and not shared:
+    def matches(self, size: int, nbytes: int, mem: str, shared: bool, cma: bool = False) -> bool:
+        if (self.algorithm == "shm" and not shared) or (self.algorithm == "cma" and not cma):
             return False
         return (self.team[0] <= size <= self.team[1] and self.msg[0] <= nbytes < self.msg[1]
                 and (self.mem is None or self.mem == mem))
@@ -138,9 +139,9 @@ def parse(text: str, known: Dict[str, Iterable[str]]) -> List[Rule]:
 
 
 def choose(rules: Sequence[Rule], coll: str, size: int, nbytes: int, mem: str = "host",
-           shared: bool = False) -> Optional[str]:
+           shared: bool = False, cma: bool = False) -> Optional[str]:
     """The algorithm of the first rule that matches, or None."""
     for rule in rules:
-        if rule.coll == coll and rule.matches(size, nbytes, mem, shared):
+        if rule.coll == coll and rule.matches(size, nbytes, mem, shared, cma):
             return rule.algorithm
     return None

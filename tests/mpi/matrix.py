@@ -14,7 +14,9 @@ from tests.mpi.common import run_rank
 def main(dtypes: str, large: str) -> None:
     team = Team.from_mpi(MPI.COMM_WORLD)
     t0 = time.monotonic()
-    done = run_all([team], team.size, team.shared is not None, int(large), dtypes=dtypes == "1")
+    seg = team.shared
+    done = run_all([team], team.size, seg is not None, int(large), dtypes=dtypes == "1",
+                   cma=seg is not None and seg.cma)
     if team.rank == 0:
         print(f"{team.size} ranks: {sum(done.values())} cases in {time.monotonic() - t0:.1f} s", flush=True)
 

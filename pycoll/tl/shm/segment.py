@@ -125,6 +125,8 @@ class ShmSegment:
         self.tickets = 0  # collectives handed out, in call order
         self.turn = 0  # the ticket that may run now
         self.broken: Optional[BaseException] = None
+        #: Whether the ranks may read each other's memory (process_vm_readv); set by the team.
+        self.cma = False
         self.polls = POLLS_PER_CALL  # the most flag polls of one native call
         self._budget = POLLS_PER_CALL  # those of the next call (halved while peers keep us waiting)
         self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
