@@ -161,6 +161,7 @@ class ShmSegment:
         if self.broken is not None:
             raise self.broken
         budget = self._budget if self._budget < self.polls else self.polls
+        where = (st.chunk, st.phase)
         rc = self.lib.pycoll_shm_progress(st, budget)
         if rc == 1:
             if budget < self.polls:
@@ -173,8 +174,11 @@ class ShmSegment:
             raise self.broken
         # The peers were not there within the budget: they may be waiting for this core (other
         # processes keep the others busy). Spin less before going back to the engine (which
-        # yields); a call that finishes at once doubles the budget again, up to ``polls``.
-        if budget > MIN_POLLS_PER_CALL:
+        # yields); a call that finishes at once doubles the budget again, up to ``polls``. A call
+        # that moved on (a large collective, chunk by chunk) keeps the whole budget.
+        if (st.chunk, st.phase) != where:
+            self._budget = self.polls
+        elif budget > MIN_POLLS_PER_CALL:
             self._budget = budget // 2
         if time.monotonic() - waited_since > LIVENESS_S:
             self.check_peers()
