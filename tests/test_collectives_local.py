@@ -150,3 +150,15 @@ def test_bad_arguments_raise_before_anything_is_sent():
     with pytest.raises(ValueError, match="BAND is not defined"):
         a.reduce(np.zeros(2), np.zeros(2), op="band")
     assert a.next_sequence() == 0 and a.transport.fabric.pending_messages() == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 9, 16])
+def test_reduce_knomial_every_radix_and_root(n):
+    teams = pycoll.local_teams(n)
+    for radix in (2, 3, 4, 8):
+        for root in roots(n):
+            ins = [make_input("float64", pycoll.ReduceOp.SUM, r, 11) for r in range(n)]
+            out = np.zeros(11)
+            pycoll.wait_all([t.reduce(ins[r], out if r == root else None, root=root, algorithm="knomial",
+                                      radix=radix) for r, t in enumerate(teams)])
+            assert_same([out], expected(ins, pycoll.ReduceOp.SUM), f"reduce radix={radix} root={root}")
