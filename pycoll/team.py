@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import socket
 from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -101,6 +102,42 @@ class Team:
     def irecv(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
         """Non-blocking receive into ``buf`` from team rank ``peer``."""
         return self.transport.irecv(as_bytes(buf, writable=True), self._peer(peer), ("p", tag))
+
+    def probe(self, peer: int, tag: Hashable = 0) -> bool:
+        """Whether a message from team rank ``peer`` with ``tag`` waits for its receive."""
+        return self.transport.probe(self._peer(peer), ("p", tag))
+
+    def send(self, buf: Any, peer: int, tag: Hashable = 0, *, priority: int = 0,
+             timeout: Optional[float] = None) -> Request:
+        """Send ``buf`` to team rank ``peer`` as a task of the engine; returns a Request (done
+        once the send completed locally: the buffer may be reused)."""
+        from pycoll.tasks.p2p import SendTask
+
+        task = SendTask(self, buf, self._peer(peer), tag, name=f"send->{peer}@{self.rank}")
+        return self._submit(task, priority, timeout, None)
+
+    def recv(self, buf: Any, peer: Optional[int] = None, tag: Hashable = 0, *, priority: int = 0,
+             timeout: Optional[float] = None) -> Request:
+        """Receive into ``buf`` from team rank ``peer`` (``None``: from any rank; the request's
+        ``task.source`` then names it) as a task of the engine; returns a Request."""
+        from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask
+
+        if peer is None:
+            task: Task = AnySourceRecvTask(self, buf, tag, name=f"recv<-any@{self.rank}")
+        else:
+            task = RecvTask(self, buf, self._peer(peer), tag, name=f"recv<-{peer}@{self.rank}")
+        return self._submit(task, priority, timeout, None)
+
+    def close(self) -> None:
+        """Release the team's transport and shared segment (after its last collective)."""
+        for task in (t for pool in self._plans.values() for t in pool):
+            task.finalize()
+        self._plans.clear()
+        self.ctx.remove_transport(self.transport)
+        self.transport.close()
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
 
     def _peer(self, peer: int) -> int:
         if not 0 <= peer < self.size:
@@ -728,9 +765,8 @@ class Team:
 
         if not 0 <= rank < size:
             raise ValueError(f"from_store: rank {rank} is not in a team of {size}")
-        global _store_teams
-        _store_teams += 1
-        team_prefix = f"{prefix}/team{_store_teams}"
+        _store_teams[prefix] = _store_teams.get(prefix, 0) + 1
+        team_prefix = f"{prefix}/team{_store_teams[prefix]}"
         ctx = ctx if ctx is not None else get_context()
         if size == 1:
             from pycoll.tl.self import SelfTransport
@@ -850,7 +886,8 @@ class Persistent:
             self._task = None
 
 
-_store_teams = 0
+#: Teams made per store prefix: the n-th team of a prefix is named ``prefix/team<n>`` on every rank.
+_store_teams: Dict[str, int] = {}
 
 
 def _local_address(store: Any) -> str:
@@ -859,6 +896,14 @@ def _local_address(store: Any) -> str:
     if sock is not None:
         try:
             return sock.getsockname()[0]
+        except OSError:
+            pass
+    master = os.environ.get("MASTER_ADDR")  # a c10d store: the host torch's launcher names
+    if master and master not in ("localhost", "127.0.0.1", "::1"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                return probe.getsockname()[0]
         except OSError:
             pass
     return "127.0.0.1"

@@ -46,7 +46,7 @@ class SendTask(Task):
 class RecvTask(Task):
     """Receives into ``buf`` from team rank ``peer`` with ``tag``. Takes no credit."""
 
-    __slots__ = ("team", "buf", "peer", "tag", "req")
+    __slots__ = ("team", "buf", "peer", "tag", "req", "source")
     takes_credit = False
 
     def __init__(self, team: Any, buf: Any, peer: int, tag: Hashable, *, name: Optional[str] = None,
@@ -55,6 +55,7 @@ class RecvTask(Task):
         super().__init__(name or "recv", priority=priority, nbytes=self.buf.nbytes)
         self.team = team
         self.peer = peer
+        self.source = peer
         self.tag = tag
         self.req = None
 
@@ -73,3 +74,48 @@ class RecvTask(Task):
 
     def describe(self) -> str:
         return f"{self.name}: receive of {self.buf.nbytes} B from rank {self.peer} (tag {self.tag!r})"
+
+
+class AnySourceRecvTask(Task):
+    """Receives into ``buf`` the first message with ``tag`` from any peer (MPI_ANY_SOURCE):
+    probes the peers in turn each time it is progressed, then receives from the one found, whose
+    rank it keeps in :attr:`source`. Takes no credit."""
+
+    __slots__ = ("team", "buf", "tag", "req", "source", "_next")
+    takes_credit = False
+
+    def __init__(self, team: Any, buf: Any, tag: Hashable, *, name: Optional[str] = None,
+                 priority: Optional[int] = None) -> None:
+        self.buf = as_bytes(buf, writable=True)
+        super().__init__(name or "recv(any)", priority=priority, nbytes=self.buf.nbytes)
+        self.team = team
+        self.tag = tag
+        self.req = None
+        self.source: Optional[int] = None
+        self._next = 0
+
+    def post(self) -> None:
+        self.progress()
+
+    def progress(self) -> None:
+        if self.req is None:
+            n = self.team.size
+            for i in range(n):
+                peer = (self._next + i) % n
+                if self.team.probe(peer, self.tag):
+                    self._next = (peer + 1) % n  # fairness: the next receive starts after it
+                    self.source = peer
+                    self.req = self.team.irecv(self.buf, peer, self.tag)
+                    break
+            else:
+                return
+        if self.req.test():
+            self.complete()
+
+    def on_cancel(self) -> None:
+        if self.req is not None:
+            self.req.cancel()
+
+    def describe(self) -> str:
+        where = "any rank" if self.source is None else f"rank {self.source}"
+        return f"{self.name}: receive of {self.buf.nbytes} B from {where} (tag {self.tag!r})"

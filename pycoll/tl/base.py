@@ -166,6 +166,13 @@ class Transport(abc.ABC):
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         """Start receiving a message of at most ``buf.nbytes`` bytes from ``peer`` into ``buf``."""
 
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        """Whether a message from ``peer`` with ``tag`` arrived and waits for its receive (for
+        receives from any source: the task probes each peer, then receives from the one found).
+        Transports that cannot tell say so with a :class:`TransportError`."""
+        raise TransportError(f"{self.name}: this transport cannot probe, so it has no receive from any "
+                             "source")
+
     def channel(self, key: tuple) -> Channel:
         """A channel for the messages of the collective with message key ``key``."""
         return Channel(self, key)

@@ -89,6 +89,9 @@ class LocalTransport(Transport):
         req.done = True
         return req
 
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        return bool(self.fabric._unexpected.get((self.rank, peer, tag)))
+
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:
             raise ValueError(f"local: peer {peer} is not a rank of a team of {self.fabric.size}")

@@ -215,6 +215,18 @@ class MPITransport(Transport):
         self._probe_channel(peer, wire)
         return req
 
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        prefix, step, checked = split_key(tag)
+        wire = wire_tag(prefix, step, checked)
+        self._probe_channel(peer, wire)
+        if not checked:
+            return bool(self._stash.get((peer, wire)))
+        k = (peer, key_hash(prefix), step)
+        if self._kstash.get(k):
+            return True
+        target = self._payload_for.get((peer, wire))  # its header was read, the payload follows
+        return target is not None and target[0] is None and target[1] == k
+
     def _forget(self, req: _CheckedRecv) -> None:
         q = self._waiting.get((req.peer, req.khash, req.step))
         if q and req in q:

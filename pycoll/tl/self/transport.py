@@ -23,3 +23,6 @@ class SelfTransport(Transport):
 
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         return self._local.irecv(buf, peer, tag)
+
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        return self._local.probe(peer, tag)

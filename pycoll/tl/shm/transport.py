@@ -120,6 +120,12 @@ class ShmTransport(Transport):
         self._read(peer)
         return req
 
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        self._check_peer(peer)
+        self._read(peer)
+        prefix, step, _ = split_key(tag)
+        return bool(self._stash.get((peer, key_hash(prefix), step)))
+
     def _read(self, src: int) -> int:
         """Copy every message rank ``src`` has posted to us; return how many."""
         lib, out, moved = self.lib, self._desc, 0

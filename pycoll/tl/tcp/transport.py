@@ -155,6 +155,15 @@ class TCPTransport(Transport):
         self.progress()
         return req
 
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        p = self._peer(peer)
+        self.progress()
+        prefix, step, _ = split_key(tag)
+        k = (peer, key_hash(prefix), step)
+        if self._stash.get(k):
+            return True
+        return p.recv is None and p.data is not None and p.target is not None and (peer, *p.k) == k
+
     def _read(self, p: _Peer) -> int:
         """Read what the socket has; return how many receives completed."""
         done = 0

@@ -1,0 +1,88 @@
+"""PyTorch integration: the ``pycoll`` torch.distributed backend and a priority comm hook for DDP.
+
+Importing this module registers the backend::
+
+    import pycoll.torch
+    import torch.distributed as dist
+
+    dist.init_process_group("pycoll")            # under torchrun, pycoll run or mpiexec
+
+Under ``torchrun`` the usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` are set. Under an
+MPI launcher (``pycoll run``, ``mpiexec``) they are filled in on import from the launcher's own
+variables (``PMI_RANK``/``PMI_SIZE``), and ``MASTER_ADDR``/``MASTER_PORT``, when missing, are agreed
+through MPI (rank 0 picks a free port), so ``dist.init_process_group("pycoll")`` needs nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch.distributed as dist
+
+from pycoll.torch.backend import ProcessGroupPycoll, PycollWork, as_numpy, reduce_op
+from pycoll.torch.hooks import PriorityHookState, priority_hook
+
+BACKEND = "pycoll"
+
+
+def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroupPycoll:
+    """The creator torch calls for ``init_process_group("pycoll")`` and ``new_group``: a pycoll team
+    bootstrapped through the group's c10d store (TCP between ranks, shared memory on a host)."""
+    from pycoll.team import Team
+
+    group = getattr(opts, "group_id", "") or "default_pg"
+    timeout = opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else None
+    team = Team.from_store(opts.store, opts.group_rank, opts.group_size, prefix=f"pycoll/{group}")
+    return ProcessGroupPycoll(team, timeout=timeout, group_name=group)
+
+
+def _register() -> None:
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True, devices=["cpu"])
+
+
+def _fill_launcher_env() -> None:
+    """Translate an MPI launcher's variables into torch's env:// ones (only those not set)."""
+    env = os.environ
+    rank = env.get("PMI_RANK") or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
+    size = env.get("PMI_SIZE") or env.get("OMPI_COMM_WORLD_SIZE")
+    if rank is None or size is None or "RANK" in env:
+        return
+    env.setdefault("RANK", rank)
+    env.setdefault("WORLD_SIZE", size)
+    local = env.get("MPI_LOCALRANKID") or env.get("OMPI_COMM_WORLD_LOCAL_RANK")
+    if local is not None:
+        env.setdefault("LOCAL_RANK", local)
+    nlocal = env.get("MPI_LOCALNRANKS") or env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if nlocal is not None:
+        env.setdefault("LOCAL_WORLD_SIZE", nlocal)
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        addr = None
+        if world.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                addr = (env.get("MASTER_ADDR") or _host_address(), s.getsockname()[1])
+        addr = world.bcast(addr, root=0)
+        env.setdefault("MASTER_ADDR", addr[0])
+        env.setdefault("MASTER_PORT", str(addr[1]))
+
+
+def _host_address() -> str:
+    """This host's address for peers (127.0.0.1 when the ranks share it)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+_register()
+_fill_launcher_env()
+
+__all__ = ["BACKEND", "PriorityHookState", "ProcessGroupPycoll", "PycollWork", "as_numpy",
+           "create_process_group", "priority_hook", "reduce_op"]

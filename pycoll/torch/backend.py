@@ -1,0 +1,502 @@
+"""The ``pycoll`` torch.distributed backend: a Python ``ProcessGroup`` over a pycoll :class:`~pycoll.Team`.
+
+Every torch collective maps to one pycoll collective (or one per tensor of a list) on the team that
+``Team.from_store`` builds from the c10d store torch hands to the backend, so the backend runs under
+``torchrun`` (env://) as well as under ``mpiexec``/``pycoll run``. Tensors are used in place through
+numpy views of their memory; a non-contiguous tensor is copied into a contiguous one and the result
+copied back when the collective finishes. List-shaped torch outputs (``all_gather`` into a list of
+tensors, ``gather``) are received into one flat buffer and copied out at completion.
+
+Each call returns a :class:`PycollWork`. Its ``wait()`` drives pycoll's engine in the caller's thread
+(the fast path for synchronous calls); its future completes by itself through the process's
+:class:`~pycoll.engine.progress_thread.ProgressThread` while the caller computes, which is what DDP's
+reducer needs (it waits on the future in C++).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pycoll import Team
+from pycoll.engine.context import Context
+from pycoll.engine.progress_thread import ProgressThread, Watch
+from pycoll.engine.request import Request
+from pycoll.errors import PycollError, TimeoutError
+from pycoll.ops import BFLOAT16, ReduceOp
+
+_RED = dist.ReduceOp.RedOpType
+#: torch's reduction operators and pycoll's.
+OPS: Dict[Any, ReduceOp] = {
+    _RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX,
+    _RED.AVG: ReduceOp.AVG, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR, _RED.BXOR: ReduceOp.BXOR,
+}
+
+#: torch dtypes whose memory numpy reads through a view of another dtype.
+_VIEWED = {torch.bfloat16: (torch.int16, BFLOAT16)}
+
+
+def reduce_op(op: Any) -> ReduceOp:
+    """pycoll's operator for a torch ``ReduceOp`` (PREMUL_SUM has no pycoll equivalent)."""
+    kind = getattr(op, "op", op)
+    try:
+        return OPS[kind]
+    except KeyError:
+        raise ValueError(f"pycoll backend: reduction {kind} is not supported "
+                         f"(supported: {', '.join(k.name for k in OPS)})") from None
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A flat numpy view of a contiguous CPU tensor's memory (no copy)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"pycoll backend: tensor on {t.device}; only CPU tensors are supported "
+                         "(CUDA memory comes with the cupy transport)")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    viewed = _VIEWED.get(t.dtype)
+    if viewed is not None:
+        return t.view(viewed[0]).numpy().reshape(-1).view(viewed[1])
+    return t.numpy().reshape(-1)
+
+
+class Staged:
+    """A tensor as a contiguous numpy buffer: its own memory when it is contiguous, else a
+    contiguous copy that ``finish()`` writes back (for outputs)."""
+
+    __slots__ = ("tensor", "work", "arr", "copied")
+
+    def __init__(self, tensor: torch.Tensor, output: bool = True) -> None:
+        self.tensor = tensor
+        self.copied = not tensor.is_contiguous() and output
+        self.work = tensor.contiguous()
+        self.arr = as_numpy(self.work)
+
+    def finish(self) -> None:
+        if self.copied:
+            self.tensor.copy_(self.work)
+
+
+class PycollWork(dist.Work):
+    """The handle torch gets for one call: pycoll requests, what to do once they finished
+    (copy outputs back), and the future DDP and ``async_op`` users wait on."""
+
+    def __init__(self, pg: ProcessGroupPycoll, requests: Sequence[Request], result: List[torch.Tensor],
+                 finish: Optional[Callable[[], None]] = None, timeout: Optional[float] = None,
+                 source: Optional[Callable[[], int]] = None) -> None:
+        super().__init__()
+        self._pg = pg
+        self._result = result
+        self._finish = finish
+        self._timeout = timeout
+        self._source = source
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._error: Optional[BaseException] = None
+        self._watch: Watch = pg._progress.watch(requests, self._complete)
+
+    def _complete(self, error: Optional[BaseException]) -> None:
+        if error is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as exc:  # noqa: BLE001 - reported through the future
+                error = exc
+        self._error = error
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    # -- torch's Work interface
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the call finished (driving the engine here); re-raise its error. A
+        ``timeout`` of ``timedelta(0)`` or None means the group's timeout."""
+        seconds = _seconds(timeout) or self._timeout
+        self._pg._progress.wait(self._watch, seconds)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._watch.done.is_set()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("source_rank() is only defined for recv from any source")
+        self.wait()
+        return self._source()
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _seconds(timeout: Any) -> Optional[float]:
+    """Seconds of a torch timeout (timedelta or ms); None for none/unset/zero."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        s = timeout.total_seconds()
+    else:
+        s = float(timeout) / 1000.0
+    return s if s > 0 else None
+
+
+_progress_threads: Dict[int, ProgressThread] = {}
+_progress_lock = threading.Lock()
+
+
+def progress_thread(ctx: Context) -> ProgressThread:
+    """The progress thread of ``ctx`` (one per context, shared by every process group)."""
+    with _progress_lock:
+        pt = _progress_threads.get(id(ctx))
+        if pt is None:
+            pt = _progress_threads[id(ctx)] = ProgressThread(ctx)
+        return pt
+
+
+class ProcessGroupPycoll(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on a pycoll team."""
+
+    def __init__(self, team: Team, timeout: Optional[float] = None, group_name: str = "") -> None:
+        super().__init__(team.rank, team.size)
+        self.team = team
+        self.ctx = team.ctx
+        self.timeout = timeout
+        self._progress = progress_thread(self.ctx)
+        self._group_name = group_name
+        self._group_desc = ""
+        self._coalescing: Optional[List[PycollWork]] = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "pycoll"
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupPycoll rank {self.team.rank}/{self.team.size} over {self.team.transport.name}>"
+
+    # ------------------------------------------------------------------ plumbing
+    def _timeout(self, opts: Any) -> Optional[float]:
+        return _seconds(getattr(opts, "timeout", None)) or self.timeout
+
+    def _work(self, requests: Sequence[Request], result: List[torch.Tensor],
+              finish: Optional[Callable[[], None]] = None, timeout: Optional[float] = None,
+              source: Optional[Callable[[], int]] = None) -> PycollWork:
+        work = PycollWork(self, requests, result, finish, timeout or self.timeout, source)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    def _post(self, start: Callable[[], Request]) -> Request:
+        """Post one pycoll call under the engine's lock (the progress thread may be running)."""
+        if self._closed:
+            raise PycollError("pycoll backend: the process group was shut down")
+        with self.ctx.lock:
+            return start()
+
+    @staticmethod
+    def _finisher(staged: Sequence[Staged], after: Optional[Callable[[], None]] = None) -> Callable[[], None]:
+        copies = [s for s in staged if s.copied]
+
+        def finish() -> None:
+            for s in copies:
+                s.finish()
+            if after is not None:
+                after()
+        return finish
+
+    # ------------------------------------------------------------------ reductions
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        t = self._timeout(opts)
+        staged = [Staged(x) for x in tensors]
+        reqs = [self._post(lambda s=s: self.team.allreduce(s.arr, None, op, timeout=t)) for s in staged]
+        return self._work(reqs, tensors, self._finisher(staged), t)
+
+    def allreduce_scheduled(self, tensor: torch.Tensor, priority: int = 0, op: Any = dist.ReduceOp.SUM,
+                            tag: Any = None) -> PycollWork:
+        """An allreduce with an engine priority (lower starts first), partitioned and held back by
+        credit as the engine's settings say: what :func:`pycoll.torch.priority_hook` posts."""
+        rop = reduce_op(op)
+        s = Staged(tensor)
+        req = self._post(lambda: self.team.allreduce(s.arr, None, rop, priority=priority, tag=tag,
+                                                     timeout=self.timeout))
+        return self._work([req], [tensor], self._finisher([s]), self.timeout)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
+        op = reduce_op(opts.reduceOp)
+        root = opts.rootRank
+        t = self._timeout(opts)
+        staged = [Staged(x, output=self.team.rank == root) for x in tensors]
+        reqs = [self._post(lambda s=s: self.team.reduce(s.arr, None, op, root, timeout=t)) for s in staged]
+        return self._work(reqs, tensors, self._finisher(staged), t)
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                       opts: Any) -> PycollWork:
+        op = reduce_op(opts.reduceOp)
+        t = self._timeout(opts)
+        reqs, staged = [], []
+        for out, ins in zip(output_tensors, input_tensors):
+            self._check_list(ins, out, "reduce_scatter")
+            flat = torch.cat([x.reshape(-1) for x in ins])
+            s = Staged(out)
+            staged.append(s)
+            reqs.append(self._post(lambda s=s, flat=flat: self.team.reduce_scatter(
+                as_numpy(flat), s.arr, op, timeout=t)))
+        return self._work(reqs, output_tensors, self._finisher(staged), t)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
+        op = reduce_op(opts.reduceOp)
+        t = self._timeout(opts)
+        if input.numel() != output.numel() * self.team.size:
+            raise ValueError(f"reduce_scatter_tensor: input of {input.numel()} elements must be "
+                             f"{self.team.size} x the output's {output.numel()}")
+        s, src = Staged(output), Staged(input, output=False)
+        req = self._post(lambda: self.team.reduce_scatter(src.arr, s.arr, op, timeout=t))
+        return self._work([req], [output], self._finisher([s]), t)
+
+    reduce_scatter_tensor = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any) -> PycollWork:
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._merge(works, outputs)
+
+    # ------------------------------------------------------------------ data movement
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
+        root = opts.rootRank
+        t = self._timeout(opts)
+        staged = [Staged(x) for x in tensors]
+        reqs = [self._post(lambda s=s: self.team.bcast(s.arr, root, timeout=t)) for s in staged]
+        return self._work(reqs, tensors, self._finisher(staged), t)
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+                  opts: Any = None) -> PycollWork:
+        t = self._timeout(opts)
+        reqs, copies = [], []
+        for outs, x in zip(output_tensors, input_tensors):
+            self._check_list(outs, x, "all_gather")
+            src = Staged(x, output=False)
+            flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
+            reqs.append(self._post(lambda src=src, flat=flat: self.team.allgather(
+                src.arr, as_numpy(flat), timeout=t)))
+            copies.append((flat, outs))
+        return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
+        t = self._timeout(opts)
+        if output.numel() != input.numel() * self.team.size:
+            raise ValueError(f"all_gather_into_tensor: output of {output.numel()} elements must be "
+                             f"{self.team.size} x the input's {input.numel()}")
+        s, src = Staged(output), Staged(input, output=False)
+        req = self._post(lambda: self.team.allgather(src.arr, s.arr, timeout=t))
+        return self._work([req], [output], self._finisher([s]), t)
+
+    allgather_into_tensor = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any = None) -> PycollWork:
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._merge(works, outputs)
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
+                            opts: Any = None) -> PycollWork:
+        works = [self.allgather([outs], [x], opts) for outs, x in zip(output_lists, input_list)]
+        return self._merge(works, output_lists)
+
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+               opts: Any) -> PycollWork:
+        root = opts.rootRank
+        t = self._timeout(opts)
+        x = input_tensors[0]
+        src = Staged(x, output=False)
+        if self.team.rank != root:
+            req = self._post(lambda: self.team.gather(src.arr, None, root, timeout=t))
+            return self._work([req], [], None, t)
+        outs = output_tensors[0]
+        self._check_list(outs, x, "gather")
+        flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
+        req = self._post(lambda: self.team.gather(src.arr, as_numpy(flat), root, timeout=t))
+        return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                opts: Any) -> PycollWork:
+        root = opts.rootRank
+        t = self._timeout(opts)
+        out = Staged(output_tensors[0])
+        if self.team.rank != root:
+            req = self._post(lambda: self.team.scatter(None, out.arr, root, timeout=t))
+        else:
+            ins = input_tensors[0]
+            self._check_list(ins, output_tensors[0], "scatter")
+            flat = as_numpy(torch.cat([i.reshape(-1) for i in ins]))
+            req = self._post(lambda: self.team.scatter(flat, out.arr, root, timeout=t))
+        return self._work([req], output_tensors, self._finisher([out]), t)
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> PycollWork:
+        t = self._timeout(opts)
+        n = self.team.size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"all_to_all: need {n} input and {n} output tensors, got {len(input_tensors)} "
+                             f"and {len(output_tensors)}")
+        dtype = input_tensors[0].dtype
+        if any(x.dtype != dtype for x in [*input_tensors, *output_tensors]):
+            raise ValueError("all_to_all: every tensor must have the same dtype")
+        send = as_numpy(torch.cat([x.reshape(-1) for x in input_tensors]))
+        recv = torch.empty(sum(o.numel() for o in output_tensors), dtype=dtype)
+        scounts = [x.numel() for x in input_tensors]
+        rcounts = [o.numel() for o in output_tensors]
+        req = self._post(lambda: self.team.alltoallv(send, as_numpy(recv), scounts, rcounts, timeout=t))
+        return self._work([req], output_tensors, lambda: _scatter_copies([(recv, output_tensors)]), t)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],  # noqa: A002
+                      input_split_sizes: List[int], opts: Any = None) -> PycollWork:
+        t = self._timeout(opts)
+        n = self.team.size
+        s, src = Staged(output), Staged(input, output=False)
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() != output.numel() or input.numel() % n:
+                raise ValueError(f"all_to_all_single: input ({input.numel()}) and output ({output.numel()}) "
+                                 f"must be equal and divide into {n} blocks")
+            req = self._post(lambda: self.team.alltoall(src.arr, s.arr, timeout=t))
+        else:
+            scounts = _split_counts(input, input_split_sizes, n, "input")
+            rcounts = _split_counts(output, output_split_sizes, n, "output")
+            req = self._post(lambda: self.team.alltoallv(src.arr, s.arr, scounts, rcounts, timeout=t))
+        return self._work([req], [output], self._finisher([s]), t)
+
+    def barrier(self, opts: Any = None) -> PycollWork:
+        t = self._timeout(opts)
+        req = self._post(lambda: self.team.barrier(timeout=t))
+        return self._work([req], [], None, t)
+
+    # ------------------------------------------------------------------ point to point
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> PycollWork:
+        x = Staged(tensors[0], output=False)
+        req = self._post(lambda: self.team.send(x.arr, dst, tag=("torch", tag), timeout=self.timeout))
+        return self._work([req], tensors)
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> PycollWork:
+        x = Staged(tensors[0])
+        req = self._post(lambda: self.team.recv(x.arr, src, tag=("torch", tag), timeout=self.timeout))
+        return self._work([req], tensors, self._finisher([x]), source=lambda: src)
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> PycollWork:
+        x = Staged(tensors[0])
+        req = self._post(lambda: self.team.recv(x.arr, None, tag=("torch", tag), timeout=self.timeout))
+        return self._work([req], tensors, self._finisher([x]), source=lambda: req.task.source)
+
+    # ------------------------------------------------------------------ coalescing, shutdown
+    def _start_coalescing(self, device: Any = None) -> None:
+        if self._coalescing is not None:
+            raise RuntimeError("pycoll backend: coalescing already started")
+        self._coalescing = []
+
+    start_coalescing = _start_coalescing
+
+    def _end_coalescing(self, device: Any = None) -> PycollWork:
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            raise RuntimeError("pycoll backend: end of coalescing without a start")
+        return self._merge(works, [])
+
+    end_coalescing = _end_coalescing
+
+    def _merge(self, works: List[PycollWork], result: List[Any]) -> PycollWork:
+        """One work for several: done when all are (their outputs already copied by each)."""
+        coalescing, self._coalescing = self._coalescing, None
+        try:
+            reqs = [r for w in works for r in w._watch.requests]
+            finishes = [w._finish for w in works if w._finish is not None]
+            merged = PycollWork(self, reqs, result, lambda: [f() for f in finishes] and None, self.timeout)
+        finally:
+            self._coalescing = coalescing
+        if self._coalescing is not None:
+            for w in works:
+                if w in self._coalescing:
+                    self._coalescing.remove(w)
+            self._coalescing.append(merged)
+        for w in works:
+            w._finish = None  # the merged work copies the outputs
+        return merged
+
+    def shutdown(self) -> None:
+        """Release the team (sockets, shared segment). Collectives after this raise."""
+        if not self._closed:
+            self._closed = True
+            with self.ctx.lock:
+                self.team.close()
+
+    abort = shutdown
+
+    # ------------------------------------------------------------------ checks
+    def _check_list(self, tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str) -> None:
+        n = self.team.size
+        if len(tensors) != n:
+            raise ValueError(f"{what}: need a list of {n} tensors, got {len(tensors)}")
+        for x in tensors:
+            if x.numel() != like.numel() or x.dtype != like.dtype:
+                raise ValueError(f"{what}: every tensor must be {like.numel()} x {like.dtype}, "
+                                 f"got {x.numel()} x {x.dtype}")
+
+
+def _scatter_copies(copies: Sequence[Any]) -> None:
+    """Copy each flat buffer's consecutive pieces into the list of tensors it stands for."""
+    for flat, outs in copies:
+        off = 0
+        for o in outs:
+            n = o.numel()
+            o.copy_(flat[off:off + n].view(o.shape))
+            off += n
+
+
+def _split_counts(t: torch.Tensor, splits: Sequence[int], n: int, what: str) -> List[int]:
+    """Element counts per rank of an ``all_to_all_single`` buffer split along dim 0."""
+    rows = t.shape[0] if t.dim() else 1
+    per_row = t.numel() // rows if rows else 0
+    if not splits:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {what} of {rows} rows does not divide into {n} ranks")
+        splits = [rows // n] * n
+    if len(splits) != n or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} must be {n} numbers adding "
+                         f"up to its {rows} rows")
+    return [int(s) * per_row for s in splits]
+
+
+__all__ = ["OPS", "ProcessGroupPycoll", "PycollWork", "Staged", "TimeoutError", "as_numpy", "reduce_op"]

@@ -1,0 +1,80 @@
+"""A DDP communication hook that schedules gradient buckets by layer priority (ByteScheduler's idea).
+
+DDP fills its buckets in reverse parameter order: bucket 0 holds the last layers, whose gradients
+are ready first, and the highest-numbered bucket holds the first layers, which the next forward
+pass needs first. :func:`priority_hook` submits each bucket to pycoll's engine with priority
+``-index`` (lower runs first), so a bucket nearer the input overtakes the ones queued before it. The
+engine splits each bucket into parts of ``partition_bytes`` (each part inherits the priority) and
+starts parts only while the bytes in flight stay under ``credit_bytes``: a large bucket no longer
+blocks an urgent one behind it.
+
+Usage::
+
+    from pycoll.torch import PriorityHookState, priority_hook
+    model = DDP(model)
+    model.register_comm_hook(PriorityHookState(partition_bytes=1 << 20, credit_bytes=4 << 20), priority_hook)
+"""
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from pycoll.config import parse_bytes
+
+
+class PriorityHookState:
+    """State of :func:`priority_hook`.
+
+    Args:
+        process_group: the ``pycoll`` process group (default: the default group).
+        partition_bytes: split buckets into parts of at most this many bytes (None: keep the
+            engine's setting, ``PYCOLL_PARTITION_BYTES``). Must be equal on every rank.
+        credit_bytes: most bytes in flight (None: keep ``PYCOLL_CREDIT_BYTES``).
+        average: divide the summed gradients by the group size, as DDP's default hook does.
+    """
+
+    def __init__(self, process_group: Any = None, partition_bytes: Any = None, credit_bytes: Any = None,
+                 average: bool = True) -> None:
+        self.process_group = process_group
+        self.partition_bytes = None if partition_bytes is None else parse_bytes(str(partition_bytes))
+        self.credit_bytes = None if credit_bytes is None else parse_bytes(str(credit_bytes))
+        self.average = average
+        self.buckets_posted = 0
+        self._applied = False
+
+    def group(self) -> Any:
+        from pycoll.torch.backend import ProcessGroupPycoll
+
+        pg = self.process_group or dist.distributed_c10d._get_default_group()
+        if not isinstance(pg, ProcessGroupPycoll):
+            raise TypeError(f"priority_hook needs a process group of backend 'pycoll', got {pg!r}")
+        if not self._applied:
+            self._applied = True
+            if self.partition_bytes is not None:
+                pg.ctx.partition_bytes = self.partition_bytes
+            if self.credit_bytes is not None:
+                pg.ctx.credit_bytes = self.credit_bytes
+        return pg
+
+
+def bucket_priority(index: int) -> int:
+    """The engine priority of DDP bucket ``index`` (lower runs first; the highest index holds the
+    layers nearest the input)."""
+    return -index
+
+
+# DDP checks these annotations as objects: no ``from __future__ import annotations`` in this module.
+def priority_hook(state: Optional[PriorityHookState],
+                  bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Allreduce ``bucket`` through pycoll with priority by its position; a DDP comm hook."""
+    if state is None:
+        state = PriorityHookState()
+    pg = state.group()
+    buf = bucket.buffer()
+    work = pg.allreduce_scheduled(buf, priority=bucket_priority(bucket.index()))
+    state.buckets_posted += 1
+    if not state.average:
+        return work.get_future().then(lambda fut: fut.value()[0])
+    size = pg.team.size
+    return work.get_future().then(lambda fut: fut.value()[0].div_(size))
