@@ -289,12 +289,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         req = self._post(lambda: self.team.reduce_scatter(src.arr, s.arr, op, timeout=t))
         return self._work([req], [output], self._finisher([s]), t)
 
-    reduce_scatter_tensor = _reduce_scatter_base
+    reduce_scatter_tensor = reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                         opts: Any) -> PycollWork:
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return self._merge(works, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ------------------------------------------------------------------ data movement
     def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
@@ -326,12 +328,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         req = self._post(lambda: self.team.allgather(src.arr, s.arr, timeout=t))
         return self._work([req], [output], self._finisher([s]), t)
 
-    allgather_into_tensor = _allgather_base
+    allgather_into_tensor = all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                         opts: Any = None) -> PycollWork:
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return self._merge(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
                             opts: Any = None) -> PycollWork:
@@ -399,6 +403,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             rcounts = _split_counts(output, output_split_sizes, n, "output")
             req = self._post(lambda: self.team.alltoallv(src.arr, s.arr, scounts, rcounts, timeout=t))
         return self._work([req], [output], self._finisher([s]), t)
+
+    all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> PycollWork:
         t = self._timeout(opts)

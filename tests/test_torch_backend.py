@@ -1,0 +1,16 @@
+"""The ``pycoll`` torch.distributed backend against gloo: every collective, op and dtype, in real
+processes started torchrun-style (env:// and its store) and by mpiexec."""
+
+import pytest
+
+from tests.torchrun import run_torch
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_env(n):
+    run_torch(n, "tests/torch/collectives.py", "all", launcher="env", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_mpiexec(n):
+    run_torch(n, "tests/torch/collectives.py", "all", launcher="mpiexec", timeout=120)
