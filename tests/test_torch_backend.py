@@ -14,3 +14,9 @@ def test_collectives_env(n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_collectives_mpiexec(n):
     run_torch(n, "tests/torch/collectives.py", "all", launcher="mpiexec", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_vanished_peer_fails_fast(n):
+    """A rank that dies makes the others' collectives raise a pycoll error, not hang."""
+    run_torch(n, "tests/torch/collectives.py", "vanish", launcher="env", timeout=60)

@@ -5,6 +5,8 @@ are small integers (exact in every dtype, so sums agree bit for bit whatever the
 from a seed per rank so that every rank can compute the reference result of any call itself.
 """
 
+import datetime
+import os
 import sys
 import time
 import warnings
@@ -12,6 +14,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+import pycoll
 import pycoll.torch  # noqa: F401 - registers the backend
 from tests.torch.common import run_rank
 
@@ -114,8 +117,6 @@ def test_async_future(r, n):
     fut2 = dist.all_reduce(t2, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     check(fut2.wait(), torch.full((8,), 2.0 * n), "future.then")
     # wait() with timedelta(0) means no timeout
-    import datetime
-
     w = dist.all_reduce(torch.ones(4), async_op=True)
     assert w.wait(datetime.timedelta(0))
 
@@ -292,7 +293,32 @@ def test_errors(r, n):
     dist.barrier()
 
 
+def test_vanished_peer(r, n):
+    """The last rank dies after a barrier: the others' next all_reduce fails with a pycoll error
+    naming a lost rank (the dead one, or one that already failed and left), long before the group's
+    timeout."""
+    dist.barrier()
+    if r == n - 1:
+        print(f"RANK {r} OK", flush=True)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 12))
+        dist.all_reduce(torch.ones(1 << 12))
+    except Exception as exc:  # noqa: BLE001 - checked below
+        assert isinstance(exc, pycoll.PycollError), f"{type(exc).__name__}: {exc}"
+        assert "has died" in str(exc) or "lost rank" in str(exc), exc
+        assert time.monotonic() - start < 20, "the error came only at the timeout"
+    else:
+        raise AssertionError("all_reduce with a dead peer did not fail")
+    print(f"RANK {r} OK", flush=True)
+    os._exit(0)  # no clean shutdown with a dead peer
+
+
 def main(mode):
+    if mode == "vanish":
+        dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
+        test_vanished_peer(dist.get_rank(), dist.get_world_size())
     dist.init_process_group("pycoll")
     r, n = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "pycoll"
