@@ -33,7 +33,7 @@ def test_callback_runs_in_the_thread_without_wait():
         w = pt.watch(_post_allreduce(teams, bufs), done)
         assert fired.wait(10), "the progress thread did not complete the collective"
         assert seen == {"error": None, "thread": "pycoll-progress"}
-        assert w.done.is_set()
+        assert w.called
         for b in bufs:
             assert (b == 6.0).all()
     finally:
@@ -45,11 +45,11 @@ def test_wait_drives_in_the_caller_and_runs_the_callback_once():
     pt = ProgressThread(teams[0].ctx)
     try:
         calls = []
-        for _ in range(50):
+        for i in range(50):
             bufs = [np.ones(4), np.ones(4)]
-            w = pt.watch(_post_allreduce(teams, bufs), calls.append)
+            w = pt.watch(_post_allreduce(teams, bufs), calls.append, background=i % 2 == 0)
             pt.wait(w, timeout=10)
-            assert w.done.is_set() and (bufs[0] == 2).all()
+            assert w.called and (bufs[0] == 2).all()
         time.sleep(0.05)
         assert calls == [None] * 50  # each callback exactly once, whoever saw the end first
     finally:
@@ -66,7 +66,10 @@ def test_error_reaches_the_callback_and_wait_times_out():
         w = pt.watch([req], errors.append)
         with pytest.raises(pycoll.TimeoutError):
             pt.wait(w, timeout=0.05)  # the caller's own limit: the collective goes on
-        assert w.done.wait(10)
+        deadline = time.monotonic() + 10
+        while not w.called and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.called
         assert len(errors) == 1 and isinstance(errors[0], pycoll.TimeoutError)
         assert "did not finish within" in str(errors[0])
     finally:

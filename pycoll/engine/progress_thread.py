@@ -37,20 +37,21 @@ THREAD_BACKOFF = (20e-6, 200e-6, 20e-6, 200e-6)
 
 class Watch:
     """Requests watched together; ``callback(error)`` runs once when all of them finished
-    (``error`` is the first failure, or None)."""
+    (``error`` is the first failure, or None). Made by :meth:`ProgressThread.watch`."""
 
-    __slots__ = ("requests", "callback", "claimed", "error", "done", "_lock")
+    __slots__ = ("requests", "callback", "claimed", "called", "error", "background", "_claim_lock")
 
-    def __init__(self, requests: Sequence[Request], callback: Callback) -> None:
+    def __init__(self, requests: Sequence[Request], callback: Callback, claim_lock: threading.Lock) -> None:
         self.requests = list(requests)
         self.callback = callback
         self.claimed = False  # a thread is running (or ran) the callback
+        self.called = False  # the callback returned
         self.error: Optional[BaseException] = None
-        self.done = threading.Event()  # set once the callback returned
-        self._lock = threading.Lock()
+        self.background = False  # driven by the progress thread
+        self._claim_lock = claim_lock
 
     def _claim(self) -> bool:
-        with self._lock:
+        with self._claim_lock:
             if self.claimed:
                 return False
             self.claimed = True
@@ -75,45 +76,62 @@ class Watch:
                 except BaseException as exc:  # noqa: BLE001 - handed to the callback
                     if error is None:
                         error = exc
+        self._call(error)
+        return True
+
+    def _call(self, error: Optional[BaseException]) -> None:
         self.error = error
         try:
             self.callback(error)
         finally:
-            self.done.set()
-        return True
+            self.called = True
 
 
 class ProgressThread:
-    """Drives ``ctx`` from a daemon thread while watched requests are unfinished."""
+    """Drives ``ctx`` from a daemon thread while background watches are unfinished."""
 
     def __init__(self, ctx: Context, name: str = "pycoll-progress") -> None:
         self.ctx = ctx
         self.name = name
         self._watches: List[Watch] = []
         self._cond = threading.Condition(threading.Lock())
+        self._claim_lock = threading.Lock()
         self._waiters = 0
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[BaseException] = None  # an unexpected failure of the thread itself
 
-    def watch(self, requests: Sequence[Request], callback: Callback) -> Watch:
-        """Run ``callback(error)`` once every request finished; returns the :class:`Watch`."""
-        w = Watch(requests, callback)
+    def watch(self, requests: Sequence[Request], callback: Callback, background: bool = True) -> Watch:
+        """Run ``callback(error)`` once every request finished; returns the :class:`Watch`.
+
+        ``background=False`` is for a caller about to :meth:`wait` (a synchronous call): the
+        thread is not woken at all, which spares the caller a GIL hand-over per call; a later
+        :meth:`drive` hands such a watch to the thread after all."""
+        w = Watch(requests, callback, self._claim_lock)
+        if background:
+            self.drive(w)
+        return w
+
+    def drive(self, w: Watch) -> None:
+        """Let the thread drive ``w`` to its end (no-op if it already does)."""
+        if w.background or w.claimed:
+            return
+        w.background = True
         if w.finished():
             w.fire(self.ctx)
-            return w
+            return
         with self._cond:
             self._watches.append(w)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
-        return w
+            if not self._waiters:
+                self._cond.notify()
 
     def wait(self, w: Watch, timeout: Optional[float] = None) -> None:
-        """Drive the engine in this thread until ``w`` fired (its callback has run): raises
+        """Drive the engine in this thread until ``w``'s callback has run: raises
         :class:`pycoll.TimeoutError` after ``timeout`` seconds (the work goes on)."""
-        if w.done.is_set():
+        if w.called:
             return
         with self._cond:
             self._waiters += 1
@@ -124,11 +142,13 @@ class ProgressThread:
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
                     self.ctx.wait_for(req.task, left)
             if not w.fire(self.ctx):
-                w.done.wait()  # the progress thread is running this watch's callback
+                while not w.called:  # the progress thread is running this watch's callback
+                    time.sleep(20e-6)
         finally:
             with self._cond:
                 self._waiters -= 1
-                self._cond.notify()
+                if self._watches and not self._waiters:
+                    self._cond.notify()  # background work left: the thread takes over again
 
     def close(self) -> None:
         """Stop the thread (watched requests left unfinished are no longer driven)."""
@@ -154,7 +174,7 @@ class ProgressThread:
                         return
                     watches = list(self._watches)
                 moved = ctx.progress()
-                done = [w for w in watches if w.finished()]
+                done = [w for w in watches if w.claimed or w.finished()]
                 if done:
                     with cond:
                         self._watches = [w for w in self._watches if w not in done]
@@ -171,8 +191,4 @@ class ProgressThread:
                 watches, self._watches = self._watches, []
             for w in watches:
                 if w._claim():
-                    w.error = exc
-                    try:
-                        w.callback(exc)
-                    finally:
-                        w.done.set()
+                    w._call(exc)

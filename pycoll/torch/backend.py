@@ -88,7 +88,7 @@ class PycollWork(dist.Work):
 
     def __init__(self, pg: ProcessGroupPycoll, requests: Sequence[Request], result: List[torch.Tensor],
                  finish: Optional[Callable[[], None]] = None, timeout: Optional[float] = None,
-                 source: Optional[Callable[[], int]] = None) -> None:
+                 source: Optional[Callable[[], int]] = None, background: bool = True) -> None:
         super().__init__()
         self._pg = pg
         self._result = result
@@ -97,7 +97,9 @@ class PycollWork(dist.Work):
         self._source = source
         self._future: torch.futures.Future = torch.futures.Future()
         self._error: Optional[BaseException] = None
-        self._watch: Watch = pg._progress.watch(requests, self._complete)
+        # A synchronous call (torch waits at once) is not handed to the progress thread: waking it
+        # would cost the caller a GIL hand-over per call. get_future() hands it over after all.
+        self._watch: Watch = pg._progress.watch(requests, self._complete, background)
 
     def _complete(self, error: Optional[BaseException]) -> None:
         if error is None and self._finish is not None:
@@ -122,10 +124,13 @@ class PycollWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
+        self._pg._progress.drive(self._watch)
         return self._future
 
     def is_completed(self) -> bool:
-        return self._watch.done.is_set()
+        if not self._watch.called:
+            self._pg._progress.drive(self._watch)
+        return self._watch.called
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -212,8 +217,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def _work(self, requests: Sequence[Request], result: List[torch.Tensor],
               finish: Optional[Callable[[], None]] = None, timeout: Optional[float] = None,
-              source: Optional[Callable[[], int]] = None) -> PycollWork:
-        work = PycollWork(self, requests, result, finish, timeout or self.timeout, source)
+              source: Optional[Callable[[], int]] = None, opts: Any = None) -> PycollWork:
+        background = getattr(opts, "asyncOp", True) and self._coalescing is None
+        work = PycollWork(self, requests, result, finish, timeout or self.timeout, source, background)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
@@ -242,7 +248,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         t = self._timeout(opts)
         staged = [Staged(x) for x in tensors]
         reqs = [self._post(lambda s=s: self.team.allreduce(s.arr, None, op, timeout=t)) for s in staged]
-        return self._work(reqs, tensors, self._finisher(staged), t)
+        return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def allreduce_scheduled(self, tensor: torch.Tensor, priority: int = 0, op: Any = dist.ReduceOp.SUM,
                             tag: Any = None) -> PycollWork:
@@ -263,7 +269,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         t = self._timeout(opts)
         staged = [Staged(x, output=self.team.rank == root) for x in tensors]
         reqs = [self._post(lambda s=s: self.team.reduce(s.arr, None, op, root, timeout=t)) for s in staged]
-        return self._work(reqs, tensors, self._finisher(staged), t)
+        return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts: Any) -> PycollWork:
@@ -277,7 +283,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             staged.append(s)
             reqs.append(self._post(lambda s=s, flat=flat: self.team.reduce_scatter(
                 as_numpy(flat), s.arr, op, timeout=t)))
-        return self._work(reqs, output_tensors, self._finisher(staged), t)
+        return self._work(reqs, output_tensors, self._finisher(staged), t, opts=opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
         op = reduce_op(opts.reduceOp)
@@ -287,7 +293,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                              f"{self.team.size} x the output's {output.numel()}")
         s, src = Staged(output), Staged(input, output=False)
         req = self._post(lambda: self.team.reduce_scatter(src.arr, s.arr, op, timeout=t))
-        return self._work([req], [output], self._finisher([s]), t)
+        return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     reduce_scatter_tensor = reduce_scatter_single = _reduce_scatter_base
 
@@ -304,7 +310,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         t = self._timeout(opts)
         staged = [Staged(x) for x in tensors]
         reqs = [self._post(lambda s=s: self.team.bcast(s.arr, root, timeout=t)) for s in staged]
-        return self._work(reqs, tensors, self._finisher(staged), t)
+        return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                   opts: Any = None) -> PycollWork:
@@ -317,7 +323,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             reqs.append(self._post(lambda src=src, flat=flat: self.team.allgather(
                 src.arr, as_numpy(flat), timeout=t)))
             copies.append((flat, outs))
-        return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t)
+        return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
         t = self._timeout(opts)
@@ -326,7 +332,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                              f"{self.team.size} x the input's {input.numel()}")
         s, src = Staged(output), Staged(input, output=False)
         req = self._post(lambda: self.team.allgather(src.arr, s.arr, timeout=t))
-        return self._work([req], [output], self._finisher([s]), t)
+        return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     allgather_into_tensor = all_gather_single = _allgather_base
 
@@ -350,12 +356,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         src = Staged(x, output=False)
         if self.team.rank != root:
             req = self._post(lambda: self.team.gather(src.arr, None, root, timeout=t))
-            return self._work([req], [], None, t)
+            return self._work([req], [], None, t, opts=opts)
         outs = output_tensors[0]
         self._check_list(outs, x, "gather")
         flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
         req = self._post(lambda: self.team.gather(src.arr, as_numpy(flat), root, timeout=t))
-        return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t)
+        return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t, opts=opts)
 
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                 opts: Any) -> PycollWork:
@@ -369,7 +375,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             self._check_list(ins, output_tensors[0], "scatter")
             flat = as_numpy(torch.cat([i.reshape(-1) for i in ins]))
             req = self._post(lambda: self.team.scatter(flat, out.arr, root, timeout=t))
-        return self._work([req], output_tensors, self._finisher([out]), t)
+        return self._work([req], output_tensors, self._finisher([out]), t, opts=opts)
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> PycollWork:
@@ -386,7 +392,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         scounts = [x.numel() for x in input_tensors]
         rcounts = [o.numel() for o in output_tensors]
         req = self._post(lambda: self.team.alltoallv(send, as_numpy(recv), scounts, rcounts, timeout=t))
-        return self._work([req], output_tensors, lambda: _scatter_copies([(recv, output_tensors)]), t)
+        copies = [(recv, output_tensors)]
+        return self._work([req], output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],  # noqa: A002
                       input_split_sizes: List[int], opts: Any = None) -> PycollWork:
@@ -402,14 +409,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             scounts = _split_counts(input, input_split_sizes, n, "input")
             rcounts = _split_counts(output, output_split_sizes, n, "output")
             req = self._post(lambda: self.team.alltoallv(src.arr, s.arr, scounts, rcounts, timeout=t))
-        return self._work([req], [output], self._finisher([s]), t)
+        return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
         req = self._post(lambda: self.team.barrier(timeout=t))
-        return self._work([req], [], None, t)
+        return self._work([req], [], None, t, opts=opts)
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> PycollWork:
@@ -449,7 +456,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         try:
             reqs = [r for w in works for r in w._watch.requests]
             finishes = [w._finish for w in works if w._finish is not None]
-            merged = PycollWork(self, reqs, result, lambda: [f() for f in finishes] and None, self.timeout)
+            merged = PycollWork(self, reqs, result, lambda: [f() for f in finishes] and None, self.timeout,
+                                background=all(w._watch.background for w in works))
         finally:
             self._coalescing = coalescing
         if self._coalescing is not None:
