@@ -33,6 +33,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  mpi      mpi4py {mpi4py.__version__}, {lib}")
     except Exception as exc:  # pragma: no cover - depends on the install
         print(f"  mpi      unavailable: {exc}")
+    print("\nframeworks:")
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        print(f"  torch    torch.distributed backend 'pycoll' (torch {version('torch')}): import pycoll.torch")
+    except PackageNotFoundError:
+        print("  torch    not installed (pip install torch): the 'pycoll' torch.distributed backend needs it")
     print("\nalgorithms:")
     for coll, table in algorithms.ALGORITHMS.items():
         print(f"  {coll:<10} {', '.join(table)}")
