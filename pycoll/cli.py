@@ -37,7 +37,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         from importlib.metadata import PackageNotFoundError, version
 
-        print(f"  torch    torch.distributed backend 'pycoll' (torch {version('torch')}): import pycoll.torch")
+        torch_version = version("torch")
+        print(f"  torch    torch.distributed backend 'pycoll' (torch {torch_version}): import pycoll.torch")
     except PackageNotFoundError:
         print("  torch    not installed (pip install torch): the 'pycoll' torch.distributed backend needs it")
     print("\nalgorithms:")

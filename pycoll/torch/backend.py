@@ -15,6 +15,7 @@ reducer needs (it waits on the future in C++).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -167,6 +168,17 @@ def _seconds(timeout: Any) -> Optional[float]:
 
 _progress_threads: Dict[int, ProgressThread] = {}
 _progress_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_progress_threads() -> None:
+    """Join the progress threads before the interpreter finalizes: a daemon thread still inside
+    torch's ``Future.set_result`` then would abort the process."""
+    with _progress_lock:
+        threads = list(_progress_threads.values())
+        _progress_threads.clear()
+    for pt in threads:
+        pt.close()
 
 
 def progress_thread(ctx: Context) -> ProgressThread:
