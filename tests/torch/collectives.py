@@ -33,6 +33,8 @@ def data(rank, shape, dtype, salt=0):
 
 def reference(op, xs, n):
     acc = xs[0].to(torch.float64) if xs[0].is_floating_point() else xs[0].clone()
+    if acc.is_complex():
+        acc = acc.to(torch.complex128)
     for x in xs[1:]:
         x = x.to(acc.dtype)
         if op in (RED.SUM, RED.AVG):
@@ -81,6 +83,12 @@ def test_allreduce(r, n, gloo):
                 g = xs[r].clone()
                 dist.all_reduce(g, op=op, group=gloo)
                 check(t, g, f"all_reduce {op} {dtype} vs gloo")
+    for dtype in (torch.complex64, torch.complex128):  # torch allows SUM (and AVG) on complex
+        for op in (RED.SUM,):
+            xs = [data(q, (4,), dtype, salt=9) * (1 + 1j) for q in range(n)]
+            t = xs[r].clone()
+            dist.all_reduce(t, op=op)
+            check(t, reference(op, xs, n), f"all_reduce {op} {dtype}")
     # a non-contiguous tensor: reduced through a copy, written back in place
     base = data(r, (6, 4), torch.float32) * 0 + (r + 1)
     view = base.t()[:, ::2]
