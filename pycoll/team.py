@@ -638,7 +638,7 @@ class Team:
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.size > 1:
             key = self._coll_key(tag)
-            return self._partitioned(build, call, key, pb, options), key, None
+            return self._partitioned(build, call, key, pb, name, options), key, None
         args = self._args(call, _UNKEYED, name, options)
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
         key = self._coll_key(tag)
@@ -695,7 +695,8 @@ class Team:
                         call.op, call.root, name=f"{call.coll}:{name}@{self.rank}", options=options,
                         shared=self.shared, layout=layout, rlayout=rlayout)
 
-    def _partitioned(self, build: Any, call: _Call, key: tuple, part_bytes: int, options: dict) -> Task:
+    def _partitioned(self, build: Any, call: _Call, key: tuple, part_bytes: int, name: str,
+                     options: dict) -> Task:
         """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
         the part index): large work split so that urgent collectives can go in between."""
         src, dst = call.src, call.dst
@@ -705,7 +706,7 @@ class Team:
             sl = slice(lo, lo + per)
             part_key = (*key, "part", i)
             part = call._replace(src=src[sl], dst=dst[sl])
-            sched.add(self._unit(build(self._args(part, part_key, call.coll, options)), part_key))
+            sched.add(self._unit(build(self._args(part, part_key, name, options)), part_key))
         return sched
 
     def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,

@@ -8,6 +8,11 @@ engine splits each bucket into parts of ``partition_bytes`` (each part inherits 
 starts parts only while the bytes in flight stay under ``credit_bytes``: a large bucket no longer
 blocks an urgent one behind it.
 
+Buckets are tagged collectives (tag ``("ddp-bucket", index)``), matched across ranks by tag, so
+the engine may start them in any order on any transport. (Untagged collectives on a host's shared
+segment run in posting order; tagged ones use the point-to-point algorithms, over the segment's
+single-copy transport on one host.)
+
 Usage::
 
     from pycoll.torch import PriorityHookState, priority_hook
@@ -31,6 +36,10 @@ class PriorityHookState:
         partition_bytes: split buckets into parts of at most this many bytes (None: keep the
             engine's setting, ``PYCOLL_PARTITION_BYTES``). Must be equal on every rank.
         credit_bytes: most bytes in flight (None: keep ``PYCOLL_CREDIT_BYTES``).
+
+    Both are settings of the process's engine, applied when the hook first runs: credit is one
+    budget for all of a process's communication (as ByteScheduler's), so they hold for every
+    collective of the process from then on, not only for the buckets.
         average: divide the summed gradients by the group size, as DDP's default hook does.
     """
 
@@ -72,7 +81,8 @@ def priority_hook(state: Optional[PriorityHookState],
         state = PriorityHookState()
     pg = state.group()
     buf = bucket.buffer()
-    work = pg.allreduce_scheduled(buf, priority=bucket_priority(bucket.index()))
+    index = bucket.index()
+    work = pg.allreduce_scheduled(buf, priority=bucket_priority(index), tag=("ddp-bucket", index))
     state.buckets_posted += 1
     if not state.average:
         return work.get_future().then(lambda fut: fut.value()[0])
