@@ -53,7 +53,7 @@ def main() -> None:
         iters = iters_for(t.nbytes)
         times = {name: [] for name in groups}
         for group in groups.values():  # warm up: connections, buffers, page faults
-            time_allreduce(t, group, 2)
+            time_allreduce(t, group, max(2, iters // 2))
         for _ in range(args.rounds):
             for name, group in groups.items():
                 times[name].append(time_allreduce(t, group, iters))
