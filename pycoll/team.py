@@ -606,11 +606,13 @@ class Team:
     def _post(self, call: _Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
               timeout: Optional[float], options: dict) -> Request:
         """Build (or reuse) the collective's task and submit it. Everything the caller passed has
-        been checked: nothing here fails before the message key is taken."""
-        task, key, shape = self._make(call, tag, algorithm, options, reuse=True)
-        if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
-            return self._submit(task, priority, timeout, call.out)
-        return self._submit(self._unit(task, key), priority, timeout, call.out, shape)
+        been checked: nothing here fails before the message key is taken. Under the engine's lock:
+        a progress thread may be returning finished collectives to this team's pool meanwhile."""
+        with self.ctx.lock:
+            task, key, shape = self._make(call, tag, algorithm, options, reuse=True)
+            if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
+                return self._submit(task, priority, timeout, call.out)
+            return self._submit(self._unit(task, key), priority, timeout, call.out, shape)
 
     def _make(self, call: _Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
               reuse: bool) -> tuple:
@@ -859,16 +861,17 @@ class Persistent:
         if self.request is not None and not self.request.done:
             raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
         team, call, tag = self.team, self._call, self._tag
-        task = self._task
-        if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
-            task, key, shape = team._make(call, tag, self._algorithm, self._options, reuse=False)
-            self._task = task if shape is not None else None
-        else:
-            key = team._coll_key(tag)
-            task.rebind(call.src, call.dst, key)
-        if self._task is not None:
-            team._unit(task, key)
-        self.request = team._submit(task, self._priority, self._timeout, call.out)
+        with team.ctx.lock:
+            task = self._task
+            if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
+                task, key, shape = team._make(call, tag, self._algorithm, self._options, reuse=False)
+                self._task = task if shape is not None else None
+            else:
+                key = team._coll_key(tag)
+                task.rebind(call.src, call.dst, key)
+            if self._task is not None:
+                team._unit(task, key)
+            self.request = team._submit(task, self._priority, self._timeout, call.out)
         return self.request
 
     def wait(self, timeout: Optional[float] = None) -> Any:

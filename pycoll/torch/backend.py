@@ -237,11 +237,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return work
 
     def _post(self, start: Callable[[], Request]) -> Request:
-        """Post one pycoll call under the engine's lock (the progress thread may be running)."""
+        """Post one pycoll call (the team posts under the engine's lock: the progress thread may be
+        running)."""
         if self._closed:
             raise PycollError("pycoll backend: the process group was shut down")
-        with self.ctx.lock:
-            return start()
+        return start()
 
     @staticmethod
     def _finisher(staged: Sequence[Staged], after: Optional[Callable[[], None]] = None) -> Callable[[], None]:
