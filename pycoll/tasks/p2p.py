@@ -76,45 +76,34 @@ class RecvTask(Task):
         return f"{self.name}: receive of {self.buf.nbytes} B from rank {self.peer} (tag {self.tag!r})"
 
 
-class AnySourceRecvTask(Task):
-    """Receives into ``buf`` the first message with ``tag`` from any peer (MPI_ANY_SOURCE):
-    probes the peers in turn each time it is progressed, then receives from the one found, whose
-    rank it keeps in :attr:`source`. Takes no credit."""
+class AnySourceRecvTask(RecvTask):
+    """Receives into ``buf`` the first message with ``tag`` from any peer (MPI_ANY_SOURCE): probes
+    the peers in turn (from the next rank on) each time it is progressed, then receives from the
+    first one found, whose rank it keeps in :attr:`source`. Takes no credit."""
 
-    __slots__ = ("team", "buf", "tag", "req", "source", "_next")
-    takes_credit = False
+    __slots__ = ()
 
     def __init__(self, team: Any, buf: Any, tag: Hashable, *, name: Optional[str] = None,
                  priority: Optional[int] = None) -> None:
-        self.buf = as_bytes(buf, writable=True)
-        super().__init__(name or "recv(any)", priority=priority, nbytes=self.buf.nbytes)
-        self.team = team
-        self.tag = tag
-        self.req = None
-        self.source: Optional[int] = None
-        self._next = 0
+        super().__init__(team, buf, None, tag, name=name or "recv(any)", priority=priority)
 
     def post(self) -> None:
         self.progress()
 
     def progress(self) -> None:
         if self.req is None:
-            n = self.team.size
-            for i in range(n):
-                peer = (self._next + i) % n
-                if self.team.probe(peer, self.tag):
-                    self._next = (peer + 1) % n  # fairness: the next receive starts after it
-                    self.source = peer
-                    self.req = self.team.irecv(self.buf, peer, self.tag)
+            team = self.team
+            n = team.size
+            for i in range(1, n + 1):
+                peer = (team.rank + i) % n
+                if team.probe(peer, self.tag):
+                    self.peer = self.source = peer
+                    self.req = team.irecv(self.buf, peer, self.tag)
                     break
             else:
                 return
         if self.req.test():
             self.complete()
-
-    def on_cancel(self) -> None:
-        if self.req is not None:
-            self.req.cancel()
 
     def describe(self) -> str:
         where = "any rank" if self.source is None else f"rank {self.source}"

@@ -463,22 +463,20 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     end_coalescing = _end_coalescing
 
     def _merge(self, works: List[PycollWork], result: List[Any]) -> PycollWork:
-        """One work for several: done when all are (their outputs already copied by each)."""
-        coalescing, self._coalescing = self._coalescing, None
-        try:
-            reqs = [r for w in works for r in w._watch.requests]
-            finishes = [w._finish for w in works if w._finish is not None]
-            merged = PycollWork(self, reqs, result, lambda: [f() for f in finishes] and None, self.timeout,
-                                background=all(w._watch.background for w in works))
-        finally:
-            self._coalescing = coalescing
-        if self._coalescing is not None:
-            for w in works:
-                if w in self._coalescing:
-                    self._coalescing.remove(w)
-            self._coalescing.append(merged)
+        """One work for several (a coalesced call): done when all are; it copies their outputs."""
+        reqs = [r for w in works for r in w._watch.requests]
+        finishes = [w._finish for w in works if w._finish is not None]
         for w in works:
-            w._finish = None  # the merged work copies the outputs
+            w._finish = None
+
+        def finish() -> None:
+            for f in finishes:
+                f()
+        merged = PycollWork(self, reqs, result, finish, self.timeout,
+                            background=all(w._watch.background for w in works))
+        if self._coalescing is not None:  # recorded once, as the merged work
+            self._coalescing[:] = [w for w in self._coalescing if w not in works]
+            self._coalescing.append(merged)
         return merged
 
     def shutdown(self) -> None:
