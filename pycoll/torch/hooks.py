@@ -8,10 +8,12 @@ engine splits each bucket into parts of ``partition_bytes`` (each part inherits 
 starts parts only while the bytes in flight stay under ``credit_bytes``: a large bucket no longer
 blocks an urgent one behind it.
 
-Buckets are tagged collectives (tag ``("ddp-bucket", index)``), matched across ranks by tag, so
-the engine may start them in any order on any transport. (Untagged collectives on a host's shared
-segment run in posting order; tagged ones use the point-to-point algorithms, over the segment's
-single-copy transport on one host.)
+Under a credit limit buckets are tagged collectives (tag ``("ddp-bucket", index)``), matched
+across ranks by tag, so the engine may start them in any order on any transport: untagged
+collectives on a host's shared segment run in posting order, tagged ones use the point-to-point
+algorithms (over the segment's single-copy transport on one host). Without a credit limit nothing
+is ever held back, so priority cannot reorder anything: buckets then go untagged, in DDP's order
+(the same on every rank), and take the shared segment's faster collectives.
 
 Usage::
 
@@ -82,7 +84,8 @@ def priority_hook(state: Optional[PriorityHookState],
     pg = state.group()
     buf = bucket.buffer()
     index = bucket.index()
-    work = pg.allreduce_scheduled(buf, priority=bucket_priority(index), tag=("ddp-bucket", index))
+    tag = ("ddp-bucket", index) if pg.ctx.credit_bytes else None
+    work = pg.allreduce_scheduled(buf, priority=bucket_priority(index), tag=tag)
     state.buckets_posted += 1
     if not state.average:
         return work.get_future().then(lambda fut: fut.value()[0])
