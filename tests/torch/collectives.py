@@ -127,6 +127,22 @@ def test_async_future(r, n):
     # wait() with timedelta(0) means no timeout
     w = dist.all_reduce(torch.ones(4), async_op=True)
     assert w.wait(datetime.timedelta(0))
+    # a wait that runs out raises pycoll's TimeoutError; the collective goes on and finishes once
+    # the late rank joins
+    late = torch.ones(4)
+    if r == 0:
+        w = dist.all_reduce(late, async_op=True)
+        try:
+            w.wait(datetime.timedelta(seconds=0.2))
+        except pycoll.TimeoutError as exc:
+            assert "did not finish within" in str(exc), exc
+        else:
+            raise AssertionError("wait() returned before the other ranks joined")
+        w.wait()
+    else:
+        time.sleep(1.0)  # join late (collectives still in the same order on every rank)
+        dist.all_reduce(late)
+    check(late, torch.full((4,), float(n)), "all_reduce after a timed-out wait")
 
 
 def test_coalesced(r, n, gloo):
