@@ -1,0 +1,730 @@
+"""UCX transport: UCP tag messaging over one worker per pycoll Context, shared by its teams.
+
+Every pycoll Context (process) gets one UCP context and worker, made by its first UCX team and
+released by its last (refcounted, kept on the Context as ``_ucx_worker``). Each team exchanges
+worker addresses with its bootstrap ``allgather`` and opens one endpoint per rank (itself
+included). The UCX library is found at run time (see :mod:`pycoll.tl.ucx.loader`).
+
+Message keys become 64-bit UCP tags::
+
+    bit  63      0: untagged collective   1: checked key (user tag, partition, point to point)
+    bits 51-62   team id (12 bits), agreed in the bootstrap: the lowest id free on every member
+    bits 32-50   source rank (19 bits)
+    bits 12-31   untagged: sequence number mod 2**20; checked: 20 bits of the 64-bit key hash
+    bits  0-11   step mod 2**12
+
+UCP matches tags worker-wide, so the source rank and the team id are in every tag: teams sharing
+the worker never match each other's messages and a receive from rank p never takes rank q's.
+Untagged collectives ``("c", seq, step)`` have sequence numbers unique among those in flight, so
+their tags are exact: they are plain ``ucp_tag_recv_nbx`` into the caller's buffer (the fast path).
+Checked keys (anything else) can collide in 20 bits, so each such message carries a 24-byte header
+(full key hash, step, magic) in front of its payload, sent as one two-part (IOV) message. Their
+receives are not posted to UCP: while any wait, ``progress`` takes the team's checked messages with
+``ucp_tag_probe_nb(remove)`` and receives each (header into a small buffer, payload straight into
+the buffer of the first waiting receive on that tag when it fits, else into a temporary); the
+header then names the key, and a message that was not that receive's (a 20-bit collision) is
+copied to the receive it names or kept until that receive is posted.
+
+Unexpected messages and the credit gate: :meth:`poll_unexpected` (asked by the engine when work is
+held back for lack of credit) takes every message of the team that arrived without a posted
+receive into a stash, so a peer's rendezvous sends complete (the transport contract), counting
+each under its demand id (``("slot", seq mod 2**20)`` for untagged, the key hash for checked) so
+``has_unexpected`` is O(1). Receives look in the stash first, so order per (peer, key) is kept.
+
+A message larger than the receive posted for it fails that receive with a TransportError: UCP's
+``UCS_ERR_MESSAGE_TRUNCATED`` for direct receives (UCP never writes past the buffer), the
+announced length for checked ones. Endpoints use UCP's peer error mode: a transport error on a
+peer's endpoint fails every operation with that rank, naming it.
+
+Shutdown (``close``, collective over the team): cancel what is still posted, a UCX-level barrier
+(every rank sends a zero-byte "bye" to every other and waits for theirs, so all of a team's traffic
+has arrived), close the endpoints (flush, forced after a second or if a peer failed), a bootstrap
+barrier so no peer still talks to us, discard the team's leftover unexpected messages (its id may
+be reused), then release the team id; the last team destroys the worker and the UCP context.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import defaultdict, deque
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+
+from pycoll.errors import TransportError
+from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, split_key
+from pycoll.tl.ucx import loader
+
+_CHECKED = 1 << 63
+_TEAM_SHIFT, _TEAM_BITS = 51, 12
+_SRC_SHIFT, _SRC_BITS = 32, 19
+_KEY_SHIFT, _KEY_BITS = 12, 20
+_KEY_MASK = (1 << _KEY_BITS) - 1
+_STEP_MASK = (1 << 12) - 1
+_SRC_MASK = (1 << _SRC_BITS) - 1
+_FULL = (1 << 64) - 1
+_TEAM_FIELD = ((1 << _TEAM_BITS) - 1) << _TEAM_SHIFT
+_LOW = (1 << _SRC_SHIFT) - 1  # key and step bits
+_BYE = _CHECKED | _LOW  # key and step bits all ones, zero bytes: the close barrier's message
+_HEADER = struct.Struct("<QQII")  # key hash, step, magic, version
+_MAGIC = 0x50435558  # "PCUX"
+_VERSION = 1
+_BOOT = struct.Struct("<IIII")  # magic, version, team size, address bytes
+_MAX_TEAMS = 1 << _TEAM_BITS
+_U8 = np.uint8
+
+_ffi: Any = None
+_lib: Any = None
+_OK = 0
+_INPROGRESS = 1
+_TRUNCATED = -9
+_CANCELED = -16
+
+
+def _status(st: int) -> str:
+    return _ffi.string(_lib.pc_ucx_status_string(st)).decode(errors="replace")
+
+
+class _Worker:
+    """The UCP context and worker of one pycoll Context, shared by its UCX teams."""
+
+    def __init__(self) -> None:
+        global _ffi, _lib, _OK, _INPROGRESS, _TRUNCATED, _CANCELED
+        _ffi, _lib = loader.load()
+        _OK, _INPROGRESS = _lib.UCS_OK, _lib.UCS_INPROGRESS
+        _TRUNCATED, _CANCELED = _lib.UCS_ERR_MESSAGE_TRUNCATED, _lib.UCS_ERR_CANCELED
+        major, minor = loader.api_version()
+        ctxp = _ffi.new("ucp_context_h *")
+        wp = _ffi.new("ucp_worker_h *")
+        st = _lib.pc_ucx_init(major, minor, ctxp, wp)
+        if st != _OK:
+            raise TransportError(f"ucx: cannot create a UCP context and worker: {_status(st)}")
+        self.context, self.worker = ctxp[0], wp[0]
+        buf = _ffi.new("char[]", 1 << 16)
+        n = _ffi.new("size_t *")
+        st = _lib.pc_ucx_address(self.worker, buf, 1 << 16, n)
+        if st != _OK:
+            self.destroy()
+            raise TransportError(f"ucx: cannot get the worker's address: {_status(st)}")
+        self.address = bytes(_ffi.buffer(buf, n[0]))
+        self.refs = 0
+        self.team_ids: set = set()
+
+    def used_bitmap(self) -> bytes:
+        bits = 0
+        for t in self.team_ids:
+            bits |= 1 << t
+        return bits.to_bytes(_MAX_TEAMS // 8, "little")
+
+    def destroy(self) -> None:
+        if self.worker is not None or self.context is not None:
+            _lib.pc_ucx_fini(self.context or _ffi.NULL, self.worker or _ffi.NULL)
+            self.worker = self.context = None
+
+
+def _acquire(ctx: Any) -> _Worker:
+    w = getattr(ctx, "_ucx_worker", None)
+    if w is None or w.worker is None:
+        w = _Worker()
+        ctx._ucx_worker = w
+    w.refs += 1
+    return w
+
+
+def _release(ctx: Any, w: _Worker) -> None:
+    w.refs -= 1
+    if w.refs <= 0:
+        w.destroy()
+        if getattr(ctx, "_ucx_worker", None) is w:
+            ctx._ucx_worker = None
+
+
+class _Req(TransportRequest):
+    """A send, or a receive posted to UCP (untagged), or one waiting for a stashed message."""
+
+    __slots__ = ("ucp", "transport", "buf", "keep", "info")
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if self.error is not None:
+            raise self.error
+        ucp = self.ucp
+        if ucp is None:
+            return False
+        recv = self.kind == "recv"
+        st = _lib.pc_ucx_test(ucp, recv, self.info if recv else _ffi.NULL)
+        if st == _INPROGRESS:
+            return False
+        self.ucp = None
+        self.transport._live.pop(id(self), None)
+        self.transport._finished(self, st)
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+    def cancel(self) -> None:
+        if not self.done and self.ucp is not None and self.kind == "recv":
+            _lib.pc_ucx_cancel(self.transport.worker, self.ucp)
+
+
+class _CRecv(TransportRequest):
+    """A receive of a checked key: filled by the transport's progress (see the module doc)."""
+
+    __slots__ = ("buf", "k", "wire", "busy", "canceled", "transport")
+
+    def cancel(self) -> None:
+        if not self.done and not self.canceled:
+            self.canceled = True
+            if not self.busy:
+                self.transport._unwait(self)
+
+
+class _Pull:
+    """A probed message being received (into a waiting receive's buffer or a temporary)."""
+
+    __slots__ = ("ucp", "wire", "hdr", "data", "target", "info", "iov", "nbytes", "waiter")
+
+    def __init__(self, wire: int) -> None:
+        self.wire = wire
+        self.ucp = None
+        self.hdr = None
+        self.data = None
+        self.target = None
+        self.waiter = None  # an untagged receive that took this stash entry before it completed
+        self.info = _ffi.new("ucp_tag_recv_info_t *")
+        self.iov = None
+        self.nbytes = 0
+
+
+class UCXChannel(Channel):
+    """A channel whose untagged messages skip key parsing: the tag base is computed once."""
+
+    __slots__ = ("fast", "base")
+
+    def __init__(self, transport: UCXTransport, key: tuple) -> None:
+        super().__init__(transport, key)
+        self.rekey(key)
+
+    def rekey(self, key: tuple) -> None:
+        self.key = key
+        self.fast = len(key) == 2 and key[0] == "c"
+        self.base = (self.transport.team_bits | ((key[1] & _KEY_MASK) << _KEY_SHIFT)) if self.fast else 0
+
+    def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        if not self.fast:
+            return self.transport.isend(buf, peer, (*self.key, step))
+        t = self.transport
+        return t._send(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
+
+    def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
+        t = self.transport
+        if not self.fast or t._stash:
+            return t.irecv(buf, peer, (*self.key, step))
+        return t._recv(buf, peer, self.base | (peer << _SRC_SHIFT) | (step & _STEP_MASK), step)
+
+
+class UCXTransport(Transport):
+    """Point-to-point over UCX (UCP tag API) among the ranks of one team.
+
+    ``allgather(bytes) -> list[bytes]`` is the team's blocking bootstrap exchange (MPI or a store);
+    ``ctx`` the pycoll Context whose worker the team shares.
+    """
+
+    name = "ucx"
+
+    def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]], ctx: Any) -> None:
+        if size > _SRC_MASK + 1:
+            raise TransportError(f"ucx: teams of at most {_SRC_MASK + 1} ranks (tags carry 19 bits of "
+                                 f"rank), got {size}")
+        self.rank, self.size, self.ctx, self._allgather = rank, size, ctx, allgather
+        self._closed = True
+        self._w = _acquire(ctx)
+        try:
+            self._bootstrap()
+        except BaseException:
+            _release(ctx, self._w)
+            raise
+        self._closed = False
+
+    def _bootstrap(self) -> None:
+        w = self._w
+        self.worker = w.worker
+        mine = _BOOT.pack(_MAGIC, _VERSION, self.size, len(w.address)) + w.used_bitmap() + w.address
+        parts = self._allgather(mine)
+        if len(parts) != self.size:
+            raise TransportError(f"ucx: bootstrap exchange returned {len(parts)} entries for "
+                                 f"{self.size} ranks")
+        used = 0
+        addrs = []
+        nb = _MAX_TEAMS // 8
+        for r, p in enumerate(parts):
+            if len(p) < _BOOT.size + nb:
+                raise TransportError(f"ucx: rank {r} sent a malformed bootstrap record ({len(p)} B)")
+            magic, version, size, alen = _BOOT.unpack_from(p)
+            if magic != _MAGIC or version != _VERSION or size != self.size \
+                    or len(p) != _BOOT.size + nb + alen:
+                raise TransportError(f"ucx: rank {r} sent an incompatible bootstrap record (magic "
+                                     f"{magic:#x}, version {version}, team size {size})")
+            used |= int.from_bytes(p[_BOOT.size:_BOOT.size + nb], "little")
+            addrs.append(p[_BOOT.size + nb:])
+        tid = next((t for t in range(_MAX_TEAMS) if not used >> t & 1), None)
+        if tid is None:
+            raise TransportError(f"ucx: no team id free on every rank ({_MAX_TEAMS} UCX teams open)")
+        self.team_id = tid
+        w.team_ids.add(tid)
+        self.team_bits = tid << _TEAM_SHIFT
+        self._errflags = _ffi.new("int[]", self.size)
+        self._failed: Dict[int, TransportError] = {}
+        self._eps: List[Any] = []
+        self._addrs = [_ffi.from_buffer(a) for a in addrs]  # kept alive with the endpoints
+        epp = _ffi.new("ucp_ep_h *")
+        try:
+            for r in range(self.size):
+                st = _lib.pc_ucx_ep_create(self.worker, self._addrs[r], self._errflags + r, epp)
+                if st != _OK:
+                    raise TransportError(f"ucx: cannot connect to rank {r}: {_status(st)}")
+                self._eps.append(epp[0])
+        except BaseException:
+            self._close_eps(force=True)
+            w.team_ids.discard(tid)
+            raise
+        self._st = _ffi.new("int *")
+        self._msgp = _ffi.new("void **")
+        self._tagp = _ffi.new("uint64_t *")
+        self._lenp = _ffi.new("size_t *")
+        self._live: Dict[int, _Req] = {}  # requests UCP still holds (their buffers stay alive)
+        self._stash: Dict[int, deque] = defaultdict(deque)  # untagged arrivals by wire tag
+        self._kstash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)  # checked, by key
+        self._waiting: Dict[Tuple[int, int, int], deque] = defaultdict(deque)  # checked receives
+        self._wwait: Dict[int, deque] = defaultdict(deque)  # the same, by wire tag
+        self._nwaiting = 0
+        self._pulls: List[_Pull] = []
+        self._byes = 0
+
+    def __repr__(self) -> str:
+        return f"<UCXTransport rank {self.rank}/{self.size} team id {getattr(self, 'team_id', '?')}>"
+
+    def channel(self, key: tuple) -> Channel:
+        return UCXChannel(self, key)
+
+    def _check(self, peer: int) -> None:
+        if not 0 <= peer < self.size:
+            raise ValueError(f"ucx: peer {peer} is not a rank of a team of {self.size}")
+        err = self._failed.get(peer)
+        if err is not None:
+            raise err
+        if self._closed:
+            raise TransportError("ucx: the transport is closed")
+
+    def _wire(self, peer: int, tag: Hashable) -> Tuple[int, int, int, bool]:
+        """(wire tag, key hash or 0, step, checked) of a message from/to ``peer`` (the source
+        field is the sender's rank)."""
+        prefix, step, checked = split_key(tag)
+        if not checked:
+            return (self.team_bits | (peer << _SRC_SHIFT) | ((prefix[1] & _KEY_MASK) << _KEY_SHIFT)
+                    | (step & _STEP_MASK)), 0, step, False
+        h = key_hash(prefix)
+        return (_CHECKED | self.team_bits | (peer << _SRC_SHIFT) | ((h & _KEY_MASK) << _KEY_SHIFT)
+                | (step & _STEP_MASK)), h, step, True
+
+    # ------------------------------------------------------------------ sends
+    def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        wire, h, step, checked = self._wire(self.rank, tag)
+        return self._send(buf, peer, wire, tag, (h, step) if checked else None)
+
+    def _send(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
+              checked: Optional[Tuple[int, int]]) -> TransportRequest:
+        if peer in self._failed or not 0 <= peer < self.size or self._closed:
+            self._check(peer)
+        req = _Req("send", peer, tag, buf.nbytes)
+        st = self._st
+        if checked is None:
+            ucp = _lib.pc_ucx_send(self._eps[peer], _ffi.from_buffer(buf), buf.nbytes, wire, st)
+            keep: Any = buf
+        else:
+            hdr = _HEADER.pack(checked[0], checked[1], _MAGIC, _VERSION)
+            iov = _ffi.new("ucp_dt_iov_t[2]")
+            ucp = _lib.pc_ucx_send2(self._eps[peer], iov, hdr, len(hdr), _ffi.from_buffer(buf), buf.nbytes,
+                                    wire, st)
+            keep = (buf, hdr, iov)
+        s = st[0]
+        if s == _OK:
+            req.done = True
+        elif s == _INPROGRESS:
+            req.ucp, req.transport, req.keep = ucp, self, keep
+            self._live[id(req)] = req
+        else:
+            req.error = TransportError(f"ucx: send of {buf.nbytes} B to rank {peer} (tag {tag!r}) failed: "
+                                       f"{_status(s)}")
+        return req
+
+    # ------------------------------------------------------------------ receives
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        wire, h, step, checked = self._wire(peer, tag)
+        if not checked:
+            return self._recv(buf, peer, wire, tag)
+        self._check(peer)
+        req = _CRecv("recv", peer, tag, buf.nbytes)
+        req.buf, req.k, req.wire, req.busy, req.canceled, req.transport = buf, (peer, h, step), wire, False, \
+            False, self
+        stashed = self._kstash.get(req.k)
+        if stashed:
+            data = stashed.popleft()
+            if not stashed:
+                del self._kstash[req.k]
+            self._unstashed(h)
+            deliver("ucx", req, buf, data)
+            return req
+        self._waiting[req.k].append(req)
+        self._wwait[wire].append(req)
+        self._nwaiting += 1
+        self._pull(_CHECKED | self.team_bits, _CHECKED | _TEAM_FIELD)
+        return req
+
+    def _recv(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable) -> TransportRequest:
+        if peer in self._failed or not 0 <= peer < self.size or self._closed:
+            self._check(peer)
+        req = _Req("recv", peer, tag, buf.nbytes)
+        stashed = self._stash.get(wire)
+        if stashed:
+            item = stashed.popleft()
+            if not stashed:
+                del self._stash[wire]
+            self._unstashed(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
+            if isinstance(item, np.ndarray):
+                deliver("ucx", req, buf, item)
+            else:  # still arriving: it completes this receive when it has
+                req.buf, req.ucp, req.transport = buf, None, self
+                item.waiter = req
+            return req
+        req.info = _ffi.new("ucp_tag_recv_info_t *")
+        st = self._st
+        ucp = _lib.pc_ucx_recv(self.worker, _ffi.from_buffer(buf), buf.nbytes, wire, _FULL, req.info, st)
+        s = st[0]
+        req.transport = self
+        if s == _OK:
+            self._finished(req, s)
+        elif s == _INPROGRESS:
+            req.ucp, req.buf = ucp, buf
+            self._live[id(req)] = req
+        else:
+            self._finished(req, s)
+        return req
+
+    def _finished(self, req: _Req, st: int) -> None:
+        """A UCP request of ``req`` ended with status ``st``."""
+        if st == _OK:
+            if req.kind == "recv":
+                req.nbytes = req.info.length
+            req.done = True
+        elif st == _TRUNCATED:
+            req.error = TransportError(f"ucx: a message from rank {req.peer} (tag {req.tag!r}) is "
+                                       f"larger than the receive buffer of {req.nbytes} B "
+                                       "(UCS_ERR_MESSAGE_TRUNCATED)")
+        elif st == _CANCELED:
+            req.error = TransportError(f"ucx: {req.kind} with rank {req.peer} (tag {req.tag!r}) was canceled")
+        else:
+            err = self._failed.get(req.peer)
+            req.error = err or TransportError(
+                f"ucx: {req.kind} {'to' if req.kind == 'send' else 'from'} rank {req.peer} (tag {req.tag!r}) "
+                f"failed: {_status(st)}")
+        req.keep = None
+
+    def probe(self, peer: int, tag: Hashable) -> bool:
+        self._check(peer)
+        wire, h, step, checked = self._wire(peer, tag)
+        if not checked:
+            if self._stash.get(wire):
+                return True
+            _lib.pc_ucx_progress(self.worker, 4)
+            return bool(_lib.pc_ucx_probe(self.worker, wire, _FULL, 0, self._msgp, self._tagp, self._lenp))
+        _lib.pc_ucx_progress(self.worker, 4)
+        self._pull(wire, _FULL)
+        return bool(self._kstash.get((peer, h, step)))
+
+    # ------------------------------------------------------------------ taking probed messages
+    def _pull(self, tag: int, mask: int) -> int:
+        """Take every message matching (tag, mask) that waits unreceived; return how many."""
+        n = 0
+        probe, worker, msgp, tagp, lenp = _lib.pc_ucx_probe, self.worker, self._msgp, self._tagp, self._lenp
+        while probe(worker, tag, mask, 1, msgp, tagp, lenp):
+            n += 1
+            self._take(msgp[0], tagp[0], lenp[0])
+        return n
+
+    def _take(self, msg: Any, wire: int, length: int) -> None:
+        p = _Pull(wire)
+        st = self._st
+        if not wire & _CHECKED:
+            p.data = np.empty(length, _U8)
+            p.ucp = _lib.pc_ucx_msg_recv(self.worker, msg, _ffi.NULL, _ffi.NULL, 0, _ffi.from_buffer(p.data),
+                                         length, p.info, st)
+            s = st[0]
+            self._stash[wire].append(p if s == _INPROGRESS else p.data)
+            self._stashed(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
+            if s == _INPROGRESS:
+                self._pulls.append(p)
+            elif s != _OK:
+                raise TransportError(f"ucx: receiving a message from rank {(wire >> _SRC_SHIFT) & _SRC_MASK} "
+                                     f"failed: {_status(s)}")
+            return
+        if wire & _LOW == _LOW and length == 0:  # a peer's close barrier
+            _lib.pc_ucx_msg_recv(self.worker, msg, _ffi.NULL, _ffi.NULL, 0, _ffi.NULL, 0, p.info, st)
+            self._byes += 1
+            return
+        src = (wire >> _SRC_SHIFT) & _SRC_MASK
+        if length < _HEADER.size:
+            raise TransportError(f"ucx: rank {src} sent a {length}-byte message without a header on tag "
+                                 f"{wire:#x}")
+        n = p.nbytes = length - _HEADER.size
+        target = None
+        for r in self._wwait.get(wire, ()):
+            if not r.busy:
+                target = r if r.buf.nbytes >= n else None
+                break
+        p.hdr = np.empty(_HEADER.size, _U8)
+        p.iov = _ffi.new("ucp_dt_iov_t[2]")
+        if target is not None:
+            target.busy = True
+            p.target = target
+            dst = target.buf
+        else:
+            dst = p.data = np.empty(n, _U8)
+        p.ucp = _lib.pc_ucx_msg_recv(self.worker, msg, p.iov, _ffi.from_buffer(p.hdr), _HEADER.size,
+                                     _ffi.from_buffer(dst), n, p.info, st)
+        s = st[0]
+        if s == _INPROGRESS:
+            self._pulls.append(p)
+        else:
+            p.ucp = None
+            self._landed(p, s)
+
+    def _landed(self, p: _Pull, st: int) -> None:
+        """A taken message finished arriving: route it (see the module doc)."""
+        wire = p.wire
+        src = (wire >> _SRC_SHIFT) & _SRC_MASK
+        if not wire & _CHECKED:
+            waiter = p.waiter
+            if st != _OK:
+                err = TransportError(f"ucx: receiving a message from rank {src} failed: {_status(st)}")
+                if waiter is None:
+                    raise err
+                waiter.error = err
+                return
+            if waiter is not None:
+                deliver("ucx", waiter, waiter.buf, p.data)
+            else:  # still in the stash: replace the placeholder by the data
+                q = self._stash.get(wire)
+                if q is not None:
+                    for i, item in enumerate(q):
+                        if item is p:
+                            q[i] = p.data
+                            break
+            return
+        t = p.target
+        if t is not None:
+            t.busy = False
+        if st != _OK:
+            err = self._failed.get(src) or TransportError(
+                f"ucx: receiving a message from rank {src} failed: {_status(st)}")
+            if t is not None and not t.done:
+                t.error = err
+                self._unwait(t)
+                return
+            raise err
+        khash, step, magic, version = _HEADER.unpack(p.hdr.tobytes())
+        if magic != _MAGIC or version != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
+                or (khash & _KEY_MASK) != (wire >> _KEY_SHIFT) & _KEY_MASK:
+            raise TransportError(f"ucx: malformed header from rank {src} on tag {wire:#x}")
+        k = (src, khash, step)
+        n = p.nbytes
+        if t is not None:
+            if t.k == k and not t.canceled:
+                self._unwait(t)
+                t.nbytes = n
+                t.done = True
+                return
+            data = t.buf[:n].copy()  # not this receive's message (a 20-bit collision): move it
+            if t.canceled:
+                self._unwait(t)
+        else:
+            data = p.data
+        q = self._waiting.get(k)
+        r = next((r for r in q if not r.busy), None) if q else None
+        if r is not None:
+            self._unwait(r)
+            deliver("ucx", r, r.buf, data)
+        else:
+            self._kstash[k].append(data)
+            self._stashed(khash)
+
+    def _unwait(self, r: _CRecv) -> None:
+        q = self._waiting.get(r.k)
+        if q is None or r not in q:
+            return
+        q.remove(r)
+        if not q:
+            del self._waiting[r.k]
+        q = self._wwait[r.wire]
+        q.remove(r)
+        if not q:
+            del self._wwait[r.wire]
+        self._nwaiting -= 1
+
+    # ------------------------------------------------------------------ engine side
+    def progress(self) -> int:
+        moved = _lib.pc_ucx_progress(self.worker, 16)
+        if self._nwaiting:
+            moved += self._pull(_CHECKED | self.team_bits, _CHECKED | _TEAM_FIELD)
+        if self._pulls:
+            moved += self._test_pulls()
+        if _lib.pc_ucx_first_error(self._errflags, self.size) >= 0:
+            self._peer_errors()
+        return moved
+
+    def _test_pulls(self) -> int:
+        done = 0
+        still = []
+        for p in self._pulls:
+            st = _lib.pc_ucx_test(p.ucp, 1, p.info)
+            if st == _INPROGRESS:
+                still.append(p)
+                continue
+            p.ucp = None
+            done += 1
+            self._landed(p, st)
+        self._pulls = still
+        return done
+
+    def _peer_errors(self) -> None:
+        for r in range(self.size):
+            st = self._errflags[r]
+            if not st or r in self._failed:
+                continue
+            err = self._failed[r] = TransportError(f"ucx: lost rank {r}: its endpoint failed ({_status(st)})")
+            for req in list(self._live.values()):
+                if req.peer == r and not req.done:
+                    req.error = err
+                    if req.kind == "recv":
+                        _lib.pc_ucx_cancel(self.worker, req.ucp)
+            for k in [k for k in self._waiting if k[0] == r]:
+                for req in list(self._waiting[k]):
+                    req.error = err
+                    if not req.busy:
+                        self._unwait(req)
+
+    def poll_unexpected(self) -> None:
+        _lib.pc_ucx_progress(self.worker, 16)
+        self._pull(self.team_bits, _TEAM_FIELD)
+        if self._pulls:
+            self._test_pulls()
+
+    def demand_id(self, key: tuple) -> Hashable:
+        prefix, _, checked = split_key((*key, 0))
+        if not checked:
+            return ("slot", prefix[1] & _KEY_MASK)
+        return key_hash(prefix)
+
+    def pending(self) -> List[str]:
+        """What is stashed or awaited (for diagnostics)."""
+        return [f"stash {k:#x}: {len(q)}" for k, q in self._stash.items()] + \
+            [f"kstash {k}: {len(q)}" for k, q in self._kstash.items()] + \
+            [f"waiting {k}: {len(q)}" for k, q in self._waiting.items()] + \
+            [f"live {r!r}" for r in self._live.values()]
+
+    # ------------------------------------------------------------------ shutdown
+    def _drive(self, until: Callable[[], bool], seconds: float) -> bool:
+        """Progress until ``until()`` or ``seconds`` pass (yielding the core when idle)."""
+        deadline = time.monotonic() + seconds
+        idle = 0
+        while not until():
+            if time.monotonic() > deadline:
+                return False
+            if self.progress():
+                idle = 0
+            else:
+                idle += 1
+                if idle > 100:
+                    time.sleep(0.0005)
+        return True
+
+    def _close_eps(self, force: bool) -> None:
+        st = self._st if hasattr(self, "_st") else _ffi.new("int *")
+        reqs = []
+        for ep in self._eps:
+            ucp = _lib.pc_ucx_ep_close(ep, 1 if force else 0, st)
+            if st[0] == _INPROGRESS:
+                reqs.append(ucp)
+        self._eps = []
+        info = _ffi.new("ucp_tag_recv_info_t *")
+
+        def closed() -> bool:
+            reqs[:] = [r for r in reqs if _lib.pc_ucx_test(r, 0, info) == _INPROGRESS]
+            return not reqs
+
+        deadline = time.monotonic() + 5.0
+        while not closed() and time.monotonic() < deadline:
+            if not _lib.pc_ucx_progress(self.worker, 16):
+                time.sleep(0.0002)
+
+    def close(self) -> None:
+        if self._closed or self.worker is None:
+            return
+        try:
+            self._shutdown()
+        finally:
+            self._closed = True
+            self._w.team_ids.discard(self.team_id)
+            _release(self.ctx, self._w)
+            self.worker = None
+
+    def _shutdown(self) -> None:
+        # 1. withdraw what is still posted; wait (briefly) for UCP to let go of every buffer
+        for req in list(self._live.values()):
+            if req.kind == "recv" and req.ucp is not None:
+                _lib.pc_ucx_cancel(self.worker, req.ucp)
+        for k in list(self._waiting):
+            for r in list(self._waiting.get(k, ())):
+                r.canceled = True
+                if not r.busy:
+                    self._unwait(r)
+
+        def settled() -> bool:
+            for req in list(self._live.values()):
+                req.error = None
+                try:
+                    req.test()
+                except TransportError:
+                    pass
+            return not self._live and not self._pulls
+
+        self._drive(settled, 5.0)
+        failed = bool(self._failed) or _lib.pc_ucx_first_error(self._errflags, self.size) >= 0
+        # 2. a UCX barrier: every rank's messages to us have arrived once its "bye" has
+        if not failed and self.size > 1:
+            empty = np.empty(0, _U8)
+            byes = [self._send(empty, r, _BYE | self.team_bits | (self.rank << _SRC_SHIFT), "bye", None)
+                    for r in range(self.size) if r != self.rank]
+
+            def all_byes() -> bool:
+                self._pull(_BYE | self.team_bits, _FULL & ~(_SRC_MASK << _SRC_SHIFT))
+                sent = all(b.done or b.error is not None or (b.test() if b.ucp is not None else False)
+                           for b in byes)
+                return sent and self._byes >= self.size - 1
+
+            failed = not self._drive(all_byes, 30.0)
+        # 3. close the endpoints, then a bootstrap barrier: nobody talks to us any more
+        self._close_eps(force=failed)
+        if not failed:
+            try:
+                self._allgather(b"")
+            except Exception:  # noqa: BLE001 - a peer gone at close: nothing more to wait for
+                failed = True
+        # 4. leftovers of this team (its id may be reused): take them and drop them
+        self._pull(self.team_bits, _TEAM_FIELD)
+        self._drive(lambda: not self._pulls, 2.0)
+        self._stash.clear()
+        self._kstash.clear()
+        self._live.clear()
