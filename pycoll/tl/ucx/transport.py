@@ -38,9 +38,12 @@ peer's endpoint fails every operation with that rank, naming it.
 
 Shutdown (``close``, collective over the team): cancel what is still posted, a UCX-level barrier
 (every rank sends a zero-byte "bye" to every other and waits for theirs, so all of a team's traffic
-has arrived), close the endpoints (flush, forced after a second or if a peer failed), a bootstrap
-barrier so no peer still talks to us, discard the team's leftover unexpected messages (its id may
-be reused), then release the team id; the last team destroys the worker and the UCP context.
+has arrived), a bootstrap barrier so no peer still talks to us, then close the endpoints (forced:
+nothing is in flight any more, and a flushing close in UCP's peer error mode is a handshake that
+needs the peer's worker progressing, which a peer blocked in the bootstrap barrier does not do),
+discard the team's leftover unexpected messages (its id may be reused) and release the team id;
+the last team destroys the worker and the UCP context. If a peer failed (or its "bye" does not
+come within 10 s) the bootstrap barrier is skipped.
 """
 
 from __future__ import annotations
@@ -471,8 +474,10 @@ class UCXTransport(Transport):
                                      f"failed: {_status(s)}")
             return
         if wire & _LOW == _LOW and length == 0:  # a peer's close barrier
-            _lib.pc_ucx_msg_recv(self.worker, msg, _ffi.NULL, _ffi.NULL, 0, _ffi.NULL, 0, p.info, st)
+            p.ucp = _lib.pc_ucx_msg_recv(self.worker, msg, _ffi.NULL, _ffi.NULL, 0, _ffi.NULL, 0, p.info, st)
             self._byes += 1
+            if st[0] == _INPROGRESS:
+                self._pulls.append(p)  # freed when it completes (nothing to route)
             return
         src = (wire >> _SRC_SHIFT) & _SRC_MASK
         if length < _HEADER.size:
@@ -523,6 +528,8 @@ class UCXTransport(Transport):
                             q[i] = p.data
                             break
             return
+        if p.hdr is None:  # a close barrier message
+            return
         t = p.target
         if t is not None:
             t.busy = False
@@ -559,6 +566,15 @@ class UCXTransport(Transport):
         else:
             self._kstash[k].append(data)
             self._stashed(khash)
+        if t is not None and not t.canceled:  # its own message may have been kept meanwhile
+            q = self._kstash.get(t.k)
+            if q:
+                data = q.popleft()
+                if not q:
+                    del self._kstash[t.k]
+                self._unstashed(t.k[1])
+                self._unwait(t)
+                deliver("ucx", t, t.buf, data)
 
     def _unwait(self, r: _CRecv) -> None:
         q = self._waiting.get(r.k)
@@ -714,14 +730,16 @@ class UCXTransport(Transport):
                            for b in byes)
                 return sent and self._byes >= self.size - 1
 
-            failed = not self._drive(all_byes, 30.0)
-        # 3. close the endpoints, then a bootstrap barrier: nobody talks to us any more
-        self._close_eps(force=failed)
+            failed = not self._drive(all_byes, 10.0)
+        # 3. a bootstrap barrier (nobody talks to us any more), then close the endpoints: forced,
+        # as every message has arrived (a flushing close is a handshake with the peer's worker,
+        # which a peer blocked in the barrier does not progress: measured 5 s stalls)
         if not failed:
             try:
                 self._allgather(b"")
             except Exception:  # noqa: BLE001 - a peer gone at close: nothing more to wait for
                 failed = True
+        self._close_eps(force=True)
         # 4. leftovers of this team (its id may be reused): take them and drop them
         self._pull(self.team_bits, _TEAM_FIELD)
         self._drive(lambda: not self._pulls, 2.0)
