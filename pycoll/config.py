@@ -89,7 +89,10 @@ _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
          "on. 0 or inf: wait forever.")
 _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
-         "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store).")
+         "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store), ucx (UCX's tag "
+         "API for point to point, for teams from MPI or a store, when listed before mpi/tcp, e.g. "
+         "'ucx,shm'; UCX's own UCX_TLS picks its transports; PYCOLL_UCX_LIB names a libucp.so to load "
+         "instead of the libucx-cu12 wheel's).")
 _declare("PYCOLL_TUNE", "", str,
          "Algorithm selection rules that come before the defaults, e.g. "
          "'allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial' (fields: byte range LO-HI, "
