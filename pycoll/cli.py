@@ -33,6 +33,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  mpi      mpi4py {mpi4py.__version__}, {lib}")
     except Exception as exc:  # pragma: no cover - depends on the install
         print(f"  mpi      unavailable: {exc}")
+    try:
+        from pycoll.tl.ucx import info as ucx_info
+
+        ucx = ucx_info()
+        print(f"  ucx      UCX {ucx['version']} ({ucx['source']}: {ucx['library']}), PYCOLL_TLS=ucx,...")
+        print(f"           transports/devices: {', '.join(ucx['transports'])}")
+    except Exception as exc:  # pragma: no cover - depends on the install
+        print(f"  ucx      unavailable: {exc}")
     print("\nframeworks:")
     try:
         from importlib.metadata import PackageNotFoundError, version
