@@ -52,6 +52,21 @@ def parse_list(text: str) -> List[str]:
     return [item.strip() for item in str(text).split(",") if item.strip()]
 
 
+def parse_ranks_per_node(text: str) -> Tuple[int, ...]:
+    """``PYCOLL_RANKS_PER_NODE``: ``""`` (off), ``k`` or ``a,b,c`` (positive integers)."""
+    s = str(text).strip()
+    if not s:
+        return ()
+    try:
+        counts = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        raise ConfigError(f"PYCOLL_RANKS_PER_NODE must be a rank count or a list of counts "
+                          f"(e.g. 4 or 3,3,2), got {text!r}") from None
+    if not counts or any(c < 1 for c in counts):
+        raise ConfigError(f"PYCOLL_RANKS_PER_NODE counts must be >= 1, got {text!r}")
+    return counts
+
+
 def parse_level(text: str) -> str:
     """Parse a logging level name."""
     s = str(text).strip().upper()
@@ -93,6 +108,18 @@ _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "API for point to point, for teams from MPI or a store, when listed before mpi/tcp, e.g. "
          "'ucx,shm'; UCX's own UCX_TLS picks its transports; PYCOLL_UCX_LIB names a libucp.so to load "
          "instead of the libucx-cu12 wheel's).")
+_declare("PYCOLL_NODE_ID", "", str,
+         "Name of this process's node, instead of its hostname (set per process: one machine acting as "
+         "several nodes, e.g. one value per network namespace). Ranks with equal names share a node.")
+_declare("PYCOLL_RANKS_PER_NODE", "", parse_ranks_per_node,
+         "Pretend the launcher's ranks sit k per node in rank order (k), or a, b, c ranks on successive "
+         "nodes (a,b,c), so that one machine tests hierarchical algorithms. Empty: group by hostname.")
+_declare("PYCOLL_NODE_TLS", "", parse_list,
+         "Transports of node sub-teams (hierarchical algorithms' node level), as PYCOLL_TLS; empty: "
+         "PYCOLL_TLS.")
+_declare("PYCOLL_LEADER_TLS", "", parse_list,
+         "Transports of leader and rail sub-teams (the level between nodes), as PYCOLL_TLS; empty: "
+         "PYCOLL_TLS.")
 _declare("PYCOLL_TUNE", "", str,
          "Algorithm selection rules that come before the defaults, e.g. "
          "'allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial' (fields: byte range LO-HI, "

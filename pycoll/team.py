@@ -29,6 +29,7 @@ from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
 from pycoll.tl.base import Transport, TransportRequest
 from pycoll.tl.local import LocalFabric
+from pycoll.topology import Topology, node_key
 
 _EMPTY = np.empty(0, np.uint8)
 
@@ -93,6 +94,11 @@ class Team:
         self._recycle_done = self._recycle  # one bound method for every request
         #: The node-shared segment when all ranks share a host and shm is enabled (else None).
         self.shared: Any = None
+        #: Which node each rank is on (from the bootstrap; None: not known, taken as one node).
+        self.topology: Optional[Topology] = None
+        self._node_team: Optional[Team] = None  # hierarchical teams: this rank's node team
+        self._rail_team: Optional[Team] = None  # ... and the ranks with its local index on every node
+        self._self_team: Optional[Team] = None
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -133,6 +139,10 @@ class Team:
         for task in (t for pool in self._plans.values() for t in pool):
             task.finalize()
         self._plans.clear()
+        for sub in (self._node_team, self._rail_team, self._self_team):
+            if sub is not None and sub is not self:
+                sub.close()
+        self._node_team = self._rail_team = self._self_team = None
         self.ctx.remove_transport(self.transport)
         self.transport.close()
         if self.shared is not None:
@@ -156,6 +166,68 @@ class Team:
         uses = self._tag_uses.get(tag, 0)
         self._tag_uses[tag] = uses + 1
         return ("u", tag, uses)
+
+    # ------------------------------------------------------------------ hierarchy
+    def node_team(self) -> Team:
+        """The ranks of this rank's node (this team itself when it is on one node; a team of one
+        when every node holds one of its ranks). Made with the team."""
+        if self._node_team is not None:
+            return self._node_team
+        topo = self.topology
+        if topo is None or topo.n_nodes == 1:
+            return self
+        return self._alone()
+
+    def rail_team(self) -> Team:
+        """The ranks whose index on their node equals this rank's, one per node that has that many
+        (the leaders team for local index 0; the teams of split-rail allreduce)."""
+        if self._rail_team is not None:
+            return self._rail_team
+        topo = self.topology
+        if topo is not None and topo.n_nodes == self.size:
+            return self  # one rank per node: every rank leads its node
+        return self._alone()
+
+    def leaders_team(self) -> Optional[Team]:
+        """The lowest rank of every node, on those ranks; None on the others."""
+        if self.topology is not None and self.topology.local_rank(self.rank) != 0:
+            return None
+        if self.topology is None and self.rank != 0:
+            return None
+        return self.rail_team()
+
+    def _alone(self) -> Team:
+        if self._self_team is None:
+            from pycoll.tl.self import SelfTransport
+
+            self._self_team = Team(0, 1, SelfTransport(), self.ctx, name=f"{self.name}/self{self.rank}")
+        return self._self_team
+
+    def task(self, coll: str, *args: Any, tag: Optional[Hashable] = None, algorithm: Optional[str] = None,
+             **kwargs: Any) -> Task:
+        """Build collective ``coll`` of this team as a task to add to a schedule, without
+        submitting it: the levels of a hierarchical algorithm are such tasks on sub-teams (UCC's
+        hierarchical task). Arguments as for the method of that name (``team.task("reduce",
+        sendbuf, recvbuf, op, root)``). It takes its message key now, so build untagged ones in
+        the same order on every rank.
+
+        Such a task takes no credit: the engine's rule that a collective a peer started starts
+        whatever the credit keeps ranks from waiting on each other only between independent
+        collectives, and a schedule's dependencies between collectives can chain a rank's credit
+        to work that waits on it (found with tagged hierarchical allreduces under 4 KiB of
+        credit). Priority still orders them."""
+        if coll == "barrier":
+            call = _BARRIER
+        else:
+            check = getattr(self, f"_{coll}_call", None)
+            if check is None:
+                raise ValueError(f"unknown collective {coll!r}")
+            call = check(*args, **kwargs)
+        with self.ctx.lock:
+            task, key, shape = self._make(call, tag, algorithm, {}, reuse=False, credit=False)
+            if shape is not None:
+                task.credit = 0
+        return task
 
     # ------------------------------------------------------------------ collectives
     # Each collective is a pair: ``x(...)`` starts it and returns a Request, ``x_init(...)`` makes a
@@ -615,7 +687,7 @@ class Team:
             return self._submit(self._unit(task, key), priority, timeout, call.out, shape)
 
     def _make(self, call: _Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
-              reuse: bool) -> tuple:
+              reuse: bool, credit: bool = True) -> tuple:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused)."""
@@ -640,8 +712,10 @@ class Team:
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.size > 1:
             key = self._coll_key(tag)
-            return self._partitioned(build, call, key, pb, name, options), key, None
+            return self._partitioned(build, call, key, pb, name, options, credit), key, None
         args = self._args(call, _UNKEYED, name, options)
+        if tag is not None:  # the key _coll_key takes next: hierarchical algorithms derive theirs from it
+            args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
         key = self._coll_key(tag)
         args.channel.rekey(key)
@@ -650,7 +724,7 @@ class Team:
     def _select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         seg = self.shared
         name = algorithms.select(coll, self.size, nbytes, shared=seg is not None and tag is None,
-                                 cma=seg is not None and seg.cma)
+                                 cma=seg is not None and seg.cma, hier=self._node_team is not None)
         if len(self._selected) > 4096:
             self._selected.clear()
         self._selected[(coll, nbytes, tag is None)] = name
@@ -695,10 +769,11 @@ class Team:
             layout = rlayout = _equal_layout(call, self.size)
         return CollArgs(call.coll, self.rank, self.size, self.transport.channel(key), call.src, call.dst,
                         call.op, call.root, name=f"{call.coll}:{name}@{self.rank}", options=options,
-                        shared=self.shared, layout=layout, rlayout=rlayout)
+                        shared=self.shared, layout=layout, rlayout=rlayout, team=self,
+                        tag=key if key[0] == "u" else None)
 
     def _partitioned(self, build: Any, call: _Call, key: tuple, part_bytes: int, name: str,
-                     options: dict) -> Task:
+                     options: dict, credit: bool = True) -> Task:
         """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
         the part index): large work split so that urgent collectives can go in between."""
         src, dst = call.src, call.dst
@@ -708,7 +783,12 @@ class Team:
             sl = slice(lo, lo + per)
             part_key = (*key, "part", i)
             part = call._replace(src=src[sl], dst=dst[sl])
-            sched.add(self._unit(build(self._args(part, part_key, name, options)), part_key))
+            task = build(self._args(part, part_key, name, options))
+            if credit:
+                self._unit(task, part_key)
+            else:
+                task.credit = 0
+            sched.add(task)
         return sched
 
     def _submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
@@ -726,11 +806,12 @@ class Team:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_mpi(cls, comm: Any, ctx: Optional[Context] = None) -> Team:
+    def from_mpi(cls, comm: Any, ctx: Optional[Context] = None, *,
+                 tls: Optional[Sequence[str]] = None) -> Team:
         """A team over an mpi4py intracommunicator (``COMM_WORLD`` or any sub-communicator).
 
         The communicator is duplicated, so pycoll's messages never meet the caller's. Collective
-        over ``comm``: every rank calls it.
+        over ``comm``: every rank calls it. ``tls`` overrides ``PYCOLL_TLS`` for this team.
         """
         from mpi4py import MPI
 
@@ -745,23 +826,38 @@ class Team:
         else:
             from pycoll.tl.mpi import MPITransport
 
-            transport = MPITransport(dup)
+            transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), dup.allgather, ctx, tls)
+                         or MPITransport(dup))
             ctx.add_transport(transport)
         name = comm.Get_name() or "mpi"
         team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
         team.comm = dup
-        team._attach_shm(lambda value: dup.allgather(value))
+        team._attach_shm(lambda value: dup.allgather(value), tls)
+        topo = team.topology
+        if topo is not None and topo.hierarchical:
+            rank = team.rank
+            levels = (("node", topo.nodes[rank], _level_tls("PYCOLL_NODE_TLS", tls)),
+                      ("rail", topo.local_rank(rank), _level_tls("PYCOLL_LEADER_TLS", tls)))
+            for level, color, sub_tls in levels:
+                sub = dup.Split(color, rank)
+                try:
+                    made = Team.from_mpi(sub, ctx, tls=sub_tls)
+                finally:
+                    sub.Free()
+                made.name = f"{name}/{level}{color}"
+                setattr(team, f"_{level}_team", made)
         return team
 
     @classmethod
     def from_store(cls, store: Any, rank: int, size: int, ctx: Optional[Context] = None, *,
-                   prefix: str = "pycoll", advertise: Optional[str] = None) -> Team:
+                   prefix: str = "pycoll", advertise: Optional[str] = None,
+                   tls: Optional[Sequence[str]] = None) -> Team:
         """A team bootstrapped through a key-value store (pycoll's :class:`~pycoll.store.TCPStore`
         or a torch c10d ``Store``): ranks exchange addresses in the store and connect with TCP.
 
         Collective: all ``size`` ranks call it, in the same order if they make several teams.
         ``advertise`` is the address peers use to reach this rank (default: the address this
-        host uses to reach the store, or 127.0.0.1).
+        host uses to reach the store, or 127.0.0.1). ``tls`` overrides ``PYCOLL_TLS`` for this team.
         """
         from pycoll.store import allgather
         from pycoll.tl.base import key_hash
@@ -778,34 +874,50 @@ class Team:
         else:
             from pycoll.tl.tcp import TCPTransport, connect_mesh
 
-            if advertise is None:
-                advertise = _local_address(store)
-
             def exchange(value: bytes) -> List[bytes]:
                 return allgather(store, f"{team_prefix}/addr", rank, size, value)
 
-            socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
-            transport = TCPTransport(rank, size, socks)
+            chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls)
+            if chosen is None:
+                if advertise is None:
+                    advertise = _local_address(store)
+                socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
+                chosen = TCPTransport(rank, size, socks)
+            transport = chosen
             ctx.add_transport(transport)
         team = cls(rank, size, transport, ctx, name=team_prefix)
         team.store = store
         rounds = itertools.count()
-        team._attach_shm(lambda v: allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v))
+        team._attach_shm(lambda v: allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v), tls)
+        topo = team.topology
+        if topo is not None and topo.hierarchical:
+            for level, members, color, sub_tls in (
+                    ("node", topo.members(topo.nodes[rank]), topo.nodes[rank],
+                     _level_tls("PYCOLL_NODE_TLS", tls)),
+                    ("rail", topo.rail(topo.local_rank(rank)), topo.local_rank(rank),
+                     _level_tls("PYCOLL_LEADER_TLS", tls))):
+                made = Team.from_store(store, members.index(rank), len(members), ctx, advertise=advertise,
+                                       prefix=f"{team_prefix}/{level}{color}", tls=sub_tls)
+                setattr(team, f"_{level}_team", made)
         return team
 
-    def _attach_shm(self, allgather: Any) -> None:
-        """Map a shared segment if every rank is on this host and PYCOLL_TLS allows ``shm``
-        (collective: ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange)."""
+    def _attach_shm(self, allgather: Any, tls: Optional[Sequence[str]] = None) -> None:
+        """Learn which node every rank is on (:attr:`topology`) and map a shared segment if all
+        ranks are on one node and ``tls`` (PYCOLL_TLS) allows ``shm`` (collective:
+        ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange)."""
         from pycoll import config
 
         if self.size < 2:
+            self.topology = Topology((0,))
             return
-        tls = config.get("PYCOLL_TLS")
+        if tls is None:
+            tls = config.get("PYCOLL_TLS")
         from pycoll.tl.shm import shm_available
 
         wanted = "shm" in tls and shm_available()
-        hosts = allgather(f"{socket.gethostname()}|{int(wanted)}".encode())
-        if not all(h == hosts[0] for h in hosts) or not wanted:
+        infos = [v.decode().rsplit("|", 1) for v in allgather(f"{node_key()}|{int(wanted)}".encode())]
+        self.topology = Topology.from_keys([key for key, _ in infos])
+        if self.topology.n_nodes > 1 or not all(w == "1" for _, w in infos):
             return
         from pycoll.tl.shm import ShmSegment
 
@@ -890,6 +1002,30 @@ class Persistent:
             self._task = None
 
 
+def _p2p_transport(default: str, rank: int, size: int, allgather: Any, ctx: Context,
+                   tls: Optional[Sequence[str]] = None) -> Optional[Transport]:
+    """The point-to-point transport ``tls`` (PYCOLL_TLS) asks for instead of the bootstrap's own
+    (``default``: ``mpi`` or ``tcp``), or None to use that. UCX is taken when it is listed before
+    ``default`` (or ``default`` is not listed); ``allgather(bytes) -> list[bytes]`` exchanges
+    worker addresses."""
+    from pycoll import config
+
+    if tls is None:
+        tls = config.get("PYCOLL_TLS")
+    if "ucx" in tls and (default not in tls or tls.index("ucx") < tls.index(default)):
+        from pycoll.tl.ucx import UCXTransport
+
+        return UCXTransport(rank, size, allgather, ctx)
+    return None
+
+
+def _level_tls(setting: str, tls: Optional[Sequence[str]]) -> Optional[Sequence[str]]:
+    """The transports of a level of sub-teams: its setting, else the parent's ``tls``."""
+    from pycoll import config
+
+    return config.get(setting) or tls
+
+
 #: Teams made per store prefix: the n-th team of a prefix is named ``prefix/team<n>`` on every rank.
 _store_teams: Dict[str, int] = {}
 
@@ -920,4 +1056,18 @@ def local_teams(n: int, ctx: Optional[Context] = None) -> List[Team]:
         raise ValueError(f"local_teams needs n >= 1, got {n}")
     ctx = ctx if ctx is not None else Context()
     fabric = LocalFabric(n)
-    return [Team(r, n, fabric.transport(r), ctx, name=f"local{n}") for r in range(n)]
+    teams = [Team(r, n, fabric.transport(r), ctx, name=f"local{n}") for r in range(n)]
+    topo = Topology.from_keys([node_key(r) for r in range(n)])  # PYCOLL_RANKS_PER_NODE by team rank
+    for team in teams:
+        team.topology = topo
+    if topo.hierarchical:  # in-process sub-teams: one fabric per node and per rail
+        for level, groups in (("node", [topo.members(i) for i in range(topo.n_nodes)]),
+                              ("rail", [topo.rail(i) for i in range(max(topo.ppn))])):
+            for i, members in enumerate(groups):
+                sub = LocalFabric(len(members))
+                for j, r in enumerate(members):
+                    made = Team(j, len(members), sub.transport(j), ctx, name=f"local{n}/{level}{i}")
+                    made.topology = Topology(tuple(range(len(members))) if level == "rail"
+                                             else (0,) * len(members))
+                    setattr(teams[r], f"_{level}_team", made)
+    return teams

@@ -31,12 +31,26 @@ def _ok_ranks(out: str) -> set:
     return {int(m) for m in re.findall(r"RANK (\d+) OK", out)}
 
 
-def run_ranks(n: int, script: str, *args: str, timeout: float = 120, env: dict | None = None) -> str:
+def run_ranks(n: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,
+              groups: list | None = None) -> str:
     """Run ``python script args`` on ``n`` ranks; fail the test naming the rank(s) that failed.
 
     Each rank prints ``RANK <r> OK`` when it passes; anything else is reported with its output.
+    ``groups``: ``[(count, {VAR: value}), ...]`` gives successive blocks of ranks their own
+    environment (mpiexec's MPMD form), e.g. a PYCOLL_NODE_ID per block.
     """
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-u", str(ROOT / script), *args]
+    prog = [sys.executable, "-u", str(ROOT / script), *args]
+    if groups is None:
+        cmd = [mpiexec(), "-n", str(n), *prog]
+    else:
+        assert sum(c for c, _ in groups) == n, groups
+        cmd = [mpiexec()]
+        for i, (count, block_env) in enumerate(groups):
+            cmd += [":"] if i else []
+            cmd += ["-n", str(count)]
+            for var, value in block_env.items():
+                cmd += ["-env", var, str(value)]
+            cmd += prog
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     full_env.setdefault("PYCOLL_TIMEOUT", str(max(10, timeout - 10)))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -15,11 +15,15 @@ from pycoll.algorithms import (
     allgather_rd,
     allgather_ring,
     allreduce_knomial,
+    allreduce_rab,
     allreduce_rd,
     allreduce_ring,
+    allreduce_split_rail,
     alltoall_bruck,
     alltoall_pairwise,
     barrier_dissemination,
+    barrier_hier,
+    bcast_hier,
     bcast_knomial,
     bcast_scatter_allgather,
     gather_knomial,
@@ -55,15 +59,19 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
         "ring": allreduce_ring.build,
         "knomial": allreduce_knomial.build,
         "shm": _shm("allreduce_shm"),
+        "rab": allreduce_rab.build,
+        "split_rail": allreduce_split_rail.build,
     },
     "bcast": {
         "knomial": bcast_knomial.build,
         "scatter_allgather": bcast_scatter_allgather.build,
         "shm": _shm("bcast_shm"),
+        "hier": bcast_hier.build,
     },
     "barrier": {
         "dissemination": barrier_dissemination.build,
         "shm": _shm("barrier_shm"),
+        "hier": barrier_hier.build,
     },
     "reduce": {"knomial": reduce_knomial.build, "shm": _shm("reduce_shm"),
                "rs_gather": reduce_rs_gather.build},
@@ -93,6 +101,11 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
 #: ranks: the ring moves 2(n-1)/n of the buffer instead of log2(n) whole buffers, so it takes over
 #: much earlier (256 KiB, MPICH's default threshold).
 DEFAULT_RULES: List[Rule] = [
+    # Teams spanning nodes (hierarchical rules apply only there): see the figures in the README.
+    Rule("allreduce", "rab", msg=(0, 256 << 10)),
+    Rule("allreduce", "split_rail", msg=(256 << 10, INF)),
+    Rule("bcast", "hier"),
+    Rule("barrier", "hier"),
     Rule("allreduce", "shm", team=(2, INF)),
     Rule("allreduce", "rd", msg=(0, 8 << 20), team=(1, 2)),
     Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),
@@ -204,13 +217,14 @@ _parsed: Dict[str, List[Rule]] = {}
 
 
 def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "host",
-           cma: bool = False) -> str:
+           cma: bool = False, hier: bool = False) -> str:
     """The algorithm for a collective of ``nbytes`` on a team of ``size``; ``shared``: the team
     has a shared-memory segment and the call is untagged (so ``shm`` rules apply); ``cma``: its
-    ranks may read each other's memory (``cma`` rules apply)."""
+    ranks may read each other's memory (``cma`` rules apply); ``hier``: it spans several nodes and
+    has node sub-teams (hierarchical rules apply)."""
     if coll not in ALGORITHMS:
         raise ValueError(f"unknown collective {coll!r}")
-    name = tuning.choose(rules(), coll, size, nbytes, mem, shared, cma)
+    name = tuning.choose(rules(), coll, size, nbytes, mem, shared, cma, hier)
     if name is None:
         raise ValueError(f"no algorithm for {coll} on {size} ranks with {nbytes} B (check PYCOLL_TUNE)")
     return name

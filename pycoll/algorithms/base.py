@@ -43,6 +43,12 @@ class CollArgs:
     layout: Optional[Sequence[Tuple[int, int]]] = None
     #: alltoall(v) only: ``rlayout[r]`` is the block of dst that receives rank r's data.
     rlayout: Optional[Sequence[Tuple[int, int]]] = None
+    #: The team (hierarchical algorithms build their levels as collectives of its sub-teams:
+    #: ``team.node_team()``, ``team.rail_team()``, ``team.task(...)``).
+    team: Any = None
+    #: The message key of a tagged collective (the same on every rank), from which hierarchical
+    #: algorithms derive the tags of their levels; None for untagged collectives.
+    tag: Optional[Hashable] = None
 
     @property
     def in_place(self) -> bool:

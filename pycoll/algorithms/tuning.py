@@ -19,7 +19,9 @@ fields in any order::
 - the algorithm's name (exactly one; ``@name`` works too).
 
 A rule naming ``shm`` applies only to untagged calls on a team with a shared segment; one naming
-``cma`` only on a team on one host whose ranks may read each other's memory.
+``cma`` only on a team on one host whose ranks may read each other's memory; one naming a
+hierarchical algorithm (``rab``, ``split_rail``, ``hier``) only on a team that spans several nodes
+with several ranks on some node (it has node and rail sub-teams).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pycoll.config import parse_bytes
 from pycoll.errors import ConfigError
 
 INF = math.inf
+#: Algorithms that run on a team's node and rail sub-teams.
+HIERARCHICAL = frozenset({"rab", "split_rail", "hier"})
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,11 @@ class Rule:
     mem: Optional[str] = None
     source: str = "default"
 
-    def matches(self, size: int, nbytes: int, mem: str, shared: bool, cma: bool = False) -> bool:
+    def matches(self, size: int, nbytes: int, mem: str, shared: bool, cma: bool = False,
+                hier: bool = False) -> bool:
         if (self.algorithm == "shm" and not shared) or (self.algorithm == "cma" and not cma):
+            return False
+        if self.algorithm in HIERARCHICAL and not hier:
             return False
         return (self.team[0] <= size <= self.team[1] and self.msg[0] <= nbytes < self.msg[1]
                 and (self.mem is None or self.mem == mem))
@@ -139,9 +146,9 @@ def parse(text: str, known: Dict[str, Iterable[str]]) -> List[Rule]:
 
 
 def choose(rules: Sequence[Rule], coll: str, size: int, nbytes: int, mem: str = "host",
-           shared: bool = False, cma: bool = False) -> Optional[str]:
+           shared: bool = False, cma: bool = False, hier: bool = False) -> Optional[str]:
     """The algorithm of the first rule that matches, or None."""
     for rule in rules:
-        if rule.coll == coll and rule.matches(size, nbytes, mem, shared, cma):
+        if rule.coll == coll and rule.matches(size, nbytes, mem, shared, cma, hier):
             return rule.algorithm
     return None

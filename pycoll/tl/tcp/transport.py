@@ -129,20 +129,20 @@ class TCPTransport(Transport):
 
     # ------------------------------------------------------------------ receives
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
-        p = self._peer(peer)
         prefix, step, _ = split_key(tag)
         k = (peer, key_hash(prefix), step)
         req = _Recv("recv", peer, tag, buf.nbytes)
         req.buf = buf
         req.k = k
         stashed = self._stash.get(k)
-        if stashed:
+        if stashed:  # arrived before the receive (perhaps before the peer closed: still good)
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
             self._unstashed(k[1])
             deliver("tcp", req, req.buf, data)
             return req
+        p = self._peer(peer)
         if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
             # the payload is arriving right now into a temporary buffer: take it over
             if p.data.nbytes <= buf.nbytes:

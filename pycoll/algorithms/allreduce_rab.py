@@ -1,0 +1,71 @@
+"""Hierarchical allreduce "rab" (UCC's reduce - allreduce - bcast):
+
+1. reduce onto the node leader (the node team's rank 0), on the node's shared segment;
+2. allreduce among the node leaders (the leaders team, between nodes);
+3. bcast from the leader to its node.
+
+Only the leaders' data crosses nodes, once per node instead of once per rank. Pipelined in
+fragments (options ``fragment_bytes``, ``depth``): the node reduces fragment f+1 while the
+leaders allreduce fragment f.
+"""
+
+from __future__ import annotations
+
+from pycoll.algorithms.base import CollArgs
+from pycoll.algorithms.hierarchy import (
+    HierSchedule,
+    add_average,
+    copy_task,
+    depth,
+    fragments,
+    level_op,
+    level_tag,
+)
+from pycoll.tasks.task import Task
+
+
+def build(args: CollArgs) -> Task:
+    team = args.team
+    node, leaders = team.node_team(), team.leaders_team()
+    op = level_op(args.op)
+    src, dst = args.src, args.dst
+    leader = node.rank == 0
+    sched = HierSchedule(args)
+    frags = fragments(args)
+    lag = depth(args)
+    reduces, bcasts = [], []
+
+    def reduce(f: int) -> Task:
+        lo, hi = frags[f]
+        tag = level_tag(args, "node-reduce", f)
+        if node.size == 1:  # alone on the node: the input is the node's sum
+            task = copy_task(dst[lo:hi], src[lo:hi], f"{args.name}/copy{f}") if not args.in_place else None
+            return sched.add(task) if task is not None else None
+        if leader:
+            task = (node.task("reduce", dst[lo:hi], None, op, 0, tag=tag) if args.in_place
+                    else node.task("reduce", src[lo:hi], dst[lo:hi], op, 0, tag=tag))
+        else:
+            task = node.task("reduce", src[lo:hi], None, op, 0, tag=tag)
+        return sched.add(task)
+
+    def bcast(f: int) -> None:
+        lo, hi = frags[f]
+        after = [t for t in (reduces[f],) if t is not None]
+        if leader and leaders is not None and leaders.size > 1:
+            tag = level_tag(args, "leaders", f)
+            after = [sched.add(leaders.task("allreduce", dst[lo:hi], None, op, tag=tag), after=after)]
+        if node.size > 1:
+            after = [sched.add(node.task("bcast", dst[lo:hi], 0, tag=level_tag(args, "node-bcast", f)),
+                               after=after)]
+        bcasts.extend(after)
+
+    # node-level steps in this order on every rank of a node (the segment runs them so):
+    # reduce 0..lag-1, then bcast f with reduce f+lag
+    for f in range(len(frags)):
+        reduces.append(reduce(f))
+        if f >= lag:
+            bcast(f - lag)
+    for f in range(max(0, len(frags) - lag), len(frags)):
+        bcast(f)
+    add_average(sched, args, bcasts + [t for t in reduces if t is not None])
+    return sched
