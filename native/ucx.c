@@ -101,15 +101,16 @@ static int pc_ucx_address(ucp_worker_h worker, void *out, size_t cap, size_t *le
     return UCS_OK;
 }
 
-/* An endpoint to a remote worker; a transport error on it is stored in *err (peer error mode). */
-static int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int *err, ucp_ep_h *ep)
+/* An endpoint to a remote worker; a transport error on it is stored in *err (with peer_mode, UCP's
+ * peer error handling mode; without it, UCP's default mode). */
+static int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_mode, int *err, ucp_ep_h *ep)
 {
     ucp_ep_params_t params;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = (const ucp_address_t *)address;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = pc_ucx_err_cb;
     params.err_handler.arg = err;
     return ucp_ep_create(worker, &params, ep);

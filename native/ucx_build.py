@@ -42,7 +42,7 @@ const char *pc_ucx_status_string(int status);
 int pc_ucx_init(unsigned api_major, unsigned api_minor, ucp_context_h *ctx, ucp_worker_h *worker);
 void pc_ucx_fini(ucp_context_h ctx, ucp_worker_h worker);
 int pc_ucx_address(ucp_worker_h worker, void *out, size_t cap, size_t *len);
-int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int *err, ucp_ep_h *ep);
+int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_mode, int *err, ucp_ep_h *ep);
 void *pc_ucx_ep_close(ucp_ep_h ep, int force, int *status);
 int pc_ucx_first_error(const int *flags, int n);
 void *pc_ucx_send(ucp_ep_h ep, const void *buf, size_t n, uint64_t tag, int *status);

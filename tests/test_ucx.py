@@ -158,7 +158,11 @@ def test_missing_library_is_a_transport_error():
     assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
 
 
-def test_dying_rank_is_an_error_not_a_hang():
+@pytest.mark.parametrize("peer_errors", ["auto", "1"])
+def test_dying_rank_is_an_error_not_a_hang(peer_errors):
+    """auto (same node: no peer error mode, so shared memory): the collective's timeout; 1: UCP's
+    peer error mode (TCP between local ranks) may report the loss first. Either way a pycoll
+    error in time."""
     from pycoll.store import TCPStore
 
     script = textwrap.dedent("""
@@ -183,7 +187,7 @@ def test_dying_rank_is_an_error_not_a_hang():
         print("NO ERROR", flush=True)
     """)
     server = TCPStore(port=0, is_master=True, timeout=30)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYCOLL_TLS="ucx")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYCOLL_TLS="ucx", PYCOLL_UCX_PEER_ERRORS=peer_errors)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), "2", str(server.port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               start_new_session=True) for r in range(2)]
@@ -197,4 +201,5 @@ def test_dying_rank_is_an_error_not_a_hang():
     assert procs[1].returncode == 3, outs[1]
     assert procs[0].returncode == 0 and "ERROR" in outs[0], outs[0]
     took = float(outs[0].split("ERROR", 1)[1].split()[1])
+    print(outs[0])
     assert took < 15, outs[0]
