@@ -127,6 +127,15 @@ static void *pc_ucx_ep_close(ucp_ep_h ep, int force, int *status)
     return pc_ucx_result(ucp_ep_close_nbx(ep, &param), status);
 }
 
+/* Start flushing ep: done once every operation issued on it completed at the peer (which needs
+ * the connection established: UCX's TCP transport connects lazily). */
+static void *pc_ucx_ep_flush(ucp_ep_h ep, int *status)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    return pc_ucx_result(ucp_ep_flush_nbx(ep, &param), status);
+}
+
 /* The index of the first nonzero error flag, or -1. */
 static int pc_ucx_first_error(const int *flags, int n)
 {

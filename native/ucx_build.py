@@ -44,6 +44,7 @@ void pc_ucx_fini(ucp_context_h ctx, ucp_worker_h worker);
 int pc_ucx_address(ucp_worker_h worker, void *out, size_t cap, size_t *len);
 int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_mode, int *err, ucp_ep_h *ep);
 void *pc_ucx_ep_close(ucp_ep_h ep, int force, int *status);
+void *pc_ucx_ep_flush(ucp_ep_h ep, int *status);
 int pc_ucx_first_error(const int *flags, int n);
 void *pc_ucx_send(ucp_ep_h ep, const void *buf, size_t n, uint64_t tag, int *status);
 void *pc_ucx_send2(ucp_ep_h ep, ucp_dt_iov_t *iov, const void *hdr, size_t hlen, const void *buf,

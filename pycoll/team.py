@@ -874,8 +874,10 @@ class Team:
         else:
             from pycoll.tl.tcp import TCPTransport, connect_mesh
 
-            def exchange(value: bytes) -> List[bytes]:
-                return allgather(store, f"{team_prefix}/addr", rank, size, value)
+            exchanges = itertools.count()
+
+            def exchange(value: bytes) -> List[bytes]:  # a fresh key per round: transports call it again
+                return allgather(store, f"{team_prefix}/addr{next(exchanges)}", rank, size, value)
 
             chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls)
             if chosen is None:

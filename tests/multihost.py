@@ -25,6 +25,16 @@ from tests.mpirun import ROOT
 _available: Optional[str] = None  # "" when namespaces work, else why not
 
 
+def need_ucx() -> None:
+    """Skip the test, saying why, when UCX cannot be loaded."""
+    try:
+        from pycoll.tl.ucx import loader
+
+        loader.load()
+    except Exception as exc:  # noqa: BLE001 - any reason is a reason to skip
+        pytest.skip(f"UCX is not available: {exc}")
+
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
 

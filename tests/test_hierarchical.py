@@ -12,6 +12,7 @@ from pycoll.errors import ConfigError
 from pycoll.topology import Topology, node_key, pretend_node
 from tests.colltest import assert_same, expected, make_input, valid_ops
 from tests.mpirun import run_ranks
+from tests.multihost import need_ucx
 
 
 def test_pretend_nodes():
@@ -160,6 +161,17 @@ def test_hierarchical_mpiexec(mode, rpn, quick):
     level on each node's shared segment, the level between nodes on MPI or TCP."""
     run_ranks(8, "tests/mpi/hierarchical.py", mode, *(["quick"] if quick else []), timeout=150,
               env={"PYCOLL_RANKS_PER_NODE": rpn})
+
+
+@pytest.mark.parametrize("mode,rpn,ucx_tls", [("mpi", "4", None), ("store", "3", "tcp")])
+def test_hierarchical_ucx(mode, rpn, ucx_tls):
+    """Every team on UCX (in the store case forced onto TCP with UCX_TLS=tcp), the node level on
+    each node's shared segment."""
+    need_ucx()
+    env = {"PYCOLL_RANKS_PER_NODE": rpn, "PYCOLL_TLS": "ucx,shm"}
+    if ucx_tls:
+        env["UCX_TLS"] = ucx_tls
+    run_ranks(8, "tests/mpi/hierarchical.py", mode, "quick", timeout=150, env=env)
 
 
 def test_node_id_per_rank_block():

@@ -6,6 +6,7 @@ argv: the transport expected between hosts (tcp | ucx).
 
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -44,6 +45,9 @@ def main(rank, size, between):
         team.barrier().wait()
     team.barrier(algorithm="dissemination").wait()
     team.close()
+    store.add("closed", 1)  # the store's host (rank 0) stays until every rank has closed its team
+    while rank == 0 and store.add("closed", 0) < size:
+        time.sleep(0.01)
     store.close()
 
 

@@ -7,6 +7,7 @@ argv: bootstrap (mpi | store), then "quick" for fewer dtypes.
 import os
 import random
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -129,7 +130,12 @@ def main(mode, quick):
     check_barrier(team)
     check_tagged_orders(team)
     team.barrier().wait()
+    store = getattr(team, "store", None)
     team.close()
+    if store is not None:  # the store's host (rank 0) stays until every rank has closed: closing
+        store.add("closed", 1)  # a UCX team ends with a barrier through the store
+        while team.rank == 0 and store.add("closed", 0) < team.size:
+            time.sleep(0.01)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ come within 10 s) the bootstrap barrier is skipped.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -71,6 +72,7 @@ _SRC_SHIFT, _SRC_BITS = 32, 19
 _KEY_SHIFT, _KEY_BITS = 12, 20
 _KEY_MASK = (1 << _KEY_BITS) - 1
 _STEP_MASK = (1 << 12) - 1
+_log = logging.getLogger("pycoll")
 _SRC_MASK = (1 << _SRC_BITS) - 1
 _FULL = (1 << 64) - 1
 _TEAM_FIELD = ((1 << _TEAM_BITS) - 1) << _TEAM_SHIFT
@@ -138,6 +140,11 @@ class _Worker:
         self.address = bytes(_ffi.buffer(buf, n[0]))
         self.refs = 0
         self.team_ids: set = set()
+        #: Endpoints of closed teams (with what their error callbacks write to), closed with the
+        #: worker: UCX's TCP transport carries every endpoint between two workers on one
+        #: connection, so force-closing a team's endpoints reset the others' ("error during flush:
+        #: Connection reset by remote peer" in the next team's close, 8 ranks as 3 nodes).
+        self.retired: List[tuple] = []
 
     def used_bitmap(self) -> bytes:
         bits = 0
@@ -146,6 +153,21 @@ class _Worker:
         return bits.to_bytes(_MAX_TEAMS // 8, "little")
 
     def destroy(self) -> None:
+        if self.retired and self.worker is not None:
+            st = _ffi.new("int *")
+            info = _ffi.new("ucp_tag_recv_info_t *")
+            reqs = []
+            for eps, _flags, _addrs in self.retired:
+                for ep in eps:
+                    ucp = _lib.pc_ucx_ep_close(ep, 1, st)
+                    if st[0] == _INPROGRESS:
+                        reqs.append(ucp)
+            self.retired = []
+            deadline = time.monotonic() + 5.0
+            while reqs and time.monotonic() < deadline:
+                reqs = [q for q in reqs if _lib.pc_ucx_test(q, 0, info) == _INPROGRESS]
+                if not _lib.pc_ucx_progress(self.worker, 16):
+                    time.sleep(0.0002)
         if self.worker is not None or self.context is not None:
             _lib.pc_ucx_fini(self.context or _ffi.NULL, self.worker or _ffi.NULL)
             self.worker = self.context = None
@@ -717,6 +739,26 @@ class UCXTransport(Transport):
             if not _lib.pc_ucx_progress(self.worker, 16):
                 time.sleep(0.0002)
 
+    def _flush(self, seconds: float) -> bool:
+        """Flush every endpoint of this team (progressing the worker); whether all finished."""
+        st = _ffi.new("int *")
+        info = _ffi.new("ucp_tag_recv_info_t *")
+        reqs = []
+        for r, ep in enumerate(self._eps):
+            if r == self.rank:
+                continue
+            ucp = _lib.pc_ucx_ep_flush(ep, st)
+            if st[0] == _INPROGRESS:
+                reqs.append(ucp)
+            elif st[0] != 0:
+                return False
+
+        def flushed() -> bool:
+            reqs[:] = [q for q in reqs if _lib.pc_ucx_test(q, 0, info) == _INPROGRESS]
+            return not reqs
+
+        return self._drive(flushed, seconds)
+
     def close(self) -> None:
         if self._closed or self.worker is None:
             return
@@ -762,7 +804,16 @@ class UCXTransport(Transport):
                            for b in byes)
                 return sent and self._byes >= self.size - 1
 
-            failed = not self._drive(all_byes, 10.0)
+            if not self._drive(all_byes, 10.0):
+                _log.warning("ucx: closing team %d on rank %d: %d of %d byes after 10 s", self.team_id,
+                             self.rank, self._byes, self.size - 1)
+            # 2b. flush: our byes (and everything before them) have reached every peer. A send that
+            # completed locally may not have left yet, and the barrier below does not progress UCX.
+            if not self._flush(10.0):
+                _log.warning("ucx: closing team %d on rank %d: flush unfinished after 10 s", self.team_id,
+                             self.rank)
+        # Only a peer known to be gone skips the barrier: a rank that skipped it on a slow bye
+        # would leave the others in it for good.
         # 3. a bootstrap barrier (nobody talks to us any more), then close the endpoints: forced,
         # as every message has arrived (a flushing close is a handshake with the peer's worker,
         # which a peer blocked in the barrier does not progress: measured 5 s stalls)
@@ -771,7 +822,11 @@ class UCXTransport(Transport):
                 self._allgather(b"")
             except Exception:  # noqa: BLE001 - a peer gone at close: nothing more to wait for
                 failed = True
-        self._close_eps(force=True)
+        if self._w.refs > 1:  # other teams still use the worker: keep the endpoints until it goes
+            self._w.retired.append((self._eps, self._errflags, self._addrs))
+            self._eps = []
+        else:
+            self._close_eps(force=True)
         # 4. leftovers of this team (its id may be reused): take them and drop them
         self._pull(self.team_bits, _TEAM_FIELD)
         self._drive(lambda: not self._pulls, 2.0)
