@@ -108,6 +108,13 @@ _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "API for point to point, for teams from MPI or a store, when listed before mpi/tcp, e.g. "
          "'ucx,shm'; UCX's own UCX_TLS picks its transports; PYCOLL_UCX_LIB names a libucp.so to load "
          "instead of the libucx-cu12 wheel's).")
+_declare("PYCOLL_UCX_LIB", "", str,
+         "Path of a libucp.so for the ucx transport to load instead of the one MPICH already loaded or the "
+         "libucx wheel's.")
+_declare("PYCOLL_UCX_PEER_ERRORS", "auto", str,
+         "UCX peer error mode (a dead peer is reported at once): auto = for ranks on other nodes only (the "
+         "mode rules out UCX's shared-memory transports), 1 = every rank, 0 = none (a dead peer is then "
+         "found by PYCOLL_TIMEOUT).")
 _declare("PYCOLL_NODE_ID", "", str,
          "Name of this process's node, instead of its hostname (set per process: one machine acting as "
          "several nodes, e.g. one value per network namespace). Ranks with equal names share a node.")

@@ -105,9 +105,12 @@ def test_barrier_hier_waits_for_every_node(monkeypatch):
 
 
 def test_selection_spans_nodes(monkeypatch):
-    assert select("allreduce", 8, 4, hier=True) == "rab"
+    assert select("allreduce", 8, 4, hier=True) == "rd"  # small: the flat rules (measured)
     assert select("allreduce", 8, 64 << 20, hier=True) == "split_rail"
-    assert select("bcast", 8, 4, hier=True) == "hier" and select("barrier", 8, 0, hier=True) == "hier"
+    assert select("bcast", 8, 4 << 20, hier=True) == "hier" and select("bcast", 8, 4, hier=True) == "knomial"
+    monkeypatch.setenv("PYCOLL_TUNE", "barrier:hier")
+    assert select("barrier", 8, 0, hier=True) == "hier" and select("barrier", 8, 0) == "dissemination"
+    monkeypatch.delenv("PYCOLL_TUNE")
     assert select("allreduce", 8, 64 << 20) == "ring"  # never on a team within one node
     monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-inf:rab")
     assert select("allreduce", 8, 64 << 20) == "ring"

@@ -101,11 +101,23 @@ ALGORITHMS: Dict[str, Dict[str, Builder]] = {
 #: ranks: the ring moves 2(n-1)/n of the buffer instead of log2(n) whole buffers, so it takes over
 #: much earlier (256 KiB, MPICH's default threshold).
 DEFAULT_RULES: List[Rule] = [
-    # Teams spanning nodes (hierarchical rules apply only there): see the figures in the README.
-    Rule("allreduce", "rab", msg=(0, 256 << 10)),
+    # Teams spanning nodes (these rules apply only there). 8 ranks as 2 nodes (4 + 4) and 4 as 2
+    # (2 + 2), levels between nodes on UCX over TCP, node level on the shared segment, us per call,
+    # hierarchical / flat (PYCOLL_RANKS_PER_NODE=4|2 PYCOLL_TLS=ucx,shm UCX_TLS=tcp mpiexec -n 8|4
+    # python benchmarks/hierarchical.py):
+    #   allreduce rab / split_rail / flat rd or ring:
+    #     n=8 8 B 1449 / 2709 / 629; 64 KiB 1628 / 3477 / 1640;
+    #     1 MiB 8959 / 6187 / 15727; 16 MiB 105183 / 54138 / 207912
+    #     n=4 8 B 585 / 898 / 216; 64 KiB 1130 / 1223 / 590; 256 KiB 1233 / 1153 / 1409;
+    #     1 MiB 4470 / 4353 / 9177
+    #   bcast hier / knomial: n=8 8 B 800 / 127; 1 MiB 5376 / 11133; 16 MiB 58900 / 149887
+    #     n=4 64 KiB 498 / 201; 256 KiB 1514 / 1093; 1 MiB 2866 / 3728
+    #   barrier hier / dissemination: n=8 1131 / 594; n=4 705 / 182
+    # -> split_rail from 256 KiB, hier bcast from 1 MiB; below, three dependent phases (each a hand-over
+    #    between processes sharing 2 cores) cost more than the flat algorithms' rounds, so the flat
+    #    rules below apply (rab and the hier barrier stay available by name and through PYCOLL_TUNE).
     Rule("allreduce", "split_rail", msg=(256 << 10, INF)),
-    Rule("bcast", "hier"),
-    Rule("barrier", "hier"),
+    Rule("bcast", "hier", msg=(1 << 20, INF)),
     Rule("allreduce", "shm", team=(2, INF)),
     Rule("allreduce", "rd", msg=(0, 8 << 20), team=(1, 2)),
     Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),

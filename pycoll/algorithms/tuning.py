@@ -66,8 +66,9 @@ class Rule:
 
         team = "any" if self.team == (1, INF) else f"{int(self.team[0])}-{size(self.team[1])}"
         msg = f"{size(self.msg[0])}-{size(self.msg[1])}"
+        where = ", teams spanning nodes" if self.algorithm in HIERARCHICAL else ""
         return (f"{self.coll:<10} bytes {msg:<9} team {team:<6} mem {self.mem or 'any':<5} -> "
-                f"{self.algorithm} ({self.source})")
+                f"{self.algorithm} ({self.source}{where})")
 
 
 def _human(n: int) -> str:

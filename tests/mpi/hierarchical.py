@@ -124,7 +124,7 @@ def main(mode, quick):
     req.wait()
     assert (buf == team.size).all()
     req = team.allreduce(np.ones(4, np.float32))
-    assert "rab" in req.task.name, req.task.name
+    assert "rd" in req.task.name, req.task.name  # small: flat (measured faster on this machine)
     req.wait()
     check_bcast(team, (0, 1, 10000))
     check_barrier(team)
