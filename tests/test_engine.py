@@ -194,3 +194,27 @@ def test_work_without_credit_never_waits_behind_blocked_work():
     first.finish()
     ctx.progress()
     assert log == ["holds-credit", "blocked"]  # then priority decides among credit takers
+
+
+def test_standing_still_overdraws_the_credit():
+    """Work held back by credit while nothing moves for stall_s starts anyway, one task per stall
+    (the deadlock breaker for ranks no peer's message can start); while things move it does not."""
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    ctx.stall_s = 0.05
+    log = []
+    first, second, third = (Manual(f"t{i}", log, nbytes=100) for i in range(3))
+    reqs = [ctx.submit(t) for t in (first, second, third)]
+    assert log == ["t0"]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.03:  # still, but not long enough
+        ctx.progress()
+    assert log == ["t0"] and ctx.stats["stall_starts"] == 0
+    while len(log) < 2 and time.monotonic() - t0 < 5:
+        ctx.progress()
+        time.sleep(0.001)
+    assert log == ["t0", "t1"] and ctx.stats["stall_starts"] == 1 and ctx.in_flight == 200
+    for t in (first, second, third):
+        t.finish()
+    for r in reqs:
+        r.wait(5)
+    assert ctx.in_flight == 0

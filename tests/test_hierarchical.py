@@ -157,7 +157,7 @@ def test_avg_divides_once(monkeypatch):
         assert np.allclose(bufs[2], 36.0), (alg, bufs[2])
 
 
-@pytest.mark.parametrize("mode,rpn,quick", [("mpi", "4", False), ("store", "3", False), ("mpi", "2", True),
+@pytest.mark.parametrize("mode,rpn,quick", [("mpi", "4", False), ("store", "3", False), ("mpi", "2", False),
                                             ("mpi", "1,4,3", True), ("store", "5,3", True)])
 def test_hierarchical_mpiexec(mode, rpn, quick):
     """8 ranks as 2, 3 (uneven) and 4 nodes, every dtype and op, roots on every node; the node
@@ -175,6 +175,15 @@ def test_hierarchical_ucx(mode, rpn, ucx_tls):
     if ucx_tls:
         env["UCX_TLS"] = ucx_tls
     run_ranks(8, "tests/mpi/hierarchical.py", mode, "quick", timeout=150, env=env)
+
+
+def test_level_transports():
+    """PYCOLL_NODE_TLS / PYCOLL_LEADER_TLS: the team on MPI, its node level on MPI plus the shared
+    segment, the level between nodes on UCX."""
+    need_ucx()
+    run_ranks(8, "tests/mpi/hierarchical.py", "mpi", "quick", timeout=150,
+              env={"PYCOLL_RANKS_PER_NODE": "4", "PYCOLL_TLS": "shm,mpi", "PYCOLL_NODE_TLS": "shm,mpi",
+                   "PYCOLL_LEADER_TLS": "ucx", "EXPECT_TLS": "mpi,mpi,ucx"})
 
 
 def test_node_id_per_rank_block():

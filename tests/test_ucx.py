@@ -27,6 +27,9 @@ except TransportError as exc:  # pragma: no cover - a build without the UCX bind
     (2, "mpi-first", {"UCX_TLS": "tcp"}),
     (3, "ucx-first", {}),
     (4, "mpi-first", {}),
+    (5, "ucx-first", {}),
+    (6, "mpi-first", {}),
+    (7, "ucx-first", {}),
     (8, "ucx-first", {}),
 ])
 def test_collectives_over_ucx(n, order, env):

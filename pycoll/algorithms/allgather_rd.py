@@ -43,7 +43,9 @@ class RecursiveDoublingAllgather(StepTask):
         for _, cnt in args.layout:
             offs.append(offs[-1] + cnt)
         self.offs = offs
-        self.sends_first = self.role != "proxy" or args.size == 1
+        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
+        # first, so no peer's message could start it past the credit: neither takes credit
+        self.sends_first = self.role == "plain" or args.size == 1
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args

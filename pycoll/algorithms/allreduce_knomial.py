@@ -73,5 +73,7 @@ def build(args: CollArgs) -> Task:
     full = 1
     while full * radix <= n:
         full *= radix
-    task.sends_first = not (args.rank < full and full + args.rank < n)  # proxies receive first
+    # proxies receive first; the extra ranks (>= full) send first but nobody sends to them first,
+    # so no peer's message could start them past the credit: neither takes credit
+    task.sends_first = args.rank < full and not full + args.rank < n
     return task

@@ -42,7 +42,9 @@ class RecursiveDoublingAllreduce(StepTask):
         self.role, self.steps, self.last_step = plan(args.rank, args.size)
         self.reduce = reducer(args.op, args.dst.dtype)
         self.avg = args.op is ReduceOp.AVG
-        self.sends_first = self.role != "proxy" or args.size == 1
+        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
+        # first, so no peer's message could start it past the credit: neither takes credit
+        self.sends_first = self.role == "plain" or args.size == 1
         self._views: Optional[tuple] = None  # (src, dst, and wire views of them and the scratch)
 
     def run(self) -> Generator[Waitable, None, None]:

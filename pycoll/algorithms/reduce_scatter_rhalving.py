@@ -50,7 +50,9 @@ class RecursiveHalvingReduceScatter(StepTask):
         self.steps = steps
         self.need = need
         self.last_step = self.p.bit_length()  # steps 1 .. log2(p) halve; this one hands back
-        self.sends_first = self.role != "proxy" or n == 1
+        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
+        # first, so no peer's message could start it past the credit: neither takes credit
+        self.sends_first = self.role == "plain" or n == 1
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args

@@ -58,6 +58,10 @@ def check_topology(team):
     # the node level runs on the node's shared segment (every rank of a node is on this host)
     assert node.size == 1 or node.shared is not None, "node team without a shared segment"
     assert team.shared is None, "a team spanning nodes must not share one segment"
+    expect = os.environ.get("EXPECT_TLS")  # transports of the team, its node team, its rail team
+    if expect:
+        got = ",".join(t.transport.name for t in (team, node, rail))
+        assert got == expect, (got, expect)
 
 
 def check_allreduce(team, alg, dtypes, sizes, frag):
