@@ -218,12 +218,14 @@ def _task(coll, alg, rank, n, count=4):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 8])
 def test_sends_first(n):
-    """Only the ranks that stand in for a folded-out neighbour start by receiving."""
+    """Only the ranks that take part in the exchanges take credit: a proxy starts by receiving
+    from its folded-out neighbour, and that neighbour (idle) sends first but receives nothing first,
+    so no peer's message could start it past the credit."""
     rem = n - (1 << (n.bit_length() - 1))
-    for coll, alg in (("allgather", "rd"), ("reduce_scatter", "rhalving")):
+    for coll, alg in (("allgather", "rd"), ("reduce_scatter", "rhalving"), ("allreduce", "rd")):
         for r in range(n):
-            proxy = r < 2 * rem and r % 2 == 1
-            assert _task(coll, alg, r, n).sends_first is (not proxy), (coll, n, r)
+            folded = r < 2 * rem
+            assert _task(coll, alg, r, n).sends_first is (n == 1 or not folded), (coll, n, r)
     for coll, alg in (("allgather", "bruck"), ("alltoall", "bruck")):
         assert all(_task(coll, alg, r, n).sends_first for r in range(n))
 
