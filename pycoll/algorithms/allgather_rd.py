@@ -17,7 +17,7 @@ from typing import Generator, List, Tuple
 
 import numpy as np
 
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, is_packed
+from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, is_packed
 from pycoll.tasks.task import Task
 
 
@@ -43,9 +43,6 @@ class RecursiveDoublingAllgather(StepTask):
         for _, cnt in args.layout:
             offs.append(offs[-1] + cnt)
         self.offs = offs
-        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
-        # first, so no peer's message could start it past the credit: neither takes credit
-        self.sends_first = self.role == "plain" or args.size == 1
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
@@ -66,10 +63,10 @@ class RecursiveDoublingAllgather(StepTask):
             last_step = self.p.bit_length()  # steps 1 .. log2(p) double; this one hands back
             if self.role == "idle":
                 yield (ch.isend(as_wire(mine), rank + 1, 0),)
-                yield (ch.irecv(wire, rank + 1, last_step),)
+                yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(wire, rank + 1, last_step))
             else:
-                if self.role == "proxy":
-                    yield (ch.irecv(rng(rank - 1, rank), rank - 1, 0),)
+                if self.role == "proxy":  # "go" first: it starts the idle neighbour under a credit limit
+                    yield (ch.isend(GO, rank - 1, 0), ch.irecv(rng(rank - 1, rank), rank - 1, 0))
                 rem = n - self.p
                 me, mask, step = self.newrank, 1, 1
                 while mask < self.p:

@@ -10,7 +10,17 @@ from typing import Generator, List
 
 import numpy as np  # noqa: F401 - for annotations
 
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_in, finish, reduce_ordered
+from pycoll.algorithms.base import (
+    GO,
+    GO_SINK,
+    CollArgs,
+    StepTask,
+    Waitable,
+    as_wire,
+    copy_in,
+    finish,
+    reduce_ordered,
+)
 from pycoll.ops import reduce_into
 from pycoll.tasks.task import Task
 
@@ -40,13 +50,15 @@ class KnomialAllreduce(StepTask):
         if rank >= full:  # an extra rank: its proxy works for it
             proxy = (rank - full) % full
             yield (ch.isend(wire, proxy, 0),)
-            yield (ch.irecv(wire, proxy, final),)
+            yield (ch.irecv(GO_SINK, proxy, 0), ch.irecv(wire, proxy, final))
             finish(a)
             return
         extras = list(range(full + rank, n, full))
         if extras:
             bufs = [self.scratch(radix + i, dst) for i in range(len(extras))]
-            yield tuple(ch.irecv(as_wire(b), e, 0) for e, b in zip(extras, bufs))
+            # "go" first: it starts the extra ranks under a credit limit
+            yield (*(ch.isend(GO, e, 0) for e in extras),
+                   *(ch.irecv(as_wire(b), e, 0) for e, b in zip(extras, bufs)))
             for b in bufs:
                 reduce_into(dst, b, op)
         scratch: List[np.ndarray] = [self.scratch(i, dst) for i in range(radix - 1)]
@@ -68,12 +80,4 @@ class KnomialAllreduce(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    task = KnomialAllreduce(args, name=args.name)
-    n, radix = args.size, min(max(2, int(args.options.get("radix", DEFAULT_RADIX))), max(args.size, 2))
-    full = 1
-    while full * radix <= n:
-        full *= radix
-    # proxies receive first; the extra ranks (>= full) send first but nobody sends to them first,
-    # so no peer's message could start them past the credit: neither takes credit
-    task.sends_first = args.rank < full and not full + args.rank < n
-    return task
+    return KnomialAllreduce(args, name=args.name)  # every rank sends first (proxies their "go")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Generator, List, Optional, Tuple
 
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_in, finish
+from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, copy_in, finish
 from pycoll.ops import ReduceOp, reducer
 from pycoll.tasks.task import Task
 
@@ -42,9 +42,6 @@ class RecursiveDoublingAllreduce(StepTask):
         self.role, self.steps, self.last_step = plan(args.rank, args.size)
         self.reduce = reducer(args.op, args.dst.dtype)
         self.avg = args.op is ReduceOp.AVG
-        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
-        # first, so no peer's message could start it past the credit: neither takes credit
-        self.sends_first = self.role == "plain" or args.size == 1
         self._views: Optional[tuple] = None  # (src, dst, and wire views of them and the scratch)
 
     def run(self) -> Generator[Waitable, None, None]:
@@ -63,10 +60,10 @@ class RecursiveDoublingAllreduce(StepTask):
         reduce = self.reduce
         if self.role == "idle":  # hand the data to rank + 1, get the result back at the end
             yield (ch.isend(cur_wire, rank + 1, 0),)
-            yield (ch.irecv(wire, rank + 1, self.last_step),)
+            yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(wire, rank + 1, self.last_step))
         else:
-            if self.role == "proxy":
-                yield (ch.irecv(scratch_wire, rank - 1, 0),)
+            if self.role == "proxy":  # "go" first: it starts the idle neighbour under a credit limit
+                yield (ch.isend(GO, rank - 1, 0), ch.irecv(scratch_wire, rank - 1, 0))
                 reduce(cur, scratch, dst)
                 cur, cur_wire = dst, wire
             for peer, step in self.steps:

@@ -95,6 +95,13 @@ def as_wire(arr: np.ndarray) -> np.ndarray:
 
 
 Waitable = Sequence[Any]
+
+#: The empty "go" message a rank that stands in for folded-out ranks (recursive doubling's proxies,
+#: k-nomial's) sends them first. Its only use is to start them: a folded-out rank sends first but
+#: would otherwise receive nothing before it did, so under a credit limit no peer's message could
+#: start it (the engine starts a credit-blocked collective when a peer's message for it arrives).
+GO = np.empty(0, np.uint8)
+GO_SINK = np.empty(0, np.uint8)
 _monotonic = time.monotonic
 
 

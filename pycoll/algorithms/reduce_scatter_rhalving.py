@@ -17,7 +17,7 @@ from typing import Generator, List, Tuple
 import numpy as np
 
 from pycoll.algorithms.allgather_rd import fold
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, is_packed
+from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, is_packed
 from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.tasks.task import Task
 
@@ -50,9 +50,6 @@ class RecursiveHalvingReduceScatter(StepTask):
         self.steps = steps
         self.need = need
         self.last_step = self.p.bit_length()  # steps 1 .. log2(p) halve; this one hands back
-        # a proxy waits for its idle neighbour; an idle rank sends first but nobody sends to it
-        # first, so no peer's message could start it past the credit: neither takes credit
-        self.sends_first = self.role == "plain" or n == 1
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
@@ -68,14 +65,14 @@ class RecursiveHalvingReduceScatter(StepTask):
                 np.copyto(a.dst, src[offs[rank]:offs[rank + 1]])
         elif self.role == "idle":  # hand the input to rank + 1, get the block back at the end
             yield (ch.isend(as_wire(src), rank + 1, 0),)
-            yield (ch.irecv(as_wire(a.dst), rank + 1, self.last_step),)
+            yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(as_wire(a.dst), rank + 1, self.last_step))
         else:
             reduce = reducer(a.op, a.dst.dtype)
             acc = self.scratch(0, a.src[:span])  # the partial sums of the range still held
             recv = self.scratch(1, a.src[:self.need])
             cur = src  # the first reduction reads the input: no copy
-            if self.role == "proxy":
-                yield (ch.irecv(as_wire(recv[:span]), rank - 1, 0),)
+            if self.role == "proxy":  # "go" first: it starts the idle neighbour under a credit limit
+                yield (ch.isend(GO, rank - 1, 0), ch.irecv(as_wire(recv[:span]), rank - 1, 0))
                 reduce(recv[:span], cur, acc)  # rank - 1 first: reduced in rank order
                 cur = acc
             last = len(self.steps) - 1

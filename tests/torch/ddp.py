@@ -191,7 +191,8 @@ class Recorder:
         self._post = pg.allreduce_scheduled
 
     def on_start(self, task: Any) -> None:
-        n = self.ctx.stats["demand_starts"]
+        # started by a peer's message, or by the engine standing still (not by the credit's choice)
+        n = self.ctx.stats["demand_starts"] + self.ctx.stats.get("stall_starts", 0)
         self.started.append((task, task._prio, self.ctx.in_flight, n != self._demand, self.posted_all))
         self._demand = n
 
