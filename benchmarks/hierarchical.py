@@ -19,10 +19,10 @@ between its ranks too.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
+from p2p_algorithms import timed  # the same interleaved timing (this folder is on sys.path)
 
 from pycoll import Team
 from pycoll.config import parse_bytes
@@ -63,27 +63,6 @@ def variants(team: Team, comm: MPI.Comm, coll: str, nbytes: int):
         def check(name: str) -> None:
             fns[name]()
     return fns, check, flat
-
-
-def timed(comm: MPI.Comm, fns: dict, budget: float, repeat: int) -> dict:
-    """Seconds per call of each fn: the slowest rank's mean over a loop, best of ``repeat``."""
-    iters = {}
-    for name, fn in fns.items():
-        fn()
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        one = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
-        iters[name] = int(max(3, min(2000, budget / max(one, 1e-6))))
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            comm.Barrier()
-            t = time.perf_counter()
-            for _ in range(iters[name]):
-                fn()
-            best[name] = min(best[name], comm.allreduce((time.perf_counter() - t) / iters[name], op=MPI.MAX))
-    return best
 
 
 def main() -> None:

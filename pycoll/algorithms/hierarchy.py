@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Hashable, List, Optional, Tuple
 
+import numpy as np
+
 from pycoll.algorithms.base import CollArgs
 from pycoll.ops import ReduceOp, finish_avg
 from pycoll.tasks.schedule import Schedule
@@ -73,6 +75,4 @@ def add_average(sched: Schedule, args: CollArgs, after: List[Task]) -> None:
 
 def copy_task(dst: Any, src: Any, name: str) -> Task:
     """A local copy (out-of-place input into the output) as a task."""
-    import numpy as np
-
     return FunctionTask(np.copyto, dst, src, name=name)
