@@ -18,6 +18,7 @@ from pycoll.algorithms.hierarchy import (
     copy_task,
     depth,
     fragments,
+    interleave,
     level_op,
     level_tag,
 )
@@ -59,13 +60,6 @@ def build(args: CollArgs) -> Task:
                                after=after)]
         bcasts.extend(after)
 
-    # node-level steps in this order on every rank of a node (the segment runs them so):
-    # reduce 0..lag-1, then bcast f with reduce f+lag
-    for f in range(len(frags)):
-        reduces.append(reduce(f))
-        if f >= lag:
-            bcast(f - lag)
-    for f in range(max(0, len(frags) - lag), len(frags)):
-        bcast(f)
+    interleave(len(frags), lag, lambda f: reduces.append(reduce(f)), bcast)
     add_average(sched, args, bcasts + [t for t in reduces if t is not None])
     return sched

@@ -22,6 +22,7 @@ from pycoll.algorithms.hierarchy import (
     copy_task,
     depth,
     fragments,
+    interleave,
     level_op,
     level_tag,
 )
@@ -71,11 +72,6 @@ def build(args: CollArgs) -> Task:
                                          tag=level_tag(args, "node-ag", f)), after=after)]
         done.extend(after)
 
-    for f in range(len(frags)):
-        scatters.append(scatter(f))
-        if f >= lag:
-            gather(f - lag)
-    for f in range(max(0, len(frags) - lag), len(frags)):
-        gather(f)
+    interleave(len(frags), lag, lambda f: scatters.append(scatter(f)), gather)
     add_average(sched, args, done)
     return sched

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from pycoll.algorithms.base import CollArgs
-from pycoll.algorithms.hierarchy import HierSchedule, depth, fragments, level_tag
+from pycoll.algorithms.hierarchy import HierSchedule, depth, fragments, interleave, level_tag
 from pycoll.tasks.task import Task
 
 
@@ -45,10 +45,5 @@ def build(args: CollArgs) -> Task:
         if not mine and node.size > 1:
             sched.add(node.task("bcast", buf[lo:hi], 0, tag=level_tag(args, "node", f)), after=after)
 
-    for f in range(len(frags)):
-        first(f)
-        if f >= lag:
-            rest(f - lag)
-    for f in range(max(0, len(frags) - lag), len(frags)):
-        rest(f)
+    interleave(len(frags), lag, first, rest)
     return sched

@@ -14,7 +14,7 @@ key plus the level and fragment, so those match by tag too.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Hashable, List, Optional, Tuple
 
 import numpy as np
 
@@ -47,6 +47,18 @@ def fragments(args: CollArgs) -> List[Tuple[int, int]]:
     if count == 0:
         return [(0, 0)]
     return [(lo, min(count, lo + per)) for lo in range(0, count, per)]
+
+
+def interleave(n_frags: int, lag: int, first: Callable[[int], Any], second: Callable[[int], Any]) -> None:
+    """Build fragments' two node-level parts in the order the node's segment will run them on
+    every rank: ``first`` of fragments 0..lag-1, then ``second(f)`` after ``first(f + lag)``,
+    then the remaining seconds (so node work on one fragment overlaps the leaders' on another)."""
+    for f in range(n_frags):
+        first(f)
+        if f >= lag:
+            second(f - lag)
+    for f in range(max(0, n_frags - lag), n_frags):
+        second(f)
 
 
 def depth(args: CollArgs) -> int:
