@@ -175,12 +175,16 @@ def test_dying_rank_is_an_error_not_a_hang(peer_errors):
         from pycoll import Team
         from pycoll.store import TCPStore
         rank, size, port = map(int, sys.argv[1:4])
-        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        team = Team.from_store(store, rank, size)
         assert team.transport.name == "ucx", team
         x = np.ones(1 << 16)
         team.allreduce(x).wait()
         if rank == 1:
+            # a send complete here may not have reached rank 0 yet: die only once it has
+            store.wait(["rank0-done"])
             os._exit(3)
+        store.set("rank0-done", "1")
         t0 = time.monotonic()
         try:
             team.allreduce(np.ones(1 << 20), algorithm="ring", timeout=5).wait()
