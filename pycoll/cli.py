@@ -3,6 +3,8 @@
     pycoll info                                  version, transports, algorithms, settings
     pycoll run -n N [--timeout S] -- CMD ...     launch N ranks with the bundled mpiexec
     pycoll perf COLL... -n N [--compare mpi]     benchmark collectives (launches the ranks itself)
+    pycoll trace merge FILES... -o merged.json   combine the ranks' PYCOLL_TRACE files
+    pycoll trace plot FILE... -o step.png        Gantt chart of one training step (matplotlib)
 """
 
 from __future__ import annotations
@@ -88,6 +90,25 @@ def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
     return perf.run(args)
 
 
+def cmd_trace_merge(args: argparse.Namespace) -> int:
+    """Combine per-rank trace files into one (pid = rank)."""
+    from pycoll.trace.files import merge
+
+    paths = merge(args.files, args.output)
+    print(f"merged {len(paths)} trace file{'s' if len(paths) != 1 else ''} into {args.output}")
+    return 0
+
+
+def cmd_trace_plot(args: argparse.Namespace) -> int:
+    """Draw one step of a trace as a PNG Gantt chart."""
+    from pycoll.trace.plot import plot
+
+    drawn = plot(args.files, args.output, step=args.step, subtasks=args.subtasks)
+    what = f"step {drawn['step']}" if drawn["step"] is not None else "whole trace"
+    print(f"{args.output}: {what}, {drawn['ms']:.3f} ms, {drawn['ranks']} rank(s), {drawn['rows']} rows")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pycoll", description="pycoll: collective task/schedule engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--json", default=None, help="write the results to this file")
     perf.add_argument("--timeout", type=float, default=1800, help="kill the ranks after this many seconds")
     perf.set_defaults(func=None)
+
+    trace = sub.add_parser("trace", help="merge and plot PYCOLL_TRACE timelines",
+                           description="Work with the Chrome/Perfetto traces PYCOLL_TRACE=file.json writes "
+                                       "(one file per rank: file.rank0.json, ...).")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    merge = tsub.add_parser("merge", help="combine the ranks' trace files into one (pid = rank)")
+    merge.add_argument("files", nargs="+",
+                       help="trace files, globs, or the PYCOLL_TRACE value (trace.json: trace.rank*.json)")
+    merge.add_argument("-o", "--output", default="merged.json", help="merged trace (default merged.json)")
+    merge.set_defaults(func=cmd_trace_merge)
+    tplot = tsub.add_parser("plot", help="PNG Gantt chart of one training step (needs matplotlib)")
+    tplot.add_argument("files", nargs="+",
+                       help="a merged trace, or per-rank files / globs / the PYCOLL_TRACE value")
+    tplot.add_argument("-o", "--output", default="step.png", help="PNG file (default step.png)")
+    tplot.add_argument("--step", type=int, default=None,
+                       help="the step to draw (default: a middle one of the marked steps; the whole "
+                            "trace if none is marked)")
+    tplot.add_argument("--subtasks", action="store_true",
+                       help="also draw the tasks inside collectives (sends, receives, reductions)")
+    tplot.set_defaults(func=cmd_trace_plot)
     return parser
 
 

@@ -95,10 +95,28 @@ def _declare(name: str, default: str, parse: Callable[[str], Any], doc: str) -> 
 _declare("PYCOLL_CREDIT_BYTES", "inf", parse_bytes,
          "Most bytes in flight per process (ByteScheduler's credit): a task that takes credit posts only "
          "while it fits, or when nothing else is in flight. 0 or inf: no limit.")
+_declare("PYCOLL_BW_LIMIT", "inf", parse_bytes,
+         "Bandwidth limit for experiments, in bytes per second per process (200MB, 1.5G): one token bucket "
+         "per process, shared by all its teams and transports like one NIC, delays every point-to-point "
+         "send (tcp, mpi, ucx, local, shm's single-copy messages) until the bucket holds its bytes, and "
+         "releases sends in the order they were posted. Not limited: receives, sends to the rank itself, "
+         "and collectives that move data through the shared segment or peers' memory directly (untagged "
+         "calls' shm algorithms, the cma allgather): for limited runs use PYCOLL_TLS without shm. Read "
+         "when a team's transport is made. 0 or inf: no limit.")
 _declare("PYCOLL_PARTITION_BYTES", "inf", parse_bytes,
          "Tasks that can be split (collectives, copies) larger than this are split into fragments of at "
          "most this size that inherit the parent's priority. Must be equal on all ranks. 0 or inf: no "
          "partitioning.")
+_declare("PYCOLL_SCHED_PARTITION_BYTES", "4M", parse_bytes,
+         "Partition size of pycoll.scheduling (ByteScheduler's partition): scheduled tensors are cut into "
+         "parts of at most this size, each a collective of its own. Must be equal on all ranks. 0: whole "
+         "tensors.")
+_declare("PYCOLL_SCHED_TUNING", "credit", str,
+         "What pycoll.scheduling's auto-tuner tunes from measured step time: credit, partition, "
+         "'credit,partition' or off. Rank 0 decides; every rank applies at the same step.")
+_declare("PYCOLL_SCHED_DRIFT", "0.25", float,
+         "Relative change of the step time (median of the last steps vs the tuned one) that makes the "
+         "auto-tuner search again.")
 _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
          "Seconds a collective may take before it fails with pycoll.TimeoutError naming what it waited "
          "on. 0 or inf: wait forever.")
@@ -131,6 +149,14 @@ _declare("PYCOLL_TUNE", "", str,
          "Algorithm selection rules that come before the defaults, e.g. "
          "'allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial' (fields: byte range LO-HI, "
          "team=LO-HI, mem=host|cuda, algorithm). pycoll info prints the effective table.")
+_declare("PYCOLL_TRACE", "", str,
+         "Write a Chrome/Perfetto timeline (Trace Event JSON; open in ui.perfetto.dev or chrome://tracing) "
+         "to this file, one per rank: '{rank}' in the name is replaced by the rank, else '.rank<r>' goes "
+         "before the extension (trace.json -> trace.rank0.json; the launcher's rank, else the pid). It "
+         "shows each task's queue wait (held back by priority or credit) and communication span with "
+         "name, priority, bytes and credit, plus the program's spans (pycoll.trace.tracer().span). "
+         "Written at exit and by pycoll.trace.flush(). Combine and draw with 'pycoll trace merge' and "
+         "'pycoll trace plot'. Empty: no tracing (no cost).")
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 

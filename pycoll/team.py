@@ -686,6 +686,35 @@ class Team:
                 return self._submit(task, priority, timeout, call.out)
             return self._submit(self._unit(task, key), priority, timeout, call.out, shape)
 
+    def submit(self, coll: str, *args: Any, priority: int = 0, tag: Optional[Hashable] = None,
+               algorithm: Optional[str] = None, timeout: Optional[float] = None, name: Optional[str] = None,
+               credit: bool = True, **kwargs: Any) -> Request:
+        """Start collective ``coll`` by name (``team.submit("allreduce", buf, None, op)`` is
+        ``team.allreduce(buf, None, op)``): what the scheduling layer posts through.
+
+        ``name`` labels the task in traces and errors (a gradient's name); ``credit=False`` makes
+        a collective that takes no credit (the scheduler's "immediate" tensors, control
+        messages), started by priority alone."""
+        if coll == "barrier":
+            call = _BARRIER
+        else:
+            check = getattr(self, f"_{coll}_call", None)
+            if check is None:
+                raise ValueError(f"unknown collective {coll!r}")
+            call = check(*args, **kwargs)
+        with self.ctx.lock:
+            if not credit:
+                task, key, shape = self._make(call, tag, algorithm, {}, reuse=False, credit=False)
+                task.credit = 0
+                shape = None
+            else:
+                task, key, shape = self._make(call, tag, algorithm, {}, reuse=True)
+                if shape is not None:
+                    task = self._unit(task, key)
+            if name is not None:
+                task.name = name
+            return self._submit(task, priority, timeout, call.out, shape)
+
     def _make(self, call: _Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
               reuse: bool, credit: bool = True) -> tuple:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound

@@ -90,6 +90,11 @@ class RingAllreduce(PipelinedSchedule):
         self._slots: dict = {}
         super().__init__(-(-longest // self.frag_elems), self._make, self._setup, depth=depth,
                          order=PipelineOrder.PARALLEL, name=args.name)
+        # the fragments' sizes are set when they start: the collective as a whole moves the
+        # buffer, and takes that much credit as one unit (every rank's first move is a send)
+        self.nbytes = args.nbytes
+
+    sends_first = True
 
     def _make(self, slot: int) -> Task:
         state = _Slot(self.args, self.frag_elems, slot)

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from pycoll import config
+from pycoll import trace as _trace
 from pycoll.engine.request import Request
 from pycoll.errors import TimeoutError
 from pycoll.events.manager import Event
@@ -134,6 +135,7 @@ class Context:
         self._still_since = 0.0
         #: Called with (task, ready_time, start_time) when a task starts; set by tracing.
         self.on_start: Optional[Callable[[Task], None]] = None
+        _trace.attach(self)  # PYCOLL_TRACE: every context traces its tasks (else nothing)
 
     # ----------------------------------------------------------------------------- submission
     def submit(self, task: Task, priority: Optional[int] = None, result: Any = None,

@@ -20,9 +20,10 @@ lock while they post.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from pycoll.engine.context import Backoff, Context
 from pycoll.engine.request import Request
@@ -192,3 +193,28 @@ class ProgressThread:
             for w in watches:
                 if w._claim():
                     w._call(exc)
+
+
+_threads: Dict[int, ProgressThread] = {}
+_threads_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_progress_threads() -> None:
+    """Join the progress threads before the interpreter finalizes: a daemon thread still inside
+    a callback (torch's ``Future.set_result``) then would abort the process."""
+    with _threads_lock:
+        threads = list(_threads.values())
+        _threads.clear()
+    for pt in threads:
+        pt.close()
+
+
+def progress_thread(ctx: Context) -> ProgressThread:
+    """The progress thread of ``ctx`` (one per context, shared by every process group and
+    scheduler of the process; started on its first watch)."""
+    with _threads_lock:
+        pt = _threads.get(id(ctx))
+        if pt is None:
+            pt = _threads[id(ctx)] = ProgressThread(ctx)
+        return pt

@@ -1,4 +1,5 @@
-"""PyTorch integration: the ``pycoll`` torch.distributed backend and a priority comm hook for DDP.
+"""PyTorch integration: the ``pycoll`` torch.distributed backend, a priority comm hook for DDP, and
+:class:`ScheduledOptimizer` (training without the global barrier).
 
 Importing this module registers the backend::
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from pycoll.torch.backend import ProcessGroupPycoll, PycollWork, as_numpy, reduce_op
 from pycoll.torch.hooks import PriorityHookState, priority_hook
+from pycoll.torch.scheduled import ScheduledOptimizer
 
 BACKEND = "pycoll"
 
@@ -84,5 +86,5 @@ def _host_address() -> str:
 _register()
 _fill_launcher_env()
 
-__all__ = ["BACKEND", "PriorityHookState", "ProcessGroupPycoll", "PycollWork", "as_numpy",
-           "create_process_group", "priority_hook", "reduce_op"]
+__all__ = ["BACKEND", "PriorityHookState", "ProcessGroupPycoll", "PycollWork", "ScheduledOptimizer",
+           "as_numpy", "create_process_group", "priority_hook", "reduce_op"]

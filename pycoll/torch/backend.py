@@ -15,9 +15,7 @@ reducer needs (it waits on the future in C++).
 
 from __future__ import annotations
 
-import atexit
 import datetime
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -25,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pycoll import Team
-from pycoll.engine.context import Context
-from pycoll.engine.progress_thread import ProgressThread, Watch
+from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.ops import BFLOAT16, ReduceOp
@@ -164,30 +161,6 @@ def _seconds(timeout: Any) -> Optional[float]:
     else:
         s = float(timeout) / 1000.0
     return s if s > 0 else None
-
-
-_progress_threads: Dict[int, ProgressThread] = {}
-_progress_lock = threading.Lock()
-
-
-@atexit.register
-def _stop_progress_threads() -> None:
-    """Join the progress threads before the interpreter finalizes: a daemon thread still inside
-    torch's ``Future.set_result`` then would abort the process."""
-    with _progress_lock:
-        threads = list(_progress_threads.values())
-        _progress_threads.clear()
-    for pt in threads:
-        pt.close()
-
-
-def progress_thread(ctx: Context) -> ProgressThread:
-    """The progress thread of ``ctx`` (one per context, shared by every process group)."""
-    with _progress_lock:
-        pt = _progress_threads.get(id(ctx))
-        if pt is None:
-            pt = _progress_threads[id(ctx)] = ProgressThread(ctx)
-        return pt
 
 
 class ProcessGroupPycoll(dist.ProcessGroup):

@@ -8,15 +8,29 @@ completes at once). Matching is FIFO per (source, destination, tag), as in MPI.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from typing import Dict, Hashable, Tuple
+from typing import Dict, Hashable, Optional, Tuple
 
 import numpy as np
 
-from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key
+from pycoll.tl.base import (
+    BandwidthLimiter,
+    Transport,
+    TransportRequest,
+    deliver,
+    key_hash,
+    limit_sends,
+    split_key,
+)
 
 
 class _LocalRecv(TransportRequest):
     __slots__ = ("buf", "fabric", "key")
+
+    def test(self) -> bool:
+        if not self.done and self.fabric.limiter is not None:
+            # the engine polls no local transport: a waiting receive lets the limiter release sends
+            self.fabric.limiter.release()
+        return super().test()
 
     def cancel(self) -> None:
         if not self.done:
@@ -35,6 +49,8 @@ class LocalFabric:
         self.bytes_sent = [0] * size
         self.messages_sent = [0] * size
         self.transports: Dict[int, LocalTransport] = {}
+        #: The bandwidth limiter of the ranks' sends (PYCOLL_BW_LIMIT; None: no limit).
+        self.limiter: Optional[BandwidthLimiter] = None
 
     def transport(self, rank: int) -> LocalTransport:
         t = self.transports[rank] = LocalTransport(self, rank)
@@ -80,6 +96,9 @@ class LocalTransport(Transport):
     def __init__(self, fabric: LocalFabric, rank: int) -> None:
         self.fabric = fabric
         self.rank = rank
+        limiter = limit_sends(self)
+        if limiter is not None:
+            fabric.limiter = limiter
 
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:

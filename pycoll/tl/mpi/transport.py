@@ -28,7 +28,16 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, split_key, too_large
+from pycoll.tl.base import (
+    Channel,
+    Transport,
+    TransportRequest,
+    deliver,
+    key_hash,
+    limit_sends,
+    split_key,
+    too_large,
+)
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
@@ -161,6 +170,7 @@ class MPITransport(Transport):
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
         self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
         self._header_buf = bytearray(_HEADER.size)
+        limit_sends(self)
 
     def channel(self, key: tuple) -> Channel:
         return MPIChannel(self, key)

@@ -25,7 +25,7 @@ import numpy as np
 
 from pycoll.errors import TransportError
 from pycoll.native import address, ffi, lib
-from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
 from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment
 
 RING = 64  # PC_RING
@@ -74,6 +74,7 @@ class ShmTransport(Transport):
         self._seq = 0
         self._busy_since = 0.0
         self._dead: Dict[int, TransportError] = {}
+        limit_sends(self)
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:

@@ -22,7 +22,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
 
 _HEADER = struct.Struct("<IIQQQ")
 _MAGIC = 0x50544350  # "PCTP"
@@ -75,6 +75,7 @@ class TCPTransport(Transport):
         self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._sending: List[_Peer] = []
+        limit_sends(self)
 
     def _peer(self, peer: int) -> _Peer:
         p = self.peers.get(peer)

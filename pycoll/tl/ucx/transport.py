@@ -63,7 +63,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from pycoll.errors import TransportError
-from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, split_key
+from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, limit_sends, split_key
 from pycoll.tl.ucx import loader
 
 _CHECKED = 1 << 63
@@ -297,6 +297,7 @@ class UCXTransport(Transport):
             _release(ctx, self._w)
             raise
         self._closed = False
+        limit_sends(self)
 
     def _bootstrap(self) -> None:
         w = self._w
