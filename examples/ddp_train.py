@@ -4,9 +4,12 @@ Each rank fits the same small MLP to its own shard of a synthetic regression tas
 gradients through pycoll after every backward pass, so the replicas stay identical. Rank 0 prints
 the loss averaged over the ranks. ``--priority-hook`` lets pycoll schedule the gradient buckets
 (the layers nearest the input first, large buckets split into parts; see ``pycoll.torch.hooks``).
+``--scheduled`` trains without DDP and without its global barrier: ``pycoll.torch.ScheduledOptimizer``
+posts each gradient as backward makes it and updates each parameter as soon as it is reduced.
 
     torchrun --nproc-per-node 2 examples/ddp_train.py
     torchrun --nproc-per-node 2 examples/ddp_train.py --priority-hook --steps 300
+    torchrun --nproc-per-node 2 examples/ddp_train.py --scheduled
     pycoll run -n 2 -- python examples/ddp_train.py
 """
 
@@ -20,7 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycoll.torch  # noqa: F401 - registers the "pycoll" backend (and reads pycoll run's rank variables)
-from pycoll.torch import PriorityHookState, priority_hook
+from pycoll.torch import PriorityHookState, ScheduledOptimizer, priority_hook
 
 
 def parse_args() -> argparse.Namespace:
@@ -30,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--log-every", type=int, default=20, help="print the loss every N steps (default 20)")
     p.add_argument("--priority-hook", action="store_true", help="schedule buckets by pycoll's priority hook")
+    p.add_argument("--scheduled", action="store_true",
+                   help="no DDP: pycoll.torch.ScheduledOptimizer (per-parameter updates, no global barrier)")
     return p.parse_args()
 
 
@@ -49,10 +54,16 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same initial weights everywhere (DDP also broadcasts rank 0's)
     mlp = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
-    model = DDP(mlp)
-    if args.priority_hook:
-        model.register_comm_hook(PriorityHookState(partition_bytes="32K", credit_bytes="128K"), priority_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.scheduled:  # gradients scheduled as they appear, each parameter updated when reduced
+        model = mlp
+        opt = ScheduledOptimizer(mlp, torch.optim.SGD(mlp.parameters(), lr=args.lr, momentum=0.9),
+                                 partition_bytes="32K", credit_bytes="128K")
+    else:
+        model = DDP(mlp)
+        if args.priority_hook:
+            model.register_comm_hook(PriorityHookState(partition_bytes="32K", credit_bytes="128K"),
+                                     priority_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     x, y = shard(rank)
     pick = torch.Generator().manual_seed(100 + rank)
 
@@ -68,6 +79,8 @@ def main() -> None:
             if rank == 0:
                 print(f"step {step:4d}  loss {mean.item() / world:.4f}", flush=True)
 
+    if args.scheduled:
+        opt.synchronize()  # the last step's updates
     dist.destroy_process_group()
 
 

@@ -37,7 +37,8 @@ def test_priority_hook_partitions_and_orders(n, tls):
     run_torch(n, SCRIPT, "priority", launcher="env", timeout=60, env={"PYCOLL_TLS": tls})
 
 
-@pytest.mark.parametrize("hook", [False, True], ids=["default", "priority_hook"])
+@pytest.mark.parametrize("hook", [None, "--priority-hook", "--scheduled"],
+                         ids=["default", "priority_hook", "scheduled"])
 def test_example_under_torchrun(hook):
     """examples/ddp_train.py for a few steps on 2 ranks: exits 0, rank 0 prints the loss."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -46,7 +47,7 @@ def test_example_under_torchrun(hook):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "examples/ddp_train.py", "--steps", "5", "--log-every", "2"]
     if hook:
-        cmd.append("--priority-hook")
+        cmd.append(hook)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=str(ROOT), start_new_session=True)
     try:
