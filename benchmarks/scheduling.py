@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from pycoll import Team, config
+from pycoll import Team, config, trace
 from pycoll.scheduling import AutoTuner, Scheduler
 
 FIRST_BUCKET = 1 << 20  # DDP's first bucket
@@ -113,15 +113,21 @@ class Run:
         self.bucket_bufs: Dict[int, np.ndarray] = {}
 
     def step(self) -> None:
+        tracer = trace.tracer()  # with PYCOLL_TRACE: forward and backward spans for the plot
+        t0 = time.monotonic()
         for i, layer in enumerate(self.layers):  # forward: each layer waits for its own gradients only
             for h in self.waits[i]:
                 h.wait()
             self.waits[i] = []
             time.sleep(layer.fwd)
+        t1 = time.monotonic()
         for i in reversed(range(len(self.layers))):  # backward from the output
             layer = self.layers[i]
             time.sleep(layer.bwd)
             self.ready(i, layer)
+        if tracer is not None:
+            tracer.complete(f"forward ({self.mode})", "forward", t0, t1)
+            tracer.complete(f"backward ({self.mode})", "backward", t1, time.monotonic())
         self.sched.step()
 
     def ready(self, i: int, layer: Layer) -> None:

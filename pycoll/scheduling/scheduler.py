@@ -178,6 +178,9 @@ class Scheduler:
             self.tuner = AutoTuner.from_setting(what)
         if self.tuner is not None:
             self.tuner.bind(self)
+        tracer = trace.tracer()
+        if tracer is not None:
+            tracer.step(0)  # steps count from 0; step k starts at the k-th step() call
 
     # ------------------------------------------------------------------ submission
     def submit(self, name: str, tensor: Any, priority: int = 0, *, op: Any = ReduceOp.SUM,

@@ -92,9 +92,9 @@ def traced(comm: MPI.Comm) -> None:
     queued = [e["args"]["priority"] for e in sorted(spans, key=lambda e: e["ts"])
               if e["args"]["start"] == "queue"]
     assert queued == sorted(queued), queued  # the queue let the most urgent part go first
-    assert len(queued) >= 10, spans
+    assert len(queued) >= 6, spans  # the rest a peer started first (demand), or at submit
     steps = [e for e in doc["traceEvents"] if e.get("ph") == "i" and e["cat"] == "step"]
-    assert len(steps) == 1, steps
+    assert [e["args"]["step"] for e in steps] == [0, 1], steps
     print(f"rank {team.rank} queued priorities {queued}", flush=True)
 
 
