@@ -294,14 +294,18 @@ class ScheduledOptimizer:
             self._wait(own)
         return pre
 
-    def _wait(self, params: Sequence[_Param], timeout: Optional[float] = None) -> None:
-        """Block until ``params``' updates are done; re-raise a stored update error."""
+    def _wait(self, params: Sequence[_Param], timeout: Optional[float] = None,
+              raise_errors: bool = True) -> None:
+        """Block until ``params``' updates are done; re-raise a stored update error (unless
+        ``raise_errors`` is False: in backward and before step()'s collectives, where raising on
+        one rank only would leave the others waiting for its messages)."""
         t = self.timeout if timeout is None else timeout
         for st in params:
             if not st.done.is_set() and not st.done.wait(t):
                 raise TimeoutError(f"ScheduledOptimizer: the update of {st.name!r} (step {st.step}) did not "
                                    f"finish within {t:g} s")
-        self._raise_errors()
+        if raise_errors:
+            self._raise_errors()
 
     def _raise_errors(self) -> None:
         if self._errors:
@@ -323,7 +327,7 @@ class ScheduledOptimizer:
                 return
             if grad.is_sparse:
                 raise UpdateError(f"ScheduledOptimizer: parameter {st.name!r} got a sparse gradient")
-            self._wait([st])  # normally done long ago: its layer's forward waited for it
+            self._wait([st], raise_errors=False)  # normally done long ago: its layer's forward waited
             self._submit(st, grad.contiguous())
         return hook
 
@@ -386,7 +390,6 @@ class ScheduledOptimizer:
         step's "used" vector, tell the scheduler (auto-tuning). Waits for no communication."""
         if closure is not None:
             raise ValueError("ScheduledOptimizer.step: closures are not supported")
-        self._raise_errors()
         step = self._step
         counts = np.zeros(len(self._params), dtype=np.int32)
         unused = []
@@ -397,7 +400,7 @@ class ScheduledOptimizer:
                 unused.append(st)
         # normally no wait: the previous step's zeros of a parameter unused twice in a row, and the
         # used vector of two steps ago, arrived long since
-        self._wait(unused)
+        self._wait(unused, raise_errors=False)
         done = self._used[step % 2]
         if not done.wait(self.timeout):
             raise TimeoutError(f"ScheduledOptimizer: the used-parameter vector of step {step - 2} did not "
@@ -428,6 +431,7 @@ class ScheduledOptimizer:
         self._step += 1
         self.scheduler.step()
         self._tracer = _tracer()
+        self._raise_errors()  # after this step's collectives are posted, so every rank posted them
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """No-op: every gradient is taken from ``p.grad`` by its hook and freed after its update,

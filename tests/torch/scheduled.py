@@ -218,8 +218,8 @@ def check_state(pg: Any) -> None:
 
     opt.optimizers["body.2.weight"].step = broken
     F.mse_loss(model(x), y).backward()
-    opt.step()
-    try:
+    try:  # raised by step() if the update already failed, else by the next forward
+        opt.step()
         model(x)
         opt.synchronize()
     except pycoll.torch.scheduled.UpdateError as exc:
