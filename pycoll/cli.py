@@ -1,7 +1,8 @@
 """The ``pycoll`` command line.
 
     pycoll info                                  version, transports, algorithms, settings
-    pycoll run -n N [--timeout S] -- CMD ...     launch N ranks with the bundled mpiexec
+    pycoll run -n N [--servers K] [--timeout S] -- CMD ...
+                                                 launch N ranks (and K summation servers)
     pycoll perf COLL... -n N [--compare mpi]     benchmark collectives (launches the ranks itself)
     pycoll trace merge FILES... -o merged.json   combine the ranks' PYCOLL_TRACE files
     pycoll trace plot FILE... -o step.png        Gantt chart of one training step (matplotlib)
@@ -72,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         print("pycoll run: give a command after --", file=sys.stderr)
         return 2
-    return launch(args.n, cmd, timeout=args.timeout)
+    return launch(args.n, cmd, timeout=args.timeout, servers=args.servers)
 
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="launch N ranks with the bundled mpiexec")
     run.add_argument("-n", type=int, required=True, help="number of ranks")
     run.add_argument("--timeout", type=float, default=None, help="kill all ranks after this many seconds")
+    run.add_argument("--servers", type=int, default=0,
+                     help="also start K push-pull summation servers (python -m pycoll.ps.server)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 

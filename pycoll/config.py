@@ -33,6 +33,16 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def _nonneg_int(text: str, name: str) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a count >= 0, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be a count >= 0, got {text!r}")
+    return value
+
+
 def parse_seconds(text: str) -> float:
     """Parse a duration in seconds; ``0``, ``inf`` or ``none`` mean no limit (returns ``math.inf``)."""
     s = str(text).strip().lower()
@@ -117,6 +127,10 @@ _declare("PYCOLL_SCHED_TUNING", "credit", str,
 _declare("PYCOLL_SCHED_DRIFT", "0.25", float,
          "Relative change of the step time (median of the last steps vs the tuned one) that makes the "
          "auto-tuner search again.")
+_declare("PYCOLL_NUM_SERVERS", "0", lambda t: _nonneg_int(t, "PYCOLL_NUM_SERVERS"),
+         "Summation servers for push_pull (BytePS): the last K ranks of MPI's world run pycoll's server "
+         "loop when the program makes its team from COMM_WORLD, and the team is the other ranks (the "
+         "workers). pycoll run --servers K sets it.")
 _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
          "Seconds a collective may take before it fails with pycoll.TimeoutError naming what it waited "
          "on. 0 or inf: wait forever.")

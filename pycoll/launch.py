@@ -28,13 +28,21 @@ def under_mpi() -> bool:
     return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
 
 
-def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optional[dict] = None) -> int:
-    """Run ``cmd`` on ``n`` ranks; return the exit status. With ``timeout`` (seconds) every rank is
-    killed when it passes, and the status is 124."""
+def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optional[dict] = None,
+           servers: int = 0) -> int:
+    """Run ``cmd`` on ``n`` ranks (and ``servers`` push-pull summation servers after them, running
+    ``python -m pycoll.ps.server``, with ``PYCOLL_NUM_SERVERS`` set for all); return the exit
+    status. With ``timeout`` (seconds) every rank is killed when it passes, and the status is 124."""
     if n < 1:
         raise PycollError(f"-n must be >= 1, got {n}")
+    if servers < 0:
+        raise PycollError(f"--servers must be >= 0, got {servers}")
     argv = [find_mpiexec(), "-n", str(n), *cmd]
-    proc = subprocess.Popen(argv, env=dict(os.environ, **(env or {})), start_new_session=True)
+    env = dict(env or {})
+    if servers:
+        argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
+        env["PYCOLL_NUM_SERVERS"] = str(servers)
+    proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

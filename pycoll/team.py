@@ -99,6 +99,10 @@ class Team:
         self._node_team: Optional[Team] = None  # hierarchical teams: this rank's node team
         self._rail_team: Optional[Team] = None  # ... and the ranks with its local index on every node
         self._self_team: Optional[Team] = None
+        #: Push-pull roles when the team's processes were started with summation servers
+        #: (``PYCOLL_NUM_SERVERS``): the world team of workers and servers (see push_pull).
+        self._ps: Any = None
+        self._layouts: Dict[str, dict] = {}  # push_pull tensors seen: name -> layout
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -134,8 +138,65 @@ class Team:
             task = RecvTask(self, buf, self._peer(peer), tag, name=f"recv<-{peer}@{self.rank}")
         return self._submit(task, priority, timeout, None)
 
+    # ------------------------------------------------------------------ push-sum-pull (BytePS)
+    @property
+    def role(self) -> str:
+        """``"worker"`` (server ranks never get a team: they run the server loop)."""
+        return "worker"
+
+    @property
+    def workers(self) -> List[int]:
+        """World ranks of the workers (the team's ranks, in order)."""
+        return list(range(self.size))
+
+    @property
+    def servers(self) -> List[int]:
+        """World ranks of the summation servers (``PYCOLL_NUM_SERVERS``; empty without)."""
+        return list(range(self.size, self.size + self._ps.k)) if self._ps is not None else []
+
+    def push_pull(self, buf: Any, recvbuf: Any = None, *, name: str, priority: int = 0,
+                  average: bool = False, timeout: Optional[float] = None) -> Request:
+        """BytePS push-sum-pull of ``buf`` (into ``recvbuf``; ``None``: in place): an allreduce
+        (SUM, or the mean with ``average``) whose partitions are summed by summation services,
+        the colocated one of every worker and the team's CPU-only servers, placed by BytePS's
+        optimal split (:mod:`pycoll.ps.placement`). ``name`` identifies the tensor across ranks
+        and calls (equal on every rank; one call per name at a time). Partitions of
+        ``PYCOLL_PARTITION_BYTES`` (4 MiB when unlimited); pushes take credit."""
+        from pycoll.algorithms import push_pull as pp
+        from pycoll.ps.server import CONTROL, control_message
+        from pycoll.tasks.p2p import SendTask
+
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"push_pull needs a non-empty tensor name, got {name!r}")
+        op = ReduceOp.AVG if average else ReduceOp.SUM
+        call = self._allreduce_call(buf, recvbuf, op)
+        src, dst = call.src.reshape(-1), call.dst.reshape(-1)
+        pb = self.ctx.partition_bytes or (4 << 20)
+        roles = self._ps if self._ps is not None else pp.Roles(self, self.size, 0)
+        decl = dict(kind="decl", name=name, count=int(src.size), dtype=src.dtype.str,
+                    partition_bytes=int(pb), op=op.name)
+        known = self._layouts.get(name)
+        if known is not None and known != decl:
+            raise ValueError(f"push_pull: tensor {name!r} was {known['count']} x {known['dtype']} "
+                             f"({known['op']}, partitions of {known['partition_bytes']} B), now "
+                             f"{decl['count']} x {decl['dtype']} ({decl['op']}, "
+                             f"{decl['partition_bytes']} B): a name keeps its layout; use another name")
+        with self.ctx.lock:
+            sched = pp.build(roles, self.rank, name, src, dst, op, pb, priority)
+            if known is None:
+                self._layouts[name] = decl
+                if roles.k and self.rank == 0:  # the servers learn the tensor with its first pushes
+                    for s in range(roles.k):
+                        sched.add(SendTask(roles.world, control_message(**decl), roles.n + s, CONTROL,
+                                           name=f"declare {name}->server{s}"))
+            return self._submit(sched, priority, timeout, call.out)
+
     def close(self) -> None:
         """Release the team's transport and shared segment (after its last collective)."""
+        if self._ps is not None:
+            ps, self._ps = self._ps, None
+            _say_goodbye(ps, self.rank)
+            ps.world.close()
         for task in (t for pool in self._plans.values() for t in pool):
             task.finalize()
         self._plans.clear()
@@ -833,19 +894,76 @@ class Team:
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
 
+    # ------------------------------------------------------------------ traffic accounting
+    def traffic(self, *, include_self: bool = True, subteams: bool = True) -> Dict[Any, Dict[str, int]]:
+        """Payload bytes and messages this rank moved since the team was made (or since
+        :meth:`reset_traffic`): ``{peer: {"sent": B, "received": B, "msgs_sent": n,
+        "msgs_received": n}}`` for every team rank ``peer``, plus their sums under ``"total"``.
+
+        The transports count (see :class:`pycoll.tl.base.Traffic`): payload only, not their headers;
+        a send when handed to the wire, a receive when it completes. This rank's own entry holds its
+        messages to itself, which cross no NIC: ``include_self=False`` leaves it out of the peers and
+        the total. ``subteams``: add what the node, rail and one-rank sub-teams of hierarchical
+        algorithms moved over their own transports, under their peers' ranks in this team. Data
+        moved through the host's shared segment (the shm algorithms) or read from peers' memory by
+        the cma allgather is not counted.
+        """
+        with self.ctx.lock:
+            out = {r: dict.fromkeys(("sent", "received", "msgs_sent", "msgs_received"), 0)
+                   for r in range(self.size)}
+            parts: List[Tuple[Dict[Any, Dict[str, int]], Sequence[int]]] = [
+                (self.transport.traffic.snapshot(), range(self.size))]
+            topo = self.topology
+            if subteams and topo is not None:
+                for sub, ranks in ((self._node_team, lambda: topo.members(topo.nodes[self.rank])),
+                                   (self._rail_team, lambda: topo.rail(topo.local_rank(self.rank))),
+                                   (self._self_team, lambda: [self.rank])):
+                    if sub is not None and sub is not self:
+                        members = ranks()
+                        if len(members) == sub.size:
+                            parts.append((sub.traffic(), members))
+            for counts, members in parts:
+                for peer, figures in counts.items():
+                    if peer != "total":
+                        mine = out[members[peer]]
+                        for field, value in figures.items():
+                            mine[field] += value
+            if not include_self:
+                del out[self.rank]
+            total = dict.fromkeys(("sent", "received", "msgs_sent", "msgs_received"), 0)
+            for figures in out.values():
+                for field, value in figures.items():
+                    total[field] += value
+            out["total"] = total  # type: ignore[index]
+            return out
+
+    def reset_traffic(self) -> None:
+        """Count traffic from zero again (this team's transport and its sub-teams')."""
+        with self.ctx.lock:
+            self.transport.traffic.reset()
+            for sub in (self._node_team, self._rail_team, self._self_team):
+                if sub is not None and sub is not self:
+                    sub.reset_traffic()
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_mpi(cls, comm: Any, ctx: Optional[Context] = None, *,
-                 tls: Optional[Sequence[str]] = None) -> Team:
+                 tls: Optional[Sequence[str]] = None, roles: bool = True) -> Team:
         """A team over an mpi4py intracommunicator (``COMM_WORLD`` or any sub-communicator).
 
         The communicator is duplicated, so pycoll's messages never meet the caller's. Collective
         over ``comm``: every rank calls it. ``tls`` overrides ``PYCOLL_TLS`` for this team.
+
+        With ``PYCOLL_NUM_SERVERS=K`` (``pycoll run --servers K``) and ``COMM_WORLD``, the last K
+        ranks are summation servers: they run the server loop here and exit when the workers are
+        done; the workers get a team of the workers only, whose ``push_pull`` uses the servers.
         """
         from mpi4py import MPI
 
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"Team.from_mpi needs an mpi4py intracommunicator, got {comm!r}")
+        if roles and _num_servers() and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+            return cls._with_servers(comm, ctx, tls, _num_servers())
         dup = comm.Dup()
         ctx = ctx if ctx is not None else get_context()
         if dup.Get_size() == 1:
@@ -876,6 +994,39 @@ class Team:
                 made.name = f"{name}/{level}{color}"
                 setattr(team, f"_{level}_team", made)
         return team
+
+    @classmethod
+    def _with_servers(cls, comm: Any, ctx: Optional[Context], tls: Optional[Sequence[str]], k: int) -> Team:
+        """Workers and servers: the world team, then the workers' team (servers serve and exit)."""
+        import atexit
+
+        from pycoll.algorithms.push_pull import Roles
+
+        size, rank = comm.Get_size(), comm.Get_rank()
+        n = size - k
+        if n < 1:
+            raise ValueError(f"PYCOLL_NUM_SERVERS={k} leaves no worker among {size} ranks")
+        world = cls.from_mpi(comm, ctx, tls=tls, roles=False)
+        world.name = "world"
+        sub = world.comm.Split(1 if rank >= n else 0, rank)
+        try:
+            if rank >= n:
+                from pycoll.ps.server import serve
+
+                serve(world, n, k, rank - n)
+                raise SystemExit(0)
+            team = cls.from_mpi(sub, ctx, tls=tls, roles=False)
+        finally:
+            sub.Free()
+        team.name = "workers"
+        team._ps = Roles(world, n, k)
+        atexit.register(team._goodbye_at_exit)
+        return team
+
+    def _goodbye_at_exit(self) -> None:
+        if self._ps is not None:
+            ps, self._ps = self._ps, None
+            _say_goodbye(ps, self.rank)
 
     @classmethod
     def from_store(cls, store: Any, rank: int, size: int, ctx: Optional[Context] = None, *,
@@ -1102,3 +1253,17 @@ def local_teams(n: int, ctx: Optional[Context] = None) -> List[Team]:
                                              else (0,) * len(members))
                     setattr(teams[r], f"_{level}_team", made)
     return teams
+
+
+def _num_servers() -> int:
+    from pycoll import config
+
+    return config.get("PYCOLL_NUM_SERVERS")
+
+
+def _say_goodbye(ps: Any, me: int) -> None:
+    """Worker ``me`` is done with push-pull: tell the servers (they exit once all workers did)."""
+    if ps.k:
+        from pycoll.ps.server import goodbye
+
+        goodbye(ps.world, ps.n, ps.k, me)

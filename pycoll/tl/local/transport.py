@@ -3,6 +3,10 @@
 A :class:`LocalFabric` holds, per (destination, source, tag), the queue of receives posted and not
 yet matched, and the queue of messages sent before their receive was posted (copied, so the send
 completes at once). Matching is FIFO per (source, destination, tag), as in MPI.
+
+Traffic (``transport.traffic``): a send counts on the sender's transport when posted (it is handed
+to the receiver's queue at once), a receive on the receiver's when its message is copied in, in
+:meth:`LocalFabric.deliver` or :meth:`LocalFabric.match` (where every receive completes).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class LocalFabric:
             req = posted.popleft()
             if not posted:
                 del self._posted[key]
-            deliver("local", req, req.buf, data)
+            deliver("local", req, req.buf, data, self.transports[dst].traffic)
         else:
             self._unexpected[key].append(data.copy())
             self.transports[dst]._stashed(key_hash(split_key(tag)[0]))
@@ -76,8 +80,9 @@ class LocalFabric:
             data = queue.popleft()
             if not queue:
                 del self._unexpected[req.key]
-            self.transports[req.key[0]]._unstashed(key_hash(split_key(req.key[2])[0]))
-            deliver("local", req, req.buf, data)
+            receiver = self.transports[req.key[0]]
+            receiver._unstashed(key_hash(split_key(req.key[2])[0]))
+            deliver("local", req, req.buf, data, receiver.traffic)
         else:
             self._posted[req.key].append(req)
 
@@ -104,6 +109,7 @@ class LocalTransport(Transport):
         if not 0 <= peer < self.fabric.size:
             raise ValueError(f"local: peer {peer} is not a rank of a team of {self.fabric.size}")
         req = TransportRequest("send", peer, tag, buf.nbytes)
+        self.traffic.sent(peer, buf.nbytes)
         self.fabric.deliver(self.rank, peer, tag, buf)
         req.done = True
         return req

@@ -16,6 +16,12 @@ posted. MPI's non-overtaking rule makes the payload the next message after its h
 When the engine holds work back for lack of credit it asks :meth:`has_unexpected`; that drains
 every message that arrived without a matching receive into the stash, so a peer's sends complete
 (the transport contract) and the engine learns which collectives peers have started.
+
+Traffic (``transport.traffic``, payload bytes, not the 32-byte headers of checked keys): a send
+counts when it is handed to MPI (``isend``, and the channel's fast ``isend``/``exchange``), a
+receive when it completes: receives posted to MPI (the untagged ones) in :func:`_test_recv`, with
+the byte count of their status; checked payloads when their ``Irecv`` completes; stashed messages
+when ``deliver`` copies them in.
 """
 
 from __future__ import annotations
@@ -68,6 +74,28 @@ def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
     return ok
 
 
+def _test_recv(req: TransportRequest, mpi_reqs: Any, transport: MPITransport) -> bool:
+    """:func:`_test` for requests whose last MPI request is a receive: once they are done, count the
+    bytes that arrived (the receive's status) in the transport's traffic (and, for a plain
+    receive, put them in ``req.nbytes``)."""
+    statuses = transport._statuses
+    try:
+        if len(mpi_reqs) == 1:
+            ok = mpi_reqs[0].Test(statuses[0])
+        else:
+            ok = MPI.Request.Testall(mpi_reqs, statuses)
+    except MPI.Exception as exc:
+        req.error = TransportError(f"mpi: {req.kind} with rank {req.peer} (tag {req.tag!r}) failed: {exc}")
+        raise req.error from None
+    if ok:
+        n = statuses[len(mpi_reqs) - 1].Get_count(MPI.BYTE)
+        if req.kind == "recv":
+            req.nbytes = n
+        transport.traffic.received(req.peer, n)
+        req.done = True
+    return ok
+
+
 class _MPIRequest(TransportRequest):
     __slots__ = ("reqs",)
 
@@ -87,6 +115,19 @@ class _MPIRequest(TransportRequest):
                     pass
 
 
+class _MPIRecv(_MPIRequest):
+    """A receive posted to MPI (or a send and a receive: ``exchange``); counted when it is done."""
+
+    __slots__ = ("transport",)
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        if self.error is not None:
+            raise self.error
+        return _test_recv(self, self.reqs, self.transport)
+
+
 class _CheckedRecv(TransportRequest):
     """A receive of a checked key: waits for its header, then for its payload."""
 
@@ -103,7 +144,10 @@ class _CheckedRecv(TransportRequest):
                 if self.error is not None:
                     raise self.error
                 return self.done
-        return _test(self, (self.payload,))
+        if _test(self, (self.payload,)):  # its payload (nbytes: as its header announced) arrived
+            self.transport.traffic.received(self.peer, self.nbytes)
+            return True
+        return False
 
     def cancel(self) -> None:
         if not self.done:
@@ -113,11 +157,12 @@ class _CheckedRecv(TransportRequest):
 class MPIChannel(Channel):
     """A channel whose untagged messages skip key parsing: the tag base is computed once."""
 
-    __slots__ = ("fast", "base", "comm")
+    __slots__ = ("fast", "base", "comm", "traffic")
 
     def __init__(self, transport: MPITransport, key: tuple) -> None:
         super().__init__(transport, key)
         self.comm = transport.comm
+        self.traffic = transport.traffic
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -130,22 +175,26 @@ class MPIChannel(Channel):
             return self.transport.isend(buf, peer, (*self.key, step))
         req = _MPIRequest("send", peer, step, buf.nbytes)
         req.reqs = (self.comm.Isend([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
+        self.traffic.sent(peer, buf.nbytes)
         return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast or self.transport._stash:
             return self.transport.irecv(buf, peer, (*self.key, step))
-        req = _MPIRequest("recv", peer, step, buf.nbytes)
+        req = _MPIRecv("recv", peer, step, buf.nbytes)
         req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
+        req.transport = self.transport
         return req
 
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast or self.transport._stash:
             return super().exchange(sendbuf, recvbuf, peer, step)
         tag = self.base | (step & _STEP_MASK)
-        req = _MPIRequest("exchange", peer, step, sendbuf.nbytes)
+        req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
         comm = self.comm
         req.reqs = [comm.Isend([sendbuf, MPI.BYTE], peer, tag), comm.Irecv([recvbuf, MPI.BYTE], peer, tag)]
+        req.transport = self.transport
+        self.traffic.sent(peer, sendbuf.nbytes)
         return req
 
 
@@ -170,6 +219,7 @@ class MPITransport(Transport):
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
         self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
         self._header_buf = bytearray(_HEADER.size)
+        self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see _test_recv)
         limit_sends(self)
 
     def channel(self, key: tuple) -> Channel:
@@ -186,6 +236,7 @@ class MPITransport(Transport):
                         self.comm.Isend([buf, MPI.BYTE], peer, wire)]
         else:
             req.reqs = [self.comm.Isend([buf, MPI.BYTE], peer, wire)]
+        self.traffic.sent(peer, buf.nbytes)
         return req
 
     # ------------------------------------------------------------------ receives
@@ -193,10 +244,11 @@ class MPITransport(Transport):
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
         if not checked:
-            req = _MPIRequest("recv", peer, tag, buf.nbytes)
+            req = _MPIRecv("recv", peer, tag, buf.nbytes)
+            req.transport = self
             stashed = self._stash.get((peer, wire))
             if stashed:
-                deliver("mpi", req, buf, stashed.popleft())
+                deliver("mpi", req, buf, stashed.popleft(), self.traffic)
                 if not stashed:
                     del self._stash[(peer, wire)]
                 self._unstashed(("slot", wire >> _STEP_BITS))
@@ -209,7 +261,7 @@ class MPITransport(Transport):
         k = (peer, req.khash, step)
         stashed = self._kstash.get(k)
         if stashed:
-            deliver("mpi", req, buf, stashed.popleft())
+            deliver("mpi", req, buf, stashed.popleft(), self.traffic)
             if not stashed:
                 del self._kstash[k]
             self._unstashed(req.khash)
@@ -275,6 +327,7 @@ class MPITransport(Transport):
             if nbytes != size:
                 raise TransportError(f"mpi: rank {src} announced {size} B but sent {nbytes} B")
             if recv is not None:
+                recv.nbytes = nbytes
                 recv.payload = msg.Irecv([recv.buf, MPI.BYTE])
             else:
                 data = np.empty(nbytes, np.uint8)
@@ -285,7 +338,7 @@ class MPITransport(Transport):
                     if not waiting:
                         del self._waiting[k]
                     self._unstashed(k[1])
-                    deliver("mpi", recv, recv.buf, data)
+                    deliver("mpi", recv, recv.buf, data, self.traffic)
                 else:
                     self._kstash[k].append(data)
             return

@@ -17,6 +17,7 @@ class SelfTransport(Transport):
 
     def __init__(self) -> None:
         self._local = LocalFabric(1).transport(0)
+        self.traffic = self._local.traffic  # what the loopback counts (all under peer 0: itself)
 
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         return self._local.isend(buf, peer, tag)

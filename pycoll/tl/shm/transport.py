@@ -12,6 +12,11 @@ process read is the one that attached as that rank (never an address's claimed o
 address is a ``TransportError``, not a crash. Teams whose kernel forbids CMA between their ranks
 keep their network transport for point-to-point (the segment collectives copy through the segment
 and work anyway).
+
+Traffic (``transport.traffic``): a send counts in :meth:`ShmTransport.isend` (even while it waits
+for a free descriptor), a receive when its payload has been copied: in :meth:`ShmTransport._read`,
+or in ``irecv`` for a message copied before it was posted. The segment collectives (allreduce_shm
+and the others) and the cma allgather's reads move data without this transport: not counted.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class ShmTransport(Transport):
         req.buf, req.khash, req.step = buf, key_hash(prefix), step
         self._seq += 1
         req.seq = self._seq
+        self.traffic.sent(peer, buf.nbytes)
         if self._queued[peer] or not self._post(req):
             self._queued[peer].append(req)
         return req
@@ -115,7 +121,7 @@ class ShmTransport(Transport):
             if not stashed:
                 del self._stash[k]
             self._unstashed(k[1])
-            deliver("shm", req, req.buf, data)
+            deliver("shm", req, req.buf, data, self.traffic)
             return req
         self._posted[k].append(req)
         self._read(peer)
@@ -163,6 +169,7 @@ class ShmTransport(Transport):
             if recv is not None:
                 recv.nbytes = nbytes
                 recv.done = True
+                self.traffic.received(src, nbytes)
             else:
                 self._stash[k].append(target)
                 self._stashed(khash)

@@ -8,6 +8,10 @@ The receiver reads eagerly: a payload whose receive is posted goes straight into
 otherwise it is kept until that receive is posted (so a send always completes, whatever the
 receiver is doing, as the transport contract asks). Headers are validated before use; a peer
 whose connection closes fails every operation with it, naming the rank.
+
+Traffic (``transport.traffic``, payload bytes, not the 32-byte headers): a send counts in
+:meth:`TCPTransport.isend` (the message joins the peer's outgoing queue), a receive when its payload
+is complete: in :meth:`TCPTransport._read`, or in ``irecv`` for a message that arrived before it.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class TCPTransport(Transport):
         header = _HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes)
         req = _Send("send", peer, tag, buf.nbytes)
         req.parts = [memoryview(header), memoryview(buf).cast("B")]
+        self.traffic.sent(peer, buf.nbytes)
         p.out.append(req)
         if len(p.out) == 1:
             self._flush(p)
@@ -141,7 +146,7 @@ class TCPTransport(Transport):
             if not stashed:
                 del self._stash[k]
             self._unstashed(k[1])
-            deliver("tcp", req, req.buf, data)
+            deliver("tcp", req, req.buf, data, self.traffic)
             return req
         p = self._peer(peer)
         if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
@@ -218,6 +223,7 @@ class TCPTransport(Transport):
                     continue
             if p.recv is not None:
                 p.recv.done = True
+                self.traffic.received(p.rank, p.recv.nbytes)
                 done += 1
             else:
                 self._stash[(p.rank, *p.k)].append(p.data)

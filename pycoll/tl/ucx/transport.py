@@ -48,6 +48,12 @@ needs the peer's worker progressing, which a peer blocked in the bootstrap barri
 discard the team's leftover unexpected messages (its id may be reused) and release the team id;
 the last team destroys the worker and the UCP context. If a peer failed (or its "bye" does not
 come within 10 s) the bootstrap barrier is skipped.
+
+Traffic (``transport.traffic``, payload bytes, not the 24-byte headers of checked keys, nor the close
+barrier's "bye" messages): a send counts when it is handed to UCP (``isend`` and the channel's fast
+``isend``), a receive when it completes: receives posted to UCP in :meth:`UCXTransport._finished`
+(with the length UCP reports), checked ones filled in place in :meth:`UCXTransport._landed`, and
+stashed messages when ``deliver`` copies them in.
 """
 
 from __future__ import annotations
@@ -266,7 +272,9 @@ class UCXChannel(Channel):
         if not self.fast:
             return self.transport.isend(buf, peer, (*self.key, step))
         t = self.transport
-        return t._send(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
+        req = t._send(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
+        t.traffic.sent(peer, buf.nbytes)
+        return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         t = self.transport
@@ -390,7 +398,9 @@ class UCXTransport(Transport):
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         wire, h, step, checked = self._wire(self.rank, tag)
-        return self._send(buf, peer, wire, tag, (h, step) if checked else None)
+        req = self._send(buf, peer, wire, tag, (h, step) if checked else None)
+        self.traffic.sent(peer, buf.nbytes)
+        return req
 
     def _send(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
               checked: Optional[Tuple[int, int]]) -> TransportRequest:
@@ -433,7 +443,7 @@ class UCXTransport(Transport):
             if not stashed:
                 del self._kstash[req.k]
             self._unstashed(h)
-            deliver("ucx", req, buf, data)
+            deliver("ucx", req, buf, data, self.traffic)
             return req
         self._waiting[req.k].append(req)
         self._wwait[wire].append(req)
@@ -452,7 +462,7 @@ class UCXTransport(Transport):
                 del self._stash[wire]
             self._unstashed(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
             if isinstance(item, np.ndarray):
-                deliver("ucx", req, buf, item)
+                deliver("ucx", req, buf, item, self.traffic)
             else:  # still arriving: it completes this receive when it has
                 req.buf, req.ucp, req.transport = buf, None, self
                 item.waiter = req
@@ -476,6 +486,7 @@ class UCXTransport(Transport):
         if st == _OK:
             if req.kind == "recv":
                 req.nbytes = req.info.length
+                self.traffic.received(req.peer, req.nbytes)
             req.done = True
         elif st == _TRUNCATED:
             req.error = TransportError(f"ucx: a message from rank {req.peer} (tag {req.tag!r}) is "
@@ -574,7 +585,7 @@ class UCXTransport(Transport):
                 waiter.error = err
                 return
             if waiter is not None:
-                deliver("ucx", waiter, waiter.buf, p.data)
+                deliver("ucx", waiter, waiter.buf, p.data, self.traffic)
             else:  # still in the stash: replace the placeholder by the data
                 q = self._stash.get(wire)
                 if q is not None:
@@ -607,6 +618,7 @@ class UCXTransport(Transport):
                 self._unwait(t)
                 t.nbytes = n
                 t.done = True
+                self.traffic.received(src, n)
                 return
             data = t.buf[:n].copy()  # not this receive's message (a 20-bit collision): move it
             if t.canceled:
@@ -617,7 +629,7 @@ class UCXTransport(Transport):
         r = next((r for r in q if not r.busy), None) if q else None
         if r is not None:
             self._unwait(r)
-            deliver("ucx", r, r.buf, data)
+            deliver("ucx", r, r.buf, data, self.traffic)
         else:
             self._kstash[k].append(data)
             self._stashed(khash)
@@ -629,7 +641,7 @@ class UCXTransport(Transport):
                     del self._kstash[t.k]
                 self._unstashed(t.k[1])
                 self._unwait(t)
-                deliver("ucx", t, t.buf, data)
+                deliver("ucx", t, t.buf, data, self.traffic)
 
     def _unwait(self, r: _CRecv) -> None:
         q = self._waiting.get(r.k)
