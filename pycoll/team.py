@@ -173,7 +173,7 @@ class Team:
         src, dst = call.src.reshape(-1), call.dst.reshape(-1)
         pb = self.ctx.partition_bytes or (4 << 20)
         roles = self._ps if self._ps is not None else pp.Roles(self, self.size, 0)
-        decl = dict(kind="decl", name=name, count=int(src.size), dtype=src.dtype.str,
+        decl = dict(kind="decl", name=name, count=int(src.size), dtype=src.dtype.name,
                     partition_bytes=int(pb), op=op.name)
         known = self._layouts.get(name)
         if known is not None and known != decl:

@@ -19,7 +19,7 @@ import numpy as np
 from pycoll.algorithms.push_pull import Roles, service_round
 from pycoll.engine.context import Backoff
 from pycoll.errors import PycollError
-from pycoll.ops import ReduceOp
+from pycoll.ops import ReduceOp, as_dtype
 from pycoll.ps.placement import plan
 from pycoll.tasks.p2p import AnySourceRecvTask
 from pycoll.tasks.schedule import Schedule
@@ -63,7 +63,7 @@ class _Tensor:
     def __init__(self, roles: Roles, me: int, decl: Dict[str, Any]) -> None:
         self.roles, self.decl = roles, decl
         self.name = decl["name"]
-        self.dtype = np.dtype(decl["dtype"])
+        self.dtype = as_dtype(decl["dtype"])
         self.op = ReduceOp[decl["op"]]
         parts = plan(self.name, decl["count"], self.dtype.itemsize, roles.n, roles.k, decl["partition_bytes"])
         self.parts = [p for p in parts if p.service.server and p.service.index == me]

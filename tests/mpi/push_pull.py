@@ -1,0 +1,80 @@
+"""push_pull on real ranks (workers, and servers when PYCOLL_NUM_SERVERS is set):
+python push_pull.py MODE.
+
+sync     every float dtype, sizes 0 to 64 MiB (float32), in place and out of place, SUM and mean,
+         against numpy; bad input
+"""
+
+import sys
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+from pycoll import Team
+from tests.mpi.common import run_rank
+
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+
+
+def values(count: int, rank: int, dt) -> np.ndarray:
+    return ((np.arange(count) % 11) + rank).astype(dt)
+
+
+def make_team(comm: MPI.Comm):
+    """The workers' team; None on a server rank (it served inside until the workers were done)."""
+    try:
+        return Team.from_mpi(comm)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+        return None
+
+
+def sync(comm: MPI.Comm) -> None:
+    team = make_team(comm)
+    if team is None:
+        return
+    n, rank = team.size, team.rank
+    assert team.role == "worker" and team.workers == list(range(n))
+    assert team.servers == list(range(n, comm.Get_size())), team.servers
+    for dt in DTYPES:
+        for count in (0, 1, 7, 1000, (1 << 18) + 3):
+            x = values(count, rank, dt)
+            want = sum(values(count, r, np.float64) for r in range(n))
+            team.push_pull(x, name=f"x{count}{np.dtype(dt).name}").wait(timeout=60)
+            tol = 1e-2 if np.dtype(dt).itemsize == 2 else 1e-6
+            assert np.allclose(x.astype(np.float64), want, rtol=tol), (dt, count)
+            out = np.empty_like(x)
+            src = values(count, rank, dt)
+            team.push_pull(src, out, name=f"y{count}{np.dtype(dt).name}", average=True).wait(timeout=60)
+            assert np.allclose(out.astype(np.float64), want / n, rtol=tol), (dt, count, "avg")
+            assert np.array_equal(src, values(count, rank, dt)), "out of place changed the input"
+    big = values(16 << 20, rank, np.float32)  # 64 MiB
+    for _ in range(2 if n + len(team.servers) <= 4 else 1):  # rounds of one tensor
+        big[:] = values(16 << 20, rank, np.float32)
+        team.push_pull(big, name="big").wait(timeout=120)
+        assert np.array_equal(big, sum(values(16 << 20, r, np.float32) for r in range(n))), "64 MiB"
+    for bad, err in (({"name": ""}, ValueError), ({"name": 3}, ValueError)):
+        try:
+            team.push_pull(np.ones(3), **bad)
+        except err:
+            pass
+        else:
+            raise AssertionError(f"push_pull accepted {bad}")
+    try:
+        team.push_pull(np.ones(5, np.float32), name="big")
+    except ValueError as exc:
+        assert "keeps its layout" in str(exc)
+    else:
+        raise AssertionError("a name changed its layout")
+    try:
+        team.push_pull(np.ones(3, np.int32), np.ones(4, np.int32), name="mismatch")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("mismatched buffers accepted")
+
+
+if __name__ == "__main__":
+    run_rank({"sync": sync}[sys.argv[1]], MPI.COMM_WORLD)
