@@ -103,6 +103,8 @@ class Team:
         #: (``PYCOLL_NUM_SERVERS``): the world team of workers and servers (see push_pull).
         self._ps: Any = None
         self._layouts: Dict[str, dict] = {}  # push_pull tensors seen: name -> layout
+        self._async: Dict[str, Any] = {}  # async push_pull: this worker's colocated services
+        self._serving: Optional[Task] = None  # keeps the progress thread on while they serve
 
     # ------------------------------------------------------------------ point to point
     def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
@@ -155,26 +157,35 @@ class Team:
         return list(range(self.size, self.size + self._ps.k)) if self._ps is not None else []
 
     def push_pull(self, buf: Any, recvbuf: Any = None, *, name: str, priority: int = 0,
-                  average: bool = False, timeout: Optional[float] = None) -> Request:
+                  average: bool = False, mode: str = "sync", timeout: Optional[float] = None) -> Request:
         """BytePS push-sum-pull of ``buf`` (into ``recvbuf``; ``None``: in place): an allreduce
         (SUM, or the mean with ``average``) whose partitions are summed by summation services,
         the colocated one of every worker and the team's CPU-only servers, placed by BytePS's
         optimal split (:mod:`pycoll.ps.placement`). ``name`` identifies the tensor across ranks
         and calls (equal on every rank; one call per name at a time). Partitions of
-        ``PYCOLL_PARTITION_BYTES`` (4 MiB when unlimited); pushes take credit."""
+        ``PYCOLL_PARTITION_BYTES`` (4 MiB when unlimited); pushes take credit.
+
+        ``mode="async"`` (BytePS's asynchronous training): the services keep the latest values of
+        the tensor (starting at zero); ``buf`` is this worker's delta, added at once, and the
+        current values come back into ``recvbuf`` (or ``buf``) without waiting for other workers.
+        Workers keep serving until every worker closed its team."""
         from pycoll.algorithms import push_pull as pp
         from pycoll.ps.server import CONTROL, control_message
         from pycoll.tasks.p2p import SendTask
 
         if not isinstance(name, str) or not name:
             raise ValueError(f"push_pull needs a non-empty tensor name, got {name!r}")
+        if mode not in ("sync", "async"):
+            raise ValueError(f"push_pull mode must be 'sync' or 'async', got {mode!r}")
+        if mode == "async" and average:
+            raise ValueError("push_pull: average applies to sync mode (async adds deltas)")
         op = ReduceOp.AVG if average else ReduceOp.SUM
         call = self._allreduce_call(buf, recvbuf, op)
         src, dst = call.src.reshape(-1), call.dst.reshape(-1)
         pb = self.ctx.partition_bytes or (4 << 20)
         roles = self._ps if self._ps is not None else pp.Roles(self, self.size, 0)
         decl = dict(kind="decl", name=name, count=int(src.size), dtype=src.dtype.name,
-                    partition_bytes=int(pb), op=op.name)
+                    partition_bytes=int(pb), op=op.name, mode=mode)
         known = self._layouts.get(name)
         if known is not None and known != decl:
             raise ValueError(f"push_pull: tensor {name!r} was {known['count']} x {known['dtype']} "
@@ -182,7 +193,13 @@ class Team:
                              f"{decl['count']} x {decl['dtype']} ({decl['op']}, "
                              f"{decl['partition_bytes']} B): a name keeps its layout; use another name")
         with self.ctx.lock:
-            sched = pp.build(roles, self.rank, name, src, dst, op, pb, priority)
+            if mode == "async":
+                service = self._async.get(name)
+                if service is None:
+                    service = self._async[name] = self._start_async_service(roles, name, src, pb)
+                sched = pp.build_async(roles, self.rank, name, src, dst, service, pb, priority)
+            else:
+                sched = pp.build(roles, self.rank, name, src, dst, op, pb, priority)
             if known is None:
                 self._layouts[name] = decl
                 if roles.k and self.rank == 0:  # the servers learn the tensor with its first pushes
@@ -191,8 +208,38 @@ class Team:
                                            name=f"declare {name}->server{s}"))
             return self._submit(sched, priority, timeout, call.out)
 
+    def _start_async_service(self, roles: Any, name: str, src: np.ndarray, pb: int) -> Any:
+        """This worker's colocated async service of ``name``, served in the background (the
+        context's progress thread drives it while the worker computes)."""
+        from pycoll.algorithms.push_pull import AsyncService
+        from pycoll.engine.progress_thread import progress_thread
+        from pycoll.ps.placement import plan
+
+        mine = [p for p in plan(name, src.size, src.itemsize, roles.n, roles.k, pb)
+                if not p.service.server and p.service.index == self.rank]
+        service = AsyncService(roles, name, mine, src.dtype, self.rank)
+        service.start()
+        if self._serving is None:  # keep the progress thread driving until the team closes
+            self._serving = _Forever(name=f"{self.name}: async services")
+            progress_thread(self.ctx).watch([self.ctx.submit(self._serving)], lambda error: None)
+        return service
+
+    def _stop_async(self) -> None:
+        """Serve the other workers until every worker got here, then stop serving."""
+        if not self._async:
+            return
+        self.barrier(timeout=None).wait()
+        with self.ctx.lock:
+            for service in self._async.values():
+                service.stop()
+            self._async.clear()
+            if self._serving is not None:
+                self._serving.complete()
+                self._serving = None
+
     def close(self) -> None:
         """Release the team's transport and shared segment (after its last collective)."""
+        self._stop_async()
         if self._ps is not None:
             ps, self._ps = self._ps, None
             _say_goodbye(ps, self.rank)
@@ -1024,6 +1071,7 @@ class Team:
         return team
 
     def _goodbye_at_exit(self) -> None:
+        self._stop_async()
         if self._ps is not None:
             ps, self._ps = self._ps, None
             _say_goodbye(ps, self.rank)
@@ -1267,3 +1315,14 @@ def _say_goodbye(ps: Any, me: int) -> None:
         from pycoll.ps.server import goodbye
 
         goodbye(ps.world, ps.n, ps.k, me)
+
+
+class _Forever(Task):
+    """A task that stays in progress until completed from outside (keeps a progress thread
+    driving background services)."""
+
+    takes_credit = False
+    polled = False
+
+    def post(self) -> None:
+        pass

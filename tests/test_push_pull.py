@@ -67,3 +67,9 @@ def test_push_pull_in_process():
 def test_push_pull_sync_matches_numpy(n, k):
     run_ranks(n + k, "tests/mpi/push_pull.py", "sync", timeout=180,
               env={"PYCOLL_NUM_SERVERS": str(k)})
+
+
+@pytest.mark.parametrize("n,k", [(2, 0), (3, 1), (4, 2), (2, 2)])
+def test_push_pull_async(n, k):
+    """Deltas added at once, current values pulled without waiting for a slow worker."""
+    run_ranks(n + k, "tests/mpi/push_pull.py", "async", timeout=120, env={"PYCOLL_NUM_SERVERS": str(k)})

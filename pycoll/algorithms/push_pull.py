@@ -100,3 +100,86 @@ def build(roles: Roles, me: int, name: str, src: np.ndarray, dst: np.ndarray, op
         # in place, the pull may overwrite the pushed data only once the push is done with it
         sched.add(pull, after=push if np.shares_memory(s, d) else None)
     return sched
+
+
+# ---------------------------------------------------------------------------------- async mode
+class AsyncService:
+    """The asynchronous summation service of some parts of one tensor (BytePS section 5): it keeps
+    the latest parameters (starting at zero); each worker's push is a delta that is added at once,
+    and the worker pulls the current values back, without waiting for the others.
+
+    Every (part, worker) pair has its own chain (receive delta, add, copy out, send back), re-armed
+    as soon as it finishes, so one worker's pushes never wait for another's."""
+
+    def __init__(self, roles: Roles, name: str, parts: List[Part], dtype: Any, own: Optional[int]) -> None:
+        from pycoll.events.manager import Event
+
+        self._completed = Event.COMPLETED
+        self.roles, self.name, self.own = roles, name, own
+        self.params = {p.key: np.zeros(p.hi - p.lo, dtype) for p in parts}
+        self.parts = parts
+        self.served = 0  # exchanges done
+        self.error: Optional[BaseException] = None
+        self._live: List[Any] = []
+        self.stopped = False
+
+    def start(self) -> None:
+        for part in self.parts:
+            for w in range(self.roles.n):
+                if w != self.own:
+                    self._arm(part, w)
+
+    def _arm(self, part: Part, w: int) -> None:
+        world, key = self.roles.world, part.key
+        params = self.params[key]
+        delta, reply = np.empty_like(params), np.empty_like(params)
+        label = f"{self.name}/part{key}"
+        chain = Schedule(name=f"{label}:async<->{w}")
+        recv = chain.add(RecvTask(world, delta, w, tag(self.name, key, PUSH), name=f"{label}<-delta{w}"))
+        add = chain.add(FunctionTask(_apply_delta, params, delta, reply, name=f"{label}:add"), after=recv)
+        chain.add(SendTask(world, reply, w, tag(self.name, key, PULL), name=f"{label}->params{w}"), after=add)
+        chain.subscribe(self._completed, self, lambda svc, task, data: svc._done(task, part, w))
+        self._live.append(chain)
+        world.ctx.submit(chain)
+
+    def _done(self, chain: Any, part: Part, w: int) -> None:
+        self._live.remove(chain)
+        self.served += 1
+        if not self.stopped:
+            self._arm(part, w)
+
+    def local(self, part: Part, delta: np.ndarray, out: np.ndarray) -> None:
+        """The own worker's exchange (no network): add its delta, read the parameters."""
+        _apply_delta(self.params[part.key], delta, out)
+
+    def stop(self) -> None:
+        self.stopped = True
+        for chain in list(self._live):
+            chain.cancel()
+        self._live.clear()
+
+
+def _apply_delta(params: np.ndarray, delta: np.ndarray, reply: np.ndarray) -> None:
+    reduce_into(params, delta, ReduceOp.SUM)
+    reply[...] = params
+
+
+def build_async(roles: Roles, me: int, name: str, src: np.ndarray, dst: np.ndarray, service: AsyncService,
+                partition_bytes: int, priority: int = 0) -> Schedule:
+    """Worker ``me``'s asynchronous push-pull: push the delta ``src``, pull the current parameters
+    into ``dst``; its own service's parts are exchanged locally."""
+    sched = Schedule(name=f"push_pull(async):{name}@{me}", priority=priority)
+    world = roles.world
+    for part in plan(name, src.size, src.itemsize, roles.n, roles.k, partition_bytes):
+        s, d = src[part.lo:part.hi], dst[part.lo:part.hi]
+        if not part.service.server and part.service.index == me:
+            sched.add(FunctionTask(service.local, part, s, d, name=f"{name}/part{part.key}:local"))
+            continue
+        owner = roles.owner(part)
+        push = SendTask(world, s, owner, tag(name, part.key, PUSH), name=f"{name}/part{part.key}:delta",
+                        priority=priority)
+        push.credit = s.nbytes
+        sched.add(push)
+        sched.add(RecvTask(world, d, owner, tag(name, part.key, PULL), name=f"{name}/part{part.key}:params"),
+                  after=push if np.shares_memory(s, d) else None)
+    return sched

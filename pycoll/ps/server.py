@@ -70,6 +70,12 @@ class _Tensor:
         self.out = {p.key: np.empty(p.hi - p.lo, self.dtype) for p in self.parts}
         self.request: Any = None
         self.rounds = 0
+        self.service: Any = None
+        if decl.get("mode") == "async" and self.parts:
+            from pycoll.algorithms.push_pull import AsyncService
+
+            self.service = AsyncService(roles, self.name, self.parts, self.dtype, None)
+            self.service.start()
 
     def start_round(self) -> None:
         sched = Schedule(name=f"serve:{self.name}#{self.rounds}")
@@ -104,7 +110,7 @@ def serve(world: Any, n: int, k: int, me: int, timeout: Optional[float] = None) 
                     if old is not None and old.request is not None and not old.request.done:
                         raise PycollError(f"push_pull server {me}: {msg['name']!r} redeclared mid-round")
                     tensors[msg["name"]] = t = _Tensor(roles, me, msg)
-                    if t.parts:
+                    if t.parts and t.service is None:
                         t.start_round()
             elif msg["kind"] == "bye":
                 byes.add(msg["worker"])
@@ -120,10 +126,13 @@ def serve(world: Any, n: int, k: int, me: int, timeout: Optional[float] = None) 
         else:
             backoff.idle()
     ctl.cancel()
-    for t in tensors.values():  # rounds nobody pushed to any more
+    for t in tensors.values():  # rounds and async exchanges nobody pushes to any more
         if t.request is not None and not t.request.done:
             t.request.cancel()
-    return {name: t.rounds - 1 for name, t in tensors.items()}
+        if t.service is not None:
+            t.service.stop()
+    return {name: t.service.served if t.service is not None else t.rounds - 1
+            for name, t in tensors.items()}
 
 
 def main() -> None:

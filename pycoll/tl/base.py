@@ -29,7 +29,9 @@ completes, with the bytes that arrived. Only payload is counted, never the trans
 in the segment). A rank's messages to itself count under its own rank (they never cross a NIC:
 ``total(include_self=False)`` leaves them out). Data moved through a host's shared segment by the
 shm collectives, and the peer-memory reads of the cma allgather, bypass the transports and are not
-counted (the cma allgather's small address and acknowledgement messages are).
+counted (the cma allgather's small address and acknowledgement messages are). Each transport counts
+in its own send and receive paths (its module doc says where); a transport written elsewhere counts
+only what it reports with ``self.traffic.sent(peer, nbytes)`` and ``self.traffic.received(peer, nbytes)``.
 """
 
 from __future__ import annotations

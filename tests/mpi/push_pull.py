@@ -3,9 +3,12 @@ python push_pull.py MODE.
 
 sync     every float dtype, sizes 0 to 64 MiB (float32), in place and out of place, SUM and mean,
          against numpy; bad input
+async    workers push deltas and pull the current values without waiting for a slow worker; the
+         final values are the sum of every delta
 """
 
 import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -76,5 +79,37 @@ def sync(comm: MPI.Comm) -> None:
         raise AssertionError("mismatched buffers accepted")
 
 
+def asynchronous(comm: MPI.Comm) -> None:
+    team = make_team(comm)
+    if team is None:
+        return
+    n, rank = team.size, team.rank
+    steps = 6
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        for count in (1, 1000, (1 << 18) + 5):
+            name = f"w{count}{np.dtype(dt).name}"
+            out = np.empty(count, dt)
+            team.push_pull(np.zeros(count, dt), out, name=name, mode="async").wait(timeout=60)  # services up
+            t0 = time.monotonic()
+            for step in range(steps):
+                if rank == n - 1 and step == 1 and dt is np.float32 and count == 1000:
+                    time.sleep(0.5)  # a slow worker: the others go on without it
+                team.push_pull(np.full(count, rank + 1, dt), out, name=name, mode="async").wait(timeout=60)
+            took = time.monotonic() - t0
+            if rank == 0 and n > 1 and dt is np.float32 and count == 1000:
+                assert took < 0.4, f"worker 0 waited for the slow worker: {took:.2f} s"
+            team.barrier().wait(timeout=60)
+            team.push_pull(np.zeros(count, dt), out, name=name, mode="async").wait(timeout=60)
+            want = steps * n * (n + 1) / 2
+            assert np.all(out.astype(np.float64) == want), (dt, count, out[:3], want)
+    try:
+        team.push_pull(np.ones(3), name="x", mode="async", average=True)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("average accepted in async mode")
+    team.close()  # serves the others until every worker is here
+
+
 if __name__ == "__main__":
-    run_rank({"sync": sync}[sys.argv[1]], MPI.COMM_WORLD)
+    run_rank({"sync": sync, "async": asynchronous}[sys.argv[1]], MPI.COMM_WORLD)

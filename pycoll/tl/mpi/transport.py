@@ -85,13 +85,15 @@ def _test_recv(req: TransportRequest, mpi_reqs: Any, transport: MPITransport) ->
         else:
             ok = MPI.Request.Testall(mpi_reqs, statuses)
     except MPI.Exception as exc:
-        req.error = TransportError(f"mpi: {req.kind} with rank {req.peer} (tag {req.tag!r}) failed: {exc}")
+        req.error = TransportError(f"mpi: {req.kind} from rank {req.peer} (tag {req.tag!r}) failed: {exc}")
         raise req.error from None
     if ok:
-        n = statuses[len(mpi_reqs) - 1].Get_count(MPI.BYTE)
-        if req.kind == "recv":
-            req.nbytes = n
-        transport.traffic.received(req.peer, n)
+        status = statuses[len(mpi_reqs) - 1]
+        if not status.Is_cancelled():
+            n = status.Get_count(MPI.BYTE)
+            if req.kind == "recv":
+                req.nbytes = n
+            transport.traffic.received(req.peer, n)
         req.done = True
     return ok
 
