@@ -54,7 +54,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("  torch    not installed (pip install torch): the 'pycoll' torch.distributed backend needs it")
     print("\nalgorithms:")
     for coll, table in algorithms.ALGORITHMS.items():
-        print(f"  {coll:<10} {', '.join(table)}")
+        extra = ", push_pull (BytePS summation services; by name only)" if coll == "allreduce" else ""
+        print(f"  {coll:<10} {', '.join(table)}{extra}")
     print("\nselection (first match wins; PYCOLL_TUNE rules come first):")
     for rule in algorithms.rules():
         print(f"  {rule}")

@@ -352,9 +352,23 @@ class Team:
         ``radix=`` go to it); ``tag`` matches the collective across ranks by tag instead of
         posting order; ``priority`` orders it in the engine (lower first); ``timeout`` (seconds)
         overrides ``PYCOLL_TIMEOUT``. The other collectives take the same keywords.
+
+        ``algorithm="push_pull"`` runs it as a BytePS push-sum-pull (:meth:`push_pull`; SUM or
+        AVG) named after ``tag`` (untagged: after the collective's sequence number).
         """
+        if algorithm == "push_pull":
+            return self._allreduce_push_pull(sendbuf, recvbuf, op, priority, tag, timeout)
         return self._post(self._allreduce_call(sendbuf, recvbuf, op), priority, tag, algorithm, timeout,
                           options)
+
+    def _allreduce_push_pull(self, sendbuf: Any, recvbuf: Any, op: Any, priority: int,
+                             tag: Optional[Hashable], timeout: Optional[float]) -> Request:
+        rop = op if type(op) is ReduceOp else as_op(op)
+        if rop not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"allreduce algorithm 'push_pull' sums (SUM or AVG), not {rop.name}")
+        name = f"allreduce:{tag!r}" if tag is not None else f"allreduce#{next(self._seq)}"
+        return self.push_pull(sendbuf, recvbuf, name=name, priority=priority, average=rop is ReduceOp.AVG,
+                              timeout=timeout)
 
     def allreduce_init(self, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM, *, priority: int = 0,
                        tag: Optional[Hashable] = None, algorithm: Optional[str] = None,

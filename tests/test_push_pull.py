@@ -73,3 +73,15 @@ def test_push_pull_sync_matches_numpy(n, k):
 def test_push_pull_async(n, k):
     """Deltas added at once, current values pulled without waiting for a slow worker."""
     run_ranks(n + k, "tests/mpi/push_pull.py", "async", timeout=120, env={"PYCOLL_NUM_SERVERS": str(k)})
+
+
+@pytest.mark.parametrize("n,k", [(3, 0), (2, 1)])
+def test_push_pull_as_allreduce_algorithm_scheduler_and_comm(n, k):
+    run_ranks(n + k, "tests/mpi/push_pull.py", "api", timeout=120, env={"PYCOLL_NUM_SERVERS": str(k)})
+
+
+def test_push_pull_in_torch():
+    pytest.importorskip("torch", reason="torch is not installed")
+    from tests.torchrun import run_torch
+
+    run_torch(2, "tests/torch/push_pull.py", timeout=90)

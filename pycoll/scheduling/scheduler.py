@@ -144,10 +144,13 @@ class Scheduler:
         background: complete tensors (run ``on_done``) from the engine's progress thread, for
             callers that never wait (frameworks); else completions run in ``wait``/``test``.
         timeout: seconds a part may take (default ``PYCOLL_TIMEOUT``).
+        collective: ``"allreduce"`` (default) or ``"push_pull"`` (BytePS push-sum-pull through
+            the team's summation services, :meth:`pycoll.Team.push_pull`; SUM or AVG).
     """
 
     def __init__(self, team: Any, *, partition_bytes: Any = None, credit_bytes: Any = None,
-                 tuning: Any = None, background: bool = False, timeout: Optional[float] = None) -> None:
+                 tuning: Any = None, background: bool = False, timeout: Optional[float] = None,
+                 collective: str = "allreduce") -> None:
         from pycoll.scheduling.tuning import AutoTuner
 
         self.team = team
@@ -159,6 +162,9 @@ class Scheduler:
             self.ctx.credit_bytes = _bytes(credit_bytes, "credit_bytes")
         elif not self.ctx.credit_bytes:
             self.ctx.credit_bytes = 4 * self.partition_bytes if self.partition_bytes else 0
+        if collective not in ("allreduce", "push_pull"):
+            raise ValueError(f"collective must be 'allreduce' or 'push_pull', got {collective!r}")
+        self.collective = collective
         self.timeout = timeout
         self.background = background
         self._progress = progress_thread(self.ctx) if background else None
@@ -201,6 +207,8 @@ class Scheduler:
         if arr.ndim != 1:
             arr = arr.reshape(-1)
         rop = as_op(op)
+        if self.collective == "push_pull" and rop not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"push_pull sums (SUM or AVG), not {rop.name}")
         entry = ScheduledTensor(self, name, arr, int(priority), rop, immediate, on_done)
         with self._lock:
             if name in self.pending:
@@ -225,7 +233,10 @@ class Scheduler:
         team, arr = self.team, entry.array
         entry.t_ready = time.monotonic()
         self._step_bytes += arr.nbytes
-        if entry.immediate or self.team.size == 1:
+        if (entry.immediate or self.team.size == 1) and self.collective == "push_pull":
+            entry.requests = [team.push_pull(arr, name=f"{entry.name}!", priority=IMMEDIATE,
+                                             average=entry.op is ReduceOp.AVG, timeout=self.timeout)]
+        elif entry.immediate or self.team.size == 1:
             entry.requests = [team.submit("allreduce", arr, None, entry.op, priority=IMMEDIATE,
                                           tag=("sched", entry.name), timeout=self.timeout,
                                           name=f"{entry.name}!", credit=False)]
@@ -237,6 +248,11 @@ class Scheduler:
             reqs = []
             with self.ctx.lock:  # all parts queued before the engine starts any: priority decides
                 for i, lo in enumerate(range(0, max(arr.size, 1), per)):
+                    if self.collective == "push_pull":
+                        reqs.append(team.push_pull(arr[lo:lo + per], name=f"{entry.name}/part{i}",
+                                                   priority=base + i, average=entry.op is ReduceOp.AVG,
+                                                   timeout=self.timeout))
+                        continue
                     reqs.append(team.submit("allreduce", arr[lo:lo + per], None, entry.op, priority=base + i,
                                             tag=("sched", entry.name, i), timeout=self.timeout,
                                             name=f"{entry.name}/part{i}"))

@@ -245,6 +245,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                                      timeout=self.timeout))
         return self._work([req], [tensor], self._finisher([s]), self.timeout)
 
+    def push_pull(self, tensor: torch.Tensor, name: str, average: bool = False, priority: int = 0,
+                  mode: str = "sync") -> PycollWork:
+        """BytePS push-sum-pull of ``tensor`` in place (:meth:`pycoll.Team.push_pull`): summed (or
+        averaged) by the summation services; ``mode="async"`` adds it as a delta and returns the
+        latest values."""
+        s = Staged(tensor)
+        req = self._post(lambda: self.team.push_pull(s.arr, name=name, priority=priority, average=average,
+                                                     mode=mode, timeout=self.timeout))
+        return self._work([req], [tensor], self._finisher([s]), self.timeout)
+
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
         return self.allreduce(tensors, opts)
 

@@ -3,6 +3,7 @@ python push_pull.py MODE.
 
 sync     every float dtype, sizes 0 to 64 MiB (float32), in place and out of place, SUM and mean,
          against numpy; bad input
+api      allreduce(algorithm="push_pull"), the scheduling layer over push_pull, pycoll.mpi.Comm
 async    workers push deltas and pull the current values without waiting for a slow worker; the
          final values are the sum of every delta
 """
@@ -111,5 +112,46 @@ def asynchronous(comm: MPI.Comm) -> None:
     team.close()  # serves the others until every worker is here
 
 
+def api(comm: MPI.Comm) -> None:
+    from pycoll import ReduceOp
+    from pycoll.mpi import Comm
+    from pycoll.scheduling import Scheduler
+
+    team = make_team(comm)
+    if team is None:
+        return
+    n, rank = team.size, team.rank
+    want = lambda count: sum(values(count, r, np.float64) for r in range(n))  # noqa: E731
+    x = values(5000, rank, np.float32)
+    team.allreduce(x, algorithm="push_pull").wait(timeout=60)  # untagged: named by sequence
+    assert np.allclose(x, want(5000))
+    y = values(5000, rank, np.float64)
+    team.allreduce(y, op=ReduceOp.AVG, algorithm="push_pull", tag="grad").wait(timeout=60)
+    assert np.allclose(y, want(5000) / n)
+    try:
+        team.allreduce(y, op=ReduceOp.MAX, algorithm="push_pull")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("push_pull accepted MAX")
+    # the scheduling layer over push_pull: tensors ready in a per-rank random order, small credit
+    sched = Scheduler(team, partition_bytes=8192, credit_bytes=8192, tuning="off", collective="push_pull",
+                      timeout=60)
+    rng = np.random.default_rng(rank)
+    arrays = {f"t{i}": values(1000 * (i + 1), rank, np.float32) for i in range(6)}
+    handles = [sched.submit(k, a, priority=i, ready=False) for i, (k, a) in enumerate(arrays.items())]
+    for k in rng.permutation(list(arrays)):
+        sched.notify_ready(str(k))
+    for h, (k, a) in zip(handles, arrays.items()):
+        h.wait(timeout=60)
+        assert np.allclose(a, want(a.size)), k
+    # pycoll.mpi.Comm passes the algorithm through (on the workers' communicator)
+    c = Comm(team.comm)
+    z = values(333, rank, np.float32)
+    out = np.empty_like(z)
+    c.Allreduce(z, out, op=MPI.SUM, algorithm="push_pull", tag="mpi")
+    assert np.allclose(out, want(333))
+
+
 if __name__ == "__main__":
-    run_rank({"sync": sync, "async": asynchronous}[sys.argv[1]], MPI.COMM_WORLD)
+    run_rank({"sync": sync, "async": asynchronous, "api": api}[sys.argv[1]], MPI.COMM_WORLD)
