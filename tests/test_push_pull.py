@@ -69,7 +69,7 @@ def test_push_pull_sync_matches_numpy(n, k):
               env={"PYCOLL_NUM_SERVERS": str(k)})
 
 
-@pytest.mark.parametrize("n,k", [(2, 0), (3, 1), (4, 2), (2, 2)])
+@pytest.mark.parametrize("n,k", [(2, 0), (2, 1), (3, 1), (4, 0), (4, 1), (4, 2), (4, 4)])
 def test_push_pull_async(n, k):
     """Deltas added at once, current values pulled without waiting for a slow worker."""
     run_ranks(n + k, "tests/mpi/push_pull.py", "async", timeout=120, env={"PYCOLL_NUM_SERVERS": str(k)})
