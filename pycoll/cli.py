@@ -4,6 +4,7 @@
     pycoll run -n N [--servers K] [--timeout S] -- CMD ...
                                                  launch N ranks (and K summation servers)
     pycoll perf COLL... -n N [--compare mpi]     benchmark collectives (launches the ranks itself)
+    pycoll perf push_pull -n N [--servers K]     ... BytePS push-sum-pull, with K summation servers
     pycoll trace merge FILES... -o merged.json   combine the ranks' PYCOLL_TRACE files
     pycoll trace plot FILE... -o step.png        Gantt chart of one training step (matplotlib)
 """
@@ -84,12 +85,18 @@ def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
 
     try:  # bad arguments fail here, before any rank starts
         perf.validate(args)
+        mpi = under_mpi()
+        if mpi and args.servers is not None and args.servers != config.get("PYCOLL_NUM_SERVERS"):
+            raise ValueError(f"--servers {args.servers}: under an MPI launch the servers are the last "
+                             f"PYCOLL_NUM_SERVERS={config.get('PYCOLL_NUM_SERVERS')} ranks")
     except ValueError as exc:
         print(f"pycoll perf: {exc}", file=sys.stderr)
         return 2
-    if args.n > 1 and not under_mpi():
-        return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout)
-    return perf.run(args)
+    if (args.n > 1 or args.servers) and not mpi:
+        # the servers run python -m pycoll.ps.server; none unless --servers (not even inherited)
+        return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout,
+                      env={"PYCOLL_NUM_SERVERS": "0"}, servers=args.servers or 0)
+    return perf.run(args)  # a server rank serves inside and leaves with SystemExit(0), printing nothing
 
 
 def cmd_trace_merge(args: argparse.Namespace) -> int:
@@ -126,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
-    from pycoll.perf import COLLECTIVES, describe
+    from pycoll.perf import COLLS, describe
 
     perf = sub.add_parser(
         "perf", help="benchmark collectives against MPI's own",
@@ -135,9 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "sizes; algbw = size / time, busbw = algbw * nccl-tests' factor.",
         epilog="collectives (size: what the bytes column counts, as in nccl-tests; the v-variants run "
                "with equal counts):\n" + describe())
-    perf.add_argument("coll", nargs="+", choices=(*COLLECTIVES, "all"), metavar="COLL",
-                      help=f"one or more of: {', '.join(COLLECTIVES)}; or all")
-    perf.add_argument("-n", type=int, default=2, help="ranks to launch (default 2)")
+    perf.add_argument("coll", nargs="+", choices=(*COLLS, "all"), metavar="COLL",
+                      help=f"one or more of: {', '.join(COLLS)}; or all (all but push_pull)")
+    perf.add_argument("-n", type=int, default=2, help="ranks to launch (default 2; push_pull: workers)")
+    perf.add_argument("--servers", type=int, default=None, metavar="K",
+                      help="push_pull: also start K summation servers (default 0; under a launch of "
+                           "one's own, PYCOLL_NUM_SERVERS=K)")
     perf.add_argument("--min-bytes", default="8")
     perf.add_argument("--max-bytes", default="128M")
     perf.add_argument("--dtype", default="float32")

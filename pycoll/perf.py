@@ -22,6 +22,7 @@ alltoall(v)       sendbuf = recvbuf: the n blocks together            (n-1)/n   
 gather(v)         recvbuf at the root: n blocks (sendbuf = size/n)    (n-1)/n     Gather(v)
 scatter(v)        sendbuf at the root: n blocks (recvbuf = size/n)    (n-1)/n     Scatter(v)
 barrier           none: time only (no algbw/busbw; sizes ignored)     -           Barrier
+push_pull         the buffer (send = recv)                            2(n-1)/n    Allreduce (workers)
 ================  ==================================================  ==========  ====================
 
 For the block collectives a nominal size ``S`` gives blocks of ``max(1, S / itemsize // n)``
@@ -34,6 +35,19 @@ the (n-1)/n factors are 0, as in nccl-tests.
 Several collectives (or ``all``) run one after the other in one launch, a table each; ``--op``
 then applies to those that reduce (default sum) and ``--root`` to the rooted ones (default 0),
 and either is an error when no named collective takes it.
+
+``push_pull`` is an allreduce (SUM, or AVG as push_pull's mean) through BytePS's push-sum-pull
+(:meth:`pycoll.Team.push_pull`, one tensor name per size), over ``n`` workers and the ``--servers K``
+summation servers that ``pycoll perf`` starts with them (``pycoll run --servers``; under a launch of
+one's own, ``PYCOLL_NUM_SERVERS=K`` makes the last K ranks servers: they serve inside
+``Team.from_mpi`` and exit without a table). ``n`` (the ranks column) counts workers; busbw uses
+all-reduce's factor so that the two compare, and ``--compare mpi`` times ``MPI_Allreduce`` on a
+communicator of the workers only. After its table it prints the traffic per iteration of one worker
+and one server (means over each role) at the largest size, counted by the transports on the team
+of workers and servers over a loop of its own (messages to oneself left out), next to BytePS's
+formula (OSDI'20, section 4.1): with ``L = n^2+kn-2k``, ``M_gpu = (n-k)M/L`` and ``M_cpu = 2(n-1)M/L``,
+a worker sends and receives ``M + (n-2)M_gpu`` bytes and a server ``n*M_cpu`` (k = 0: all-reduce's
+``2(n-1)M/n``; k >= n or n = 1: a plain PS whose servers share evenly). ``all`` leaves it out.
 
 ``--check`` runs each size once more outside the timing, for pycoll and (with ``--compare mpi``)
 for MPI, and compares every rank's output with numpy's answer (a barrier is checked by delaying
@@ -80,6 +94,8 @@ class Collective:
     blocks: bool = False
     #: The pycoll method is a v-variant (timed with equal counts).
     vector: bool = False
+    #: ``all`` runs it (push_pull, which needs servers and sums only, is run by name).
+    in_all: bool = True
 
     def bus_factor(self, n: int) -> Optional[float]:
         """busbw / algbw for ``n`` ranks (None: the collective moves no data)."""
@@ -115,11 +131,19 @@ COLLS: Dict[str, Collective] = {c.name: c for c in (
     Collective("scatterv", "Scatterv", "(n-1)/n", f"sendbuf at the root, {_WHOLE_N} (equal counts)",
                rooted=True, blocks=True, vector=True),
     Collective("barrier", "Barrier", "-", "none: time only"),
+    Collective("push_pull", "Allreduce", "2(n-1)/n",
+               "the buffer (send = recv); an allreduce by push-sum-pull", reduces=True, in_all=False),
 )}
-COLLECTIVES = tuple(COLLS)
+#: What ``all`` runs: every collective but push_pull.
+COLLECTIVES = tuple(c.name for c in COLLS.values() if c.in_all)
+#: The reductions push_pull can do (a sum, or its mean).
+PUSH_PULL_OPS = (ReduceOp.SUM, ReduceOp.AVG)
 #: busbw = algbw * BUS_FACTOR[coll](n) (None: barrier, no bandwidth).
 BUS_FACTOR: Dict[str, Optional[Callable[[int], float]]] = {c.name: _FACTORS[c.factor] for c in COLLS.values()}
 ROUNDS = 2
+#: The first warm-up (engine, transport, MPI) makes 200 calls of the smallest size, fewer where that
+#: would move more than this many bytes per rank.
+WARM_BYTES = 256 << 20
 #: The default op of a reducing collective.
 DEFAULT_OP = "sum"
 
@@ -138,7 +162,7 @@ def selected(colls: Sequence[str]) -> List[str]:
     for name in colls:
         for c in (COLLECTIVES if name == "all" else (name,)):
             if c not in COLLS:
-                raise ValueError(f"unknown collective {c!r}; known: {', '.join(COLLECTIVES)}, all")
+                raise ValueError(f"unknown collective {c!r}; known: {', '.join(COLLS)}, all")
             if c not in out:
                 out.append(c)
     return out
@@ -162,6 +186,18 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
     for s in specs:
         if s.reduces:
             check_op(op, dtype)
+    servers = getattr(args, "servers", None)
+    if servers is not None:
+        if "push_pull" not in colls:
+            raise ValueError(f"--servers: {', '.join(colls)} has no servers (--servers applies to push_pull)")
+        if servers < 0:
+            raise ValueError(f"--servers must be >= 0, got {servers}")
+    if "push_pull" in colls:
+        if op not in PUSH_PULL_OPS:
+            raise ValueError(f"--op {op.name.lower()}: push_pull sums (--op sum, or avg for the mean)")
+        if args.algorithm != "auto":
+            raise ValueError(f"--algorithm {args.algorithm}: push_pull has no algorithms to choose "
+                             f"(BytePS's placement decides where each part is summed)")
     root = getattr(args, "root", None)
     if root is not None:
         if not any(s.rooted for s in specs):
@@ -175,7 +211,7 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
     if args.iters < 0 or (args.warmup is not None and args.warmup < 0):
         raise ValueError("--iters and --warmup must be >= 0")
     for s in specs:
-        if args.algorithm != "auto":
+        if args.algorithm != "auto" and s.name != "push_pull":
             algorithms.get(s.algorithms_of(algorithms.ALGORITHMS), args.algorithm)
         if not callable(getattr(Team, s.name, None)):
             raise ValueError(f"{s.name}: this pycoll's Team has no {s.name}() method")
@@ -363,6 +399,16 @@ def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace
 
             def mp() -> Any:
                 return comm.Scatterv(sspec, recv, root=root)
+    elif name == "push_pull":
+        send, recv = mine, np.empty(total, dtype)
+        outs, want = [recv], reference(inputs, op)
+        tensor, average = f"perf:{total}", op is ReduceOp.AVG  # one name per size: a name keeps its layout
+
+        def py() -> Any:
+            return team.push_pull(send, recv, name=tensor, average=average).wait()
+
+        def mp() -> Any:
+            return comm.Allreduce(send, recv, op=mpi_op)
     elif name == "barrier":
         recv = None
 
@@ -413,8 +459,20 @@ def run(args: Any) -> int:
 
     from pycoll.team import Team
 
-    comm = MPI.COMM_WORLD
-    team = Team.from_mpi(comm)
+    # with PYCOLL_NUM_SERVERS=K the last K ranks are push_pull's servers: they serve in here and
+    # leave with SystemExit(0) once the workers are done (no table); the workers time and compare
+    # on a communicator of the workers only (the one the team split off by role)
+    team = Team.from_mpi(MPI.COMM_WORLD)
+    comm = team.comm.Dup() if team._ps is not None else MPI.COMM_WORLD
+    try:
+        return _run(args, team, comm, MPI)
+    finally:
+        if comm is not MPI.COMM_WORLD:
+            comm.Free()
+            team.close()  # says goodbye: the servers exit
+
+
+def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4py's name
     n, rank = team.size, team.rank
     try:
         colls = validate(args, n)
@@ -449,14 +507,92 @@ def run(args: Any) -> int:
         if len(metas) > 1:  # what differs by collective goes under "colls"
             meta = {k: v for k, v in meta.items() if k not in _PER_COLL}
             meta["coll"] = ",".join(colls)
-            meta["colls"] = {m["coll"]: {k: m[k] for k in _PER_COLL if k != "coll"} for m in metas}
+            meta["colls"] = {m["coll"]: {k: m[k] for k in _PER_COLL if k != "coll" and k in m} for m in metas}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     failed = any(r.get("check") == "WRONG" or r.get("mpi_check") == "WRONG" for r in rows)
     return status or (1 if failed else 0)
 
 
-_PER_COLL = ("coll", "op", "root", "bus_factor", "factor", "size", "mpi")
+_PER_COLL = ("coll", "op", "root", "bus_factor", "factor", "size", "mpi", "servers", "traffic")
+
+
+def byteps_traffic(n: int, k: int, nbytes: int) -> Dict[str, Any]:
+    """BytePS's traffic per iteration (OSDI'20, section 4.1) of an ``nbytes`` push-sum-pull over
+    ``n`` workers and ``k`` CPU servers: ``m_gpu`` and ``m_cpu`` are the bytes summed by each
+    colocated service and each server; a worker sends and receives ``worker`` bytes, ``M - m_gpu``
+    for its own pushes and pulls plus ``(n-1)*m_gpu`` for its service, a server ``n*m_cpu``
+    (``server`` None without servers). Outside BytePS's range (``k > n``, or ``n = 1`` with servers)
+    it is a plain PS whose servers share the model evenly."""
+    m = float(nbytes)
+    if k and (k > n or n == 1):
+        m_gpu, m_cpu = 0.0, m / k
+    else:
+        total = n * n + k * n - 2 * k
+        m_gpu, m_cpu = (n - k) * m / total, 2 * (n - 1) * m / total
+    return {"m_gpu": m_gpu, "m_cpu": m_cpu if k else None, "worker": m + (n - 2) * m_gpu,
+            "server": n * m_cpu if k else None}
+
+
+def role_traffic(team: Any, comm: Any, call: Callable[[], Any], nbytes: int,
+                 iters: int = 1) -> Dict[str, Any]:
+    """Bytes per iteration that a worker and a server send and receive (means over the role) in
+    ``iters`` calls of ``call`` (a push_pull of ``nbytes``), counted by the transports of the team of
+    workers and servers (``team._ps.world``; the team itself without servers), messages to oneself
+    left out, next to :func:`byteps_traffic`. Collective over the workers (``comm``: theirs).
+
+    The servers cannot be asked (they run their loop), but every byte they move goes to or comes
+    from a worker: a server's received bytes are the bytes the workers sent to it, its sent bytes
+    the bytes they received from it."""
+    n, k = team.size, (team._ps.k if team._ps is not None else 0)
+    world = team._ps.world if team._ps is not None else team
+    iters = max(1, iters)
+    comm.Barrier()
+    world.reset_traffic()  # after this rank's earlier calls completed: nothing of theirs is left to count
+    for _ in range(iters):
+        call()
+    t = world.traffic(include_self=False)
+    mine = (t["total"]["sent"], t["total"]["received"], [(t[n + s]["sent"], t[n + s]["received"])
+                                                          for s in range(k)])
+    every = comm.allgather(mine)
+    formula = byteps_traffic(n, k, nbytes)
+    out: Dict[str, Any] = {"bytes": nbytes, "iters": iters, "workers": n, "servers": k,
+                           "m_gpu": formula["m_gpu"], "m_cpu": formula["m_cpu"], "server": None}
+    out["worker"] = {"sent": float(np.mean([w[0] for w in every])) / iters,
+                     "received": float(np.mean([w[1] for w in every])) / iters, "formula": formula["worker"]}
+    if k:
+        server_recv = [sum(w[2][s][0] for w in every) for s in range(k)]
+        server_sent = [sum(w[2][s][1] for w in every) for s in range(k)]
+        out["server"] = {"sent": float(np.mean(server_sent)) / iters,
+                         "received": float(np.mean(server_recv)) / iters, "formula": formula["server"]}
+    return out
+
+
+def print_traffic(tr: Dict[str, Any]) -> None:
+    """Print :func:`role_traffic`'s figures: a line per role and the formula."""
+    n, k, m = tr["workers"], tr["servers"], tr["bytes"]
+    print(f"# traffic per iteration at M = {m} B: means over {n} worker{'s' if n != 1 else ''}"
+          + (f" and {k} server{'s' if k != 1 else ''}" if k else "")
+          + f", {tr['iters']} iteration{'s' if tr['iters'] != 1 else ''} counted on the team of workers and "
+          "servers (messages to oneself left out)")
+    print(f"# {'role':<8} {'sent_B':>14} {'recv_B':>14} {'formula_B':>14} {'sent/formula':>12} "
+          f"{'recv/formula':>12}")
+    for role in ("worker", "server"):
+        r = tr[role]
+        if r is None:
+            continue
+        f = r["formula"]
+        sent, recv = ((f"{r[x] / f:>12.4f}" if f else f"{'-':>12}") for x in ("sent", "received"))
+        print(f"# {role:<8} {r['sent']:>14.0f} {r['received']:>14.0f} {f:>14.0f} {sent} {recv}")
+    line = f"# formula (BytePS section 4.1): worker M+(n-2)*M_gpu, M_gpu = {tr['m_gpu']:.0f} B"
+    if k:
+        line += f"; server n*M_cpu, M_cpu = {tr['m_cpu']:.0f} B"
+    if k and (k > n or n == 1):
+        line += " (a plain PS: the servers share M evenly)"
+    else:
+        line += f" (L = n^2+kn-2k = {n * n + k * n - 2 * k}: M_gpu = (n-k)M/L"
+        line += ", M_cpu = 2(n-1)M/L)" if k else ")"
+    print(line)
 
 
 def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int]) -> tuple:
@@ -472,8 +608,13 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
             "mpi": spec.mpi if compare else None,
             "transport": _transports(team), "machine": platform.node(), "cpus": _cpus(),
             "python": platform.python_version(), "time": time.time()}
+    servers = None
+    if spec.name == "push_pull":
+        servers = meta["servers"] = team._ps.k if team._ps is not None else 0
     if rank == 0:
-        what = f"{n} ranks" + (f", {dtype}" if factor is not None else "")
+        what = f"{n} ranks" if servers is None else \
+            f"{n} workers, {servers} server{'s' if servers != 1 else ''}"
+        what += f", {dtype}" if factor is not None else ""
         if spec.reduces:
             what += f", op {env.op.name.lower()}"
         what += f", algorithm {args.algorithm}"
@@ -501,7 +642,7 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
     # MPI rejects shows here (on every rank alike) and ends this collective with a clear error
     warm = _case(spec, env, totals[0])
     try:
-        for _ in range(200):
+        for _ in range(min(200, max(2, WARM_BYTES // max(1, warm.nbytes)))):
             warm.py()
             if compare:
                 warm.mpi()
@@ -552,6 +693,10 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
             if compare:
                 line += f" | {row['mpi_us']:>10.2f} {_fmt(row['mpi_algbw'], 9)} {row['vs_mpi']:>6.2f}"
             print(line + ok, flush=True)
+    if servers is not None and totals:  # push_pull: traffic per role at the largest size
+        traffic = meta["traffic"] = role_traffic(team, comm, case.py, case.nbytes, iters)
+        if rank == 0:
+            print_traffic(traffic)
     if rank == 0:
         print(flush=True)
     return rows, meta

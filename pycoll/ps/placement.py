@@ -4,8 +4,9 @@ With n workers (each hosting a colocated summation service) and k CPU-only summa
 BytePS (OSDI'20, section 4.1) gives each server ``M_cpu = 2(n-1)M / (n^2+kn-2k)`` bytes of a model
 of M bytes and each colocated service ``M_gpu = (n-k)M / (n^2+kn-2k)``, which balances the
 communication time of both kinds of machine (k = 0 is all-reduce, k = n a plain parameter server).
-Keys are placed through ``L = n^2+kn-2k`` slots: each server owns ``2(n-1)`` consecutive slots,
-each colocated service ``n-k``. Part ``j`` of a tensor goes to slot ``(h(name) + j) mod L``: every
+Keys are placed through ``L = n^2+kn-2k`` slots: each server owns ``2(n-1)`` slots, each colocated
+service ``n-k``, interleaved (smooth weighted round-robin) so that consecutive parts go to
+different services. Part ``j`` of a tensor goes to slot ``(h(name) + j) mod L``: every
 rank computes the same place from the name alone (no coordination), tensors start at different
 slots, and a tensor of at least ``L`` parts is cut into a multiple of ``L`` equal parts so that
 every service gets exactly its share. With ``k > n`` (more servers than BytePS can use) or a single
@@ -14,6 +15,7 @@ worker the servers share the keys evenly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -47,11 +49,28 @@ class Service:
     index: int
 
 
+@functools.lru_cache(maxsize=64)
+def slot_table(n: int, k: int) -> Tuple[Service, ...]:
+    """The service of every slot: each server ``2(n-1)`` slots, each colocated service ``n-k``,
+    interleaved by smooth weighted round-robin so that a tensor's consecutive parts alternate
+    between services (consecutive runs per service would send all of a server's parts last,
+    and it would start answering pulls late)."""
+    total, per_server, per_worker = slots(n, k)
+    services = [(Service(True, i), per_server) for i in range(k)]
+    services += [(Service(False, i), per_worker) for i in range(n) if per_worker]
+    current = [0] * len(services)
+    table = []
+    for _ in range(total):
+        for i, (_, weight) in enumerate(services):
+            current[i] += weight
+        best = max(range(len(services)), key=lambda i: (current[i], -i))
+        current[best] -= total
+        table.append(services[best][0])
+    return tuple(table)
+
+
 def service_of_slot(slot: int, n: int, k: int) -> Service:
-    _, per_server, per_worker = slots(n, k)
-    if slot < k * per_server:
-        return Service(True, slot // per_server)
-    return Service(False, (slot - k * per_server) // per_worker)
+    return slot_table(n, k)[slot]
 
 
 def name_hash(name: str) -> int:
