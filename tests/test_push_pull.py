@@ -85,3 +85,22 @@ def test_push_pull_in_torch():
     from tests.torchrun import run_torch
 
     run_torch(2, "tests/torch/push_pull.py", timeout=90)
+
+
+def test_push_pull_in_torch_with_servers():
+    """pycoll run -n 2 --servers 1 with a torch script: WORLD_SIZE counts the workers only, and
+    pg.push_pull goes through the server."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    import subprocess
+    import sys
+
+    from tests.mpirun import ROOT
+
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "pycoll.cli", "run", "-n", "2", "--servers", "1", "--timeout", "90", "--",
+           sys.executable, "tests/torch/push_pull.py"]
+    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "RANK 0 OK" in out and "RANK 1 OK" in out, out[-4000:]

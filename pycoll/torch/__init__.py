@@ -37,7 +37,21 @@ def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroup
     group = getattr(opts, "group_id", "") or "default_pg"
     timeout = opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else None
     team = Team.from_store(opts.store, opts.group_rank, opts.group_size, prefix=f"pycoll/{group}")
-    return ProcessGroupPycoll(team, timeout=timeout, group_name=group)
+    pg = ProcessGroupPycoll(team, timeout=timeout, group_name=group)
+    servers = _num_servers()
+    if servers and "PMI_SIZE" in os.environ and opts.group_size == int(os.environ["PMI_SIZE"]) - servers:
+        # workers of a launch with summation servers (pycoll run --servers K): the workers' MPI team,
+        # whose push_pull uses the servers (they wait in Team.from_mpi for exactly this call)
+        from mpi4py import MPI
+
+        pg.ps_team = Team.from_mpi(MPI.COMM_WORLD)
+    return pg
+
+
+def _num_servers() -> int:
+    from pycoll import config
+
+    return config.get("PYCOLL_NUM_SERVERS")
 
 
 def _register() -> None:
@@ -53,6 +67,11 @@ def _fill_launcher_env() -> None:
     size = env.get("PMI_SIZE") or env.get("OMPI_COMM_WORLD_SIZE")
     if rank is None or size is None or "RANK" in env:
         return
+    servers = _num_servers()
+    if servers:  # the last K ranks are summation servers, not torch ranks
+        if int(rank) >= int(size) - servers:
+            return
+        size = str(int(size) - servers)
     env.setdefault("RANK", rank)
     env.setdefault("WORLD_SIZE", size)
     local = env.get("MPI_LOCALRANKID") or env.get("OMPI_COMM_WORLD_LOCAL_RANK")
@@ -65,6 +84,8 @@ def _fill_launcher_env() -> None:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
+        if servers:  # the workers only: the servers are waiting in Team.from_mpi
+            world = world.Create_group(world.Get_group().Incl(list(range(int(size)))))
         addr = None
         if world.Get_rank() == 0:
             with socket.socket() as s:

@@ -176,6 +176,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._group_desc = ""
         self._coalescing: Optional[List[PycollWork]] = None
         self._closed = False
+        #: With summation servers (``pycoll run --servers K``): the workers' MPI team whose
+        #: push_pull uses them (None: push_pull uses this group's colocated services only).
+        self.ps_team: Optional[Team] = None
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -251,8 +254,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         averaged) by the summation services; ``mode="async"`` adds it as a delta and returns the
         latest values."""
         s = Staged(tensor)
-        req = self._post(lambda: self.team.push_pull(s.arr, name=name, priority=priority, average=average,
-                                                     mode=mode, timeout=self.timeout))
+        team = self.ps_team if self.ps_team is not None else self.team
+        req = self._post(lambda: team.push_pull(s.arr, name=name, priority=priority, average=average,
+                                                mode=mode, timeout=self.timeout))
         return self._work([req], [tensor], self._finisher([s]), self.timeout)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
@@ -468,6 +472,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             self._closed = True
             with self.ctx.lock:
                 self.team.close()
+            if self.ps_team is not None:
+                ps_team, self.ps_team = self.ps_team, None
+                ps_team.close()  # the servers exit once every worker closed
 
     abort = shutdown
 

@@ -1,5 +1,7 @@
 """push_pull through the torch backend (workers only: colocated summation services)."""
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -11,6 +13,11 @@ def main() -> None:
     dist.init_process_group("pycoll")
     pg = dist.distributed_c10d._get_default_group()
     n, r = dist.get_world_size(), dist.get_rank()
+    servers = int(os.environ.get("PYCOLL_NUM_SERVERS", "0") or 0)
+    if servers:
+        assert pg.ps_team is not None and pg.ps_team.servers == list(range(n, n + servers)), pg.ps_team
+    else:
+        assert pg.ps_team is None
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         t = torch.arange(100_003, dtype=torch.float32).to(dtype) + r
         pg.push_pull(t, name=f"g{dtype}").wait()
