@@ -324,13 +324,7 @@ class Team:
         collectives, and a schedule's dependencies between collectives can chain a rank's credit
         to work that waits on it (found with tagged hierarchical allreduces under 4 KiB of
         credit). Priority still orders them."""
-        if coll == "barrier":
-            call = _BARRIER
-        else:
-            check = getattr(self, f"_{coll}_call", None)
-            if check is None:
-                raise ValueError(f"unknown collective {coll!r}")
-            call = check(*args, **kwargs)
+        call = self._call_of(coll, args, kwargs)
         with self.ctx.lock:
             task, key, shape = self._make(call, tag, algorithm, {}, reuse=False, credit=False)
             if shape is not None:
@@ -817,13 +811,7 @@ class Team:
         ``name`` labels the task in traces and errors (a gradient's name); ``credit=False`` makes
         a collective that takes no credit (the scheduler's "immediate" tensors, control
         messages), started by priority alone."""
-        if coll == "barrier":
-            call = _BARRIER
-        else:
-            check = getattr(self, f"_{coll}_call", None)
-            if check is None:
-                raise ValueError(f"unknown collective {coll!r}")
-            call = check(*args, **kwargs)
+        call = self._call_of(coll, args, kwargs)
         with self.ctx.lock:
             if not credit:
                 task, key, shape = self._make(call, tag, algorithm, {}, reuse=False, credit=False)
@@ -836,6 +824,15 @@ class Team:
             if name is not None:
                 task.name = name
             return self._submit(task, priority, timeout, call.out, shape)
+
+    def _call_of(self, coll: str, args: tuple, kwargs: dict) -> _Call:
+        """The checked call of collective ``coll`` by name (``task`` and ``submit``)."""
+        if coll == "barrier":
+            return _BARRIER
+        check = getattr(self, f"_{coll}_call", None)
+        if check is None:
+            raise ValueError(f"unknown collective {coll!r}")
+        return check(*args, **kwargs)
 
     def _make(self, call: _Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
               reuse: bool, credit: bool = True) -> tuple:

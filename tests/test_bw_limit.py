@@ -49,7 +49,7 @@ class FakeTransport(Transport):
         return req
 
     def irecv(self, buf, peer, tag):
-        raise NotImplementedError
+        raise AssertionError("the limiter holds sends only: these tests never receive")
 
     def close(self):
         self.closed = True
