@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* dtypes and ops: keep in sync with pycoll/native.py */
+/* dtypes and ops: keep in sync with pycoll/dtypes.py (DTYPE_CODES) and pycoll/ops.py (OP_CODES) */
 enum { PC_INT8, PC_INT16, PC_INT32, PC_INT64, PC_UINT8, PC_UINT16, PC_UINT32, PC_UINT64,
        PC_FLOAT16, PC_BFLOAT16, PC_FLOAT32, PC_FLOAT64, PC_COMPLEX64, PC_COMPLEX128, PC_BOOL,
        PC_NDTYPES };

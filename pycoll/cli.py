@@ -9,6 +9,9 @@
     pycoll trace plot FILE... -o step.png        Gantt chart of one training step (matplotlib)
 """
 
+# The CLI imports what a command needs when the command runs (mpi4py.MPI, UCX, perf, matplotlib):
+# ruff: noqa: PLC0415
+
 from __future__ import annotations
 
 import argparse

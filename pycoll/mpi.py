@@ -15,14 +15,16 @@ Everything pycoll does not implement is passed through to the mpi4py communicato
 
 from __future__ import annotations
 
+import inspect
 import itertools
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
 from pycoll.buffers import as_array, as_bytes
+from pycoll.collectives import TABLE, Collective
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
 from pycoll.team import Persistent, Team
@@ -144,18 +146,20 @@ def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buf
     return arr, counts, [int(d) for d in displs]
 
 
-def _in_place(sendbuf: Any) -> bool:
-    return sendbuf is MPI.IN_PLACE or sendbuf is None
+#: mpi4py's defaults of the collectives' optional parameters.
+_DEFAULTS = {"op": MPI.SUM, "root": 0, "recvcounts": None}
+_BUFFERS = frozenset(("buf", "sendbuf", "recvbuf"))
 
 
 class Comm:
     """An mpi4py communicator whose collectives go through pycoll (a :class:`pycoll.Team`).
 
-    Every collective has mpi4py's three forms: blocking (``Allgather``), non-blocking
-    (``Iallgather``, returns a :class:`Request`) and persistent (``Allgather_init``, returns a
-    :class:`Prequest`). pycoll's keywords (``priority``, ``tag``, ``algorithm``, ``timeout``)
-    may follow the MPI arguments. For ``Gatherv``/``Scatterv`` only the root knows the counts (as
-    in MPI), so they run the ``linear`` algorithm unless ``algorithm=`` says otherwise.
+    Every collective of the table (:mod:`pycoll.collectives`) that MPI has gets mpi4py's three
+    forms: blocking (``Allgather``), non-blocking (``Iallgather``, returns a :class:`Request`) and
+    persistent (``Allgather_init``, returns a :class:`Prequest`). pycoll's keywords (``priority``,
+    ``tag``, ``algorithm``, ``timeout``) may follow the MPI arguments. For ``Gatherv``/``Scatterv``
+    only the root knows the counts (as in MPI), so they run the ``linear`` algorithm unless
+    ``algorithm=`` says otherwise. Everything else is passed through to the mpi4py communicator.
     """
 
     def __init__(self, comm: Any = None, ctx: Optional[Context] = None) -> None:
@@ -173,221 +177,96 @@ class Comm:
     def size(self) -> int:
         return self.team.size
 
-    def Get_rank(self) -> int:  # noqa: N802
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
         return self.team.rank
 
     def Get_size(self) -> int:  # noqa: N802
         return self.team.size
 
-    def _start(self, coll: str, args: tuple, kw: dict) -> Request:
-        return Request(getattr(self.team, coll)(*args, **kw))
-
-    def _init(self, coll: str, args: tuple, kw: dict) -> Prequest:
-        return Prequest(getattr(self.team, coll + "_init")(*args, **kw))
-
-    # ------------------------------------------------------------------ argument conversion
-    # Each returns the arguments of the Team method of the same collective.
-    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        return (dst, None, op) if _in_place(sendbuf) else (as_buffer(sendbuf, what="sendbuf"), dst, op)
-
-    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple:
-        mine = self.team.rank == root
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf") if mine and recvbuf is not None else None
-        if _in_place(sendbuf):
-            return dst, None, op, root
-        return as_buffer(sendbuf, what="sendbuf"), dst, op, root
-
-    def _allgather(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst
-
-    def _allgatherv(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        dst, counts, displs = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
-        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, counts, displs
-
-    def _reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple:
-        return as_buffer(sendbuf, what="sendbuf"), as_buffer(recvbuf, writable=True, what="recvbuf"), op
-
-    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]],
-                        op: Any) -> tuple:
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        if recvcounts is None:  # as mpi4py: every rank's count is its recvbuf's size
-            recvcounts = self.team.comm.allgather(dst.size)
-        return as_buffer(sendbuf, what="sendbuf"), dst, list(recvcounts), op
-
-    def _alltoall(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        return as_buffer(sendbuf, what="sendbuf"), as_buffer(recvbuf, writable=True, what="recvbuf")
-
-    def _alltoallv(self, sendbuf: Any, recvbuf: Any) -> tuple:
-        src, scounts, sdispls = as_vbuffer(sendbuf, self.size, what="sendbuf")
-        dst, rcounts, rdispls = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
-        return src, dst, scounts, rcounts, sdispls, rdispls
-
-    def _gather(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        if self.team.rank != root:
-            return as_buffer(sendbuf, what="sendbuf"), None, root
-        dst = as_buffer(recvbuf, writable=True, what="recvbuf")
-        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, root
-
-    def _gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        if self.team.rank != root:
-            return as_buffer(sendbuf, what="sendbuf"), None, None, None, root
-        dst, counts, displs = as_vbuffer(recvbuf, self.size, writable=True, what="recvbuf")
-        return None if _in_place(sendbuf) else as_buffer(sendbuf, what="sendbuf"), dst, counts, displs, root
-
-    def _scatter(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        if self.team.rank != root:
-            return None, as_buffer(recvbuf, writable=True, what="recvbuf"), root
-        dst = None if _in_place(recvbuf) else as_buffer(recvbuf, writable=True, what="recvbuf")
-        return as_buffer(sendbuf, what="sendbuf"), dst, root
-
-    def _scatterv(self, sendbuf: Any, recvbuf: Any, root: int) -> tuple:
-        if self.team.rank != root:
-            return None, as_buffer(recvbuf, writable=True, what="recvbuf"), None, None, root
-        src, counts, displs = as_vbuffer(sendbuf, self.size, what="sendbuf")
-        dst = None if _in_place(recvbuf) else as_buffer(recvbuf, writable=True, what="recvbuf")
-        return src, dst, counts, displs, root
-
-    @staticmethod
-    def _linear(kw: dict) -> dict:
-        """Gatherv/Scatterv: non-roots do not know the counts, so every rank runs ``linear``."""
-        return kw if "algorithm" in kw else dict(kw, algorithm="linear")
-
-    # ------------------------------------------------------------------ the collectives
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
-        self._start("allreduce", self._allreduce(sendbuf, recvbuf, op), kw).Wait()
-
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> Request:  # noqa: N802
-        return self._start("allreduce", self._allreduce(sendbuf, recvbuf, op), kw)
-
-    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("allreduce", self._allreduce(sendbuf, recvbuf, op), kw)
-
-    def Bcast(self, buf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self.Ibcast(buf, root, **kw).Wait()
-
-    def Ibcast(self, buf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return self._start("bcast", (as_buffer(buf, writable=True, what="buf"), root), kw)
-
-    def Bcast_init(self, buf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("bcast", (as_buffer(buf, writable=True, what="buf"), root), kw)
-
-    def Barrier(self, **kw: Any) -> None:  # noqa: N802
-        self.Ibarrier(**kw).Wait()
-
-    def Ibarrier(self, **kw: Any) -> Request:  # noqa: N802
-        return self._start("barrier", (), kw)
-
-    def Barrier_init(self, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("barrier", (), kw)
-
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self._start("reduce", self._reduce(sendbuf, recvbuf, op, root), kw).Wait()
-
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
-                **kw: Any) -> Request:
-        return self._start("reduce", self._reduce(sendbuf, recvbuf, op, root), kw)
-
-    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,  # noqa: N802
-                    **kw: Any) -> Prequest:
-        return self._init("reduce", self._reduce(sendbuf, recvbuf, op, root), kw)
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self._start("allgather", self._allgather(sendbuf, recvbuf), kw).Wait()
-
-    def Iallgather(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        return self._start("allgather", self._allgather(sendbuf, recvbuf), kw)
-
-    def Allgather_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("allgather", self._allgather(sendbuf, recvbuf), kw)
-
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self._start("allgatherv", self._allgatherv(sendbuf, recvbuf), kw).Wait()
-
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        return self._start("allgatherv", self._allgatherv(sendbuf, recvbuf), kw)
-
-    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("allgatherv", self._allgatherv(sendbuf, recvbuf), kw)
-
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, **kw: Any) -> None:  # noqa: N802
-        self._start("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw).Wait()
-
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,  # noqa: N802
-                              **kw: Any) -> Request:
-        return self._start("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw)
-
-    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,  # noqa: N802
-                                  **kw: Any) -> Prequest:
-        return self._init("reduce_scatter", self._reduce_scatter_block(sendbuf, recvbuf, op), kw)
-
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None,  # noqa: N802
-                       op: Any = MPI.SUM, **kw: Any) -> None:
-        self._start("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw).Wait()
-
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None,  # noqa: N802
-                        op: Any = MPI.SUM, **kw: Any) -> Request:
-        return self._start("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw)
-
-    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any,  # noqa: N802
-                            recvcounts: Optional[Sequence[int]] = None, op: Any = MPI.SUM,
-                            **kw: Any) -> Prequest:
-        return self._init("reduce_scatterv", self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), kw)
-
-    def Alltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self._start("alltoall", self._alltoall(sendbuf, recvbuf), kw).Wait()
-
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        return self._start("alltoall", self._alltoall(sendbuf, recvbuf), kw)
-
-    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("alltoall", self._alltoall(sendbuf, recvbuf), kw)
-
-    def Alltoallv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> None:  # noqa: N802
-        self._start("alltoallv", self._alltoallv(sendbuf, recvbuf), kw).Wait()
-
-    def Ialltoallv(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Request:  # noqa: N802
-        return self._start("alltoallv", self._alltoallv(sendbuf, recvbuf), kw)
-
-    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("alltoallv", self._alltoallv(sendbuf, recvbuf), kw)
-
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self._start("gather", self._gather(sendbuf, recvbuf, root), kw).Wait()
-
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return self._start("gather", self._gather(sendbuf, recvbuf, root), kw)
-
-    def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("gather", self._gather(sendbuf, recvbuf, root), kw)
-
-    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self._start("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw)).Wait()
-
-    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return self._start("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw))
-
-    def Gatherv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("gatherv", self._gatherv(sendbuf, recvbuf, root), self._linear(kw))
-
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self._start("scatter", self._scatter(sendbuf, recvbuf, root), kw).Wait()
-
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return self._start("scatter", self._scatter(sendbuf, recvbuf, root), kw)
-
-    def Scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("scatter", self._scatter(sendbuf, recvbuf, root), kw)
-
-    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> None:  # noqa: N802
-        self._start("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw)).Wait()
-
-    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Request:  # noqa: N802
-        return self._start("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw))
-
-    def Scatterv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, **kw: Any) -> Prequest:  # noqa: N802
-        return self._init("scatterv", self._scatterv(sendbuf, recvbuf, root), self._linear(kw))
+    def arguments(self, row: Collective, values: Dict[str, Any]) -> Dict[str, Any]:
+        """The keyword arguments of ``team.<row.name>`` for mpi4py's ``values`` (by MPI parameter
+        name): buffer specifications become typed arrays (vector ones also give their counts and
+        displacements), ``MPI.IN_PLACE`` and root-only buffers off the root become None, an MPI
+        counts argument given as None is every rank's receive-buffer size (as mpi4py)."""
+        kw: Dict[str, Any] = {}
+        rank = self.team.rank
+        root = values.get("root", 0)
+        for p in row.mpi_params:
+            v = values[p]
+            if p not in _BUFFERS:
+                name = row.mpi_rename.get(p, p)
+                if v is None and p.endswith("counts"):
+                    v = self.team.comm.allgather(kw["recvbuf"].size)
+                kw[name] = list(v) if p.endswith("counts") else v
+            elif v is None or v is MPI.IN_PLACE or (p in row.root_only and rank != root):
+                kw[p] = None
+            elif p in row.mpi_vector:
+                kw[p], counts, displs = as_vbuffer(v, self.team.size, writable=p != "sendbuf", what=p)
+                c, d = row.mpi_vector[p]
+                kw[c], kw[d] = counts, displs
+            else:
+                kw[p] = as_buffer(v, writable=p != "sendbuf", what=p)
+        if row.mpi_in_place == "swap" and "sendbuf" in kw and kw["sendbuf"] is None:
+            kw["sendbuf"], kw["recvbuf"] = kw["recvbuf"], None  # pycoll's in place: (buffer, None)
+        return kw
 
     def __repr__(self) -> str:
         return f"<pycoll.mpi.Comm rank {self.rank}/{self.size} over {self.comm!r}>"
+
+
+# ---------------------------------------------------------------------- methods from the table
+def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
+    """mpi4py's arguments by parameter name (taken out of ``kw``; what stays are pycoll's keywords,
+    with the row's default algorithm for mpi4py callers added)."""
+    params = row.mpi_params
+    if len(args) > len(params):
+        raise TypeError(f"{row.mpi}() takes {len(params)} positional arguments, {len(args)} given")
+    values = dict(zip(params, args))
+    for p in params[len(args):]:
+        if p in kw:
+            values[p] = kw.pop(p)
+        elif p in _DEFAULTS:
+            values[p] = _DEFAULTS[p]
+        else:
+            raise TypeError(f"{row.mpi}() missing required argument {p!r}")
+    if row.mpi_algorithm is not None and "algorithm" not in kw:
+        kw["algorithm"] = row.mpi_algorithm
+    return values
+
+
+def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
+    """mpi4py's ``X``, ``IX`` and ``X_init`` of one collective."""
+    coll, init = row.name, f"{row.name}_init"
+
+    def istart(self: Comm, *args: Any, **kw: Any) -> Request:
+        values = _bind(row, args, kw)
+        return Request(getattr(self.team, coll)(**self.arguments(row, values), **kw))
+
+    def blocking(self: Comm, *args: Any, **kw: Any) -> None:
+        values = _bind(row, args, kw)
+        getattr(self.team, coll)(**self.arguments(row, values), **kw).wait()
+
+    def persistent(self: Comm, *args: Any, **kw: Any) -> Prequest:
+        values = _bind(row, args, kw)
+        return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
+
+    params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=_DEFAULTS.get(p, inspect.Parameter.empty)) for p in row.mpi_params]
+    sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params,
+                             inspect.Parameter("kw", inspect.Parameter.VAR_KEYWORD)])
+    made = {row.mpi: (blocking, "blocking"), f"I{row.mpi[0].lower()}{row.mpi[1:]}": (istart, "non-blocking"),
+            f"{row.mpi}_init": (persistent, "persistent")}
+    out = {}
+    for name, (fn, kind) in made.items():
+        fn.__name__, fn.__qualname__ = name, f"Comm.{name}"
+        fn.__doc__ = f"mpi4py's ``{name}`` ({kind} {row.name}) on pycoll: {row.doc}"
+        fn.__signature__ = sig
+        out[name] = fn
+    return out
+
+
+for _row in TABLE:
+    if _row.mpi:
+        for _name, _fn in _mpi_methods(_row).items():
+            setattr(Comm, _name, _fn)
+del _row

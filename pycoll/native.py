@@ -1,33 +1,22 @@
 """The compiled part of pycoll (``pycoll._native``, built by cffi at install): reduction kernels
-and the shared-memory collectives. This module maps numpy dtypes and ReduceOps to its codes."""
+and the shared-memory collectives. This module wraps it: pointers to arrays, error codes, and the
+codes of dtypes and ReduceOps (``DTYPE_CODES`` from :mod:`pycoll.dtypes`, ``OP_CODES`` from
+:mod:`pycoll.ops`, re-exported here)."""
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
+from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import PycollError
-from pycoll.ops import BFLOAT16, ReduceOp
+from pycoll.ops import OP_CODES, ReduceOp
 
 try:
     from pycoll._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only without a build
     raise PycollError(f"pycoll's native module is not built ({exc}); reinstall: pip install -e .") from exc
 
-DTYPE_CODES: Dict[np.dtype, int] = {
-    np.dtype(name): code for code, name in enumerate(
-        ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16"))
-}
-DTYPE_CODES[BFLOAT16] = 9
-for _code, _name in enumerate(("float32", "float64", "complex64", "complex128", "bool"), start=10):
-    DTYPE_CODES[np.dtype(_name)] = _code
-
-OP_CODES: Dict[ReduceOp, int] = {
-    ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
-    ReduceOp.BAND: 4, ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8,
-    ReduceOp.LXOR: 9,
-}
+__all__ = ["DTYPE_CODES", "ERRORS", "OP_CODES", "address", "ffi", "lib", "pointer", "reduce"]
 
 ERRORS = {-1: "invalid argument", -2: "the segment header is not valid (corrupted or not pycoll's)",
           -3: "an offset or size in the segment is out of bounds",

@@ -1,9 +1,11 @@
-"""Reduction operators and datatypes: which op applies to which dtype, and the numpy kernels.
+"""Reduction operators: which op applies to which dtype, and the kernels that combine buffers.
 
 ``ReduceOp`` names the MPI/torch operators; :func:`as_op` also accepts mpi4py's ``MPI.Op`` objects
 and names (``"sum"``). :func:`check_op` rejects a pair that makes no sense (BAND on float) with a
 ``ValueError`` before anything is sent. :func:`reduce_into` combines two buffers in place with
-numpy; float16 and bfloat16 are combined in float32 and rounded once per step.
+numpy or pycoll's native kernels; float16 and bfloat16 are combined in float32 and rounded once
+per step. The dtypes themselves are :mod:`pycoll.dtypes`' (``DTYPES``, ``BFLOAT16`` and
+``as_dtype`` are re-exported here).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import enum
 import sys
 from typing import Any, Callable, Dict, Optional
 
-import ml_dtypes
 import numpy as np
+
+from pycoll.dtypes import BFLOAT16, DTYPE_CODES, DTYPES, HALF, KINDS, as_dtype, check_supported
+
+__all__ = ["BFLOAT16", "DTYPES", "NATIVE_MIN_ELEMENTS", "OP_CODES", "ReduceOp", "Reducer", "as_dtype",
+           "as_op", "check_op", "finish_avg", "reduce_into", "reducer", "reference"]
 
 
 class ReduceOp(enum.Enum):
@@ -32,17 +38,14 @@ class ReduceOp(enum.Enum):
     LXOR = "lxor"
 
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-#: dtypes pycoll reduces, by name.
-DTYPES: Dict[str, np.dtype] = {
-    name: np.dtype(name) for name in (
-        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
-        "float32", "float64", "complex64", "complex128", "bool")
+#: ReduceOp -> op code of pycoll's native kernels (PC_SUM... in native/pycoll_native.h: keep in
+#: sync); AVG reduces as SUM.
+OP_CODES: Dict[ReduceOp, int] = {
+    ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
+    ReduceOp.BAND: 4, ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8,
+    ReduceOp.LXOR: 9,
 }
-DTYPES["bfloat16"] = BFLOAT16
 
-_HALF = (np.dtype(np.float16), BFLOAT16)
 _FLOAT_OPS = {ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG}
 _COMPLEX_OPS = {ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG}
 _INT_OPS = set(ReduceOp)
@@ -77,30 +80,9 @@ def as_op(op: Any) -> ReduceOp:
     raise TypeError(f"op must be a pycoll.ReduceOp, a name or an MPI.Op, not {type(op).__name__}")
 
 
-def as_dtype(dtype: Any) -> np.dtype:
-    """A supported numpy dtype from a dtype, a type or a name (``"bfloat16"``)."""
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
-    if dt not in DTYPES.values():
-        raise ValueError(f"dtype {dt} is not supported; supported: {', '.join(DTYPES)}")
-    return dt
-
-
-def _kind(dt: np.dtype) -> str:
-    if dt == np.bool_:
-        return "bool"
-    if dt in _HALF or dt.kind == "f":
-        return "float"
-    if dt.kind == "c":
-        return "complex"
-    return "int"
-
-
+#: the ops each kind of dtype (:data:`pycoll.dtypes.KINDS`) allows.
 _VALID = {"float": _FLOAT_OPS, "complex": _COMPLEX_OPS, "int": _INT_OPS, "bool": _BOOL_OPS}
+_kind = KINDS.__getitem__  # the kind of a supported dtype (tests use it)
 
 
 _CHECKED: set = set()
@@ -110,9 +92,8 @@ def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Raise ``ValueError`` if ``op`` makes no sense for ``dtype``."""
     if (id(op), dtype) in _CHECKED:  # id(): Enum hashes members in Python, slowly
         return
-    kind = _kind(dtype)
-    if dtype not in DTYPES.values():
-        raise ValueError(f"dtype {dtype} is not supported; supported: {', '.join(DTYPES)}")
+    check_supported(dtype)
+    kind = KINDS[dtype]
     if op not in _VALID[kind]:
         allowed = ", ".join(o.name for o in ReduceOp if o in _VALID[kind])
         raise ValueError(f"{op.name} is not defined for {dtype} (allowed for {kind}: {allowed})")
@@ -143,22 +124,34 @@ def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
     if fn is not None:
         return fn
     small = _numpy_reducer(op, dtype)
-    try:
-        from pycoll.native import reduce as native_reduce
-    except ImportError:  # no native build: numpy only
-        native_reduce = None
+    native_reduce = _native_reducer(op)
     if native_reduce is None:
         fn = small
-    elif dtype in _HALF:
-        def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-            native_reduce(op, a, b, out)
+    elif dtype in HALF:
+        fn = native_reduce
     else:
         def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             if out.size < NATIVE_MIN_ELEMENTS:
                 small(a, b, out)
             else:
-                native_reduce(op, a, b, out)
+                native_reduce(a, b, out)
     _REDUCERS[(id(op), dtype)] = fn
+    return fn
+
+
+def _native_reducer(op: ReduceOp) -> Optional[Reducer]:
+    """The native version of :func:`reducer` (GIL released; any supported dtype, that of ``out``),
+    or None without a native build. pycoll.native wraps the same module; it imports this one."""
+    try:
+        from pycoll._native import ffi, lib  # noqa: PLC0415 - optional: built at install
+    except ImportError:  # no native build: numpy only
+        return None
+    kernel, from_buffer, code = lib.pycoll_reduce, ffi.from_buffer, OP_CODES[op]
+
+    def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        if kernel(code, DTYPE_CODES[out.dtype], from_buffer(out), from_buffer(a), from_buffer(b), out.size):
+            # PC_EINVAL, the only error pycoll_reduce returns (check_op lets no such pair through)
+            raise ValueError(f"native reduce: invalid argument ({op.name} on {out.dtype})")
     return fn
 
 
@@ -172,7 +165,7 @@ def _numpy_reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
         else:
             def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
                 out[...] = logical(a, b)
-    elif dtype in _HALF:
+    elif dtype in HALF:
         ufunc = _UFUNC[op]
 
         def fn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -200,7 +193,7 @@ def finish_avg(buf: np.ndarray, n: int) -> None:
     if buf.dtype.kind in "iu":
         q = np.abs(buf) // n if buf.dtype.kind == "i" else buf // n
         buf[...] = np.where(buf < 0, -q, q) if buf.dtype.kind == "i" else q
-    elif buf.dtype in _HALF:
+    elif buf.dtype in HALF:
         buf[...] = buf.astype(np.float32) / n
     else:
         np.divide(buf, n, out=buf)

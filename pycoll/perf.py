@@ -57,89 +57,35 @@ rank 0: no rank may leave it before rank 0 has entered).
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from pycoll import algorithms, calls
+from pycoll.collectives import COLLECTIVES, FACTORS, Collective
 from pycoll.config import parse_bytes
-from pycoll.ops import BFLOAT16, ReduceOp, as_dtype, as_op, check_op, finish_avg, reference
+from pycoll.dtypes import BFLOAT16, KINDS, as_dtype
+from pycoll.ops import ReduceOp, as_op, check_op, finish_avg
+from pycoll.team import Team
 
-_FACTORS: Dict[str, Optional[Callable[[int], float]]] = {
-    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
-    "(n-1)/n": lambda n: (n - 1) / n,
-    "1": lambda n: 1.0,
-    "-": None,
-}
-
-
-@dataclass(frozen=True)
-class Collective:
-    """How ``pycoll perf`` sizes, times and checks one collective."""
-
-    name: str
-    #: The mpi4py method timed by ``--compare mpi`` ("" when MPI has none).
-    mpi: str
-    #: nccl-tests' busbw factor as a formula in n ("-": no bandwidth, time only).
-    factor: str
-    #: What the size column is.
-    size: str
-    reduces: bool = False
-    rooted: bool = False
-    #: The size is ``n`` blocks (one per rank).
-    blocks: bool = False
-    #: The pycoll method is a v-variant (timed with equal counts).
-    vector: bool = False
-    #: ``all`` runs it (push_pull, which needs servers and sums only, is run by name).
-    in_all: bool = True
-
-    def bus_factor(self, n: int) -> Optional[float]:
-        """busbw / algbw for ``n`` ranks (None: the collective moves no data)."""
-        fn = _FACTORS[self.factor]
-        return None if fn is None else fn(n)
-
-    def algorithms_of(self, tables: Dict[str, Any]) -> str:
-        """The collective whose algorithm table ``--algorithm`` names come from: its own, else
-        (a v-variant without a table of its own) the block form's."""
-        return self.name[:-1] if self.vector and self.name not in tables else self.name
-
-
-_WHOLE_N = "the n blocks together"
-COLLS: Dict[str, Collective] = {c.name: c for c in (
-    Collective("allreduce", "Allreduce", "2(n-1)/n", "the buffer (send = recv)", reduces=True),
-    Collective("bcast", "Bcast", "1", "the buffer", rooted=True),
-    Collective("reduce", "Reduce", "1", "the buffer (sendbuf; recvbuf at the root)", reduces=True,
-               rooted=True),
-    Collective("allgather", "Allgather", "(n-1)/n", f"recvbuf, {_WHOLE_N}", blocks=True),
-    Collective("allgatherv", "Allgatherv", "(n-1)/n", f"recvbuf, {_WHOLE_N} (equal counts)", blocks=True,
-               vector=True),
-    Collective("reduce_scatter", "Reduce_scatter_block", "(n-1)/n", f"sendbuf, {_WHOLE_N}", reduces=True,
-               blocks=True),
-    Collective("reduce_scatterv", "Reduce_scatter", "(n-1)/n", f"sendbuf, {_WHOLE_N} (equal counts)",
-               reduces=True, blocks=True, vector=True),
-    Collective("alltoall", "Alltoall", "(n-1)/n", f"sendbuf (= recvbuf), {_WHOLE_N}", blocks=True),
-    Collective("alltoallv", "Alltoallv", "(n-1)/n", f"sendbuf (= recvbuf), {_WHOLE_N} (equal counts)",
-               blocks=True, vector=True),
-    Collective("gather", "Gather", "(n-1)/n", f"recvbuf at the root, {_WHOLE_N}", rooted=True, blocks=True),
-    Collective("gatherv", "Gatherv", "(n-1)/n", f"recvbuf at the root, {_WHOLE_N} (equal counts)",
-               rooted=True, blocks=True, vector=True),
-    Collective("scatter", "Scatter", "(n-1)/n", f"sendbuf at the root, {_WHOLE_N}", rooted=True, blocks=True),
-    Collective("scatterv", "Scatterv", "(n-1)/n", f"sendbuf at the root, {_WHOLE_N} (equal counts)",
-               rooted=True, blocks=True, vector=True),
-    Collective("barrier", "Barrier", "-", "none: time only"),
-    Collective("push_pull", "Allreduce", "2(n-1)/n",
-               "the buffer (send = recv); an allreduce by push-sum-pull", reduces=True, in_all=False),
-)}
-#: What ``all`` runs: every collective but push_pull.
-COLLECTIVES = tuple(c.name for c in COLLS.values() if c.in_all)
+#: push_pull is no collective of the table (a team method of its own): perf times it as an allreduce.
+PUSH_PULL = Collective(
+    "push_pull", calls.allreduce, "An allreduce by push-sum-pull.", COLLECTIVES["allreduce"].reference,
+    mpi="Allreduce", mpi_params=("sendbuf", "recvbuf", "op"), factor="2(n-1)/n",
+    size="the buffer (send = recv); an allreduce by push-sum-pull", reduces=True)
+COLLS: Dict[str, Collective] = {**COLLECTIVES, "push_pull": PUSH_PULL}
+#: What ``all`` runs: every collective of the table (push_pull, which needs servers and sums only, is
+#: run by name).
+ALL = tuple(COLLECTIVES)
 #: The reductions push_pull can do (a sum, or its mean).
 PUSH_PULL_OPS = (ReduceOp.SUM, ReduceOp.AVG)
 #: busbw = algbw * BUS_FACTOR[coll](n) (None: barrier, no bandwidth).
-BUS_FACTOR: Dict[str, Optional[Callable[[int], float]]] = {c.name: _FACTORS[c.factor] for c in COLLS.values()}
+BUS_FACTOR: Dict[str, Optional[Callable[[int], float]]] = {c.name: FACTORS[c.factor] for c in COLLS.values()}
 ROUNDS = 2
 #: The first warm-up (engine, transport, MPI) makes 200 calls of the smallest size, fewer where that
 #: would move more than this many bytes per rank.
@@ -160,7 +106,7 @@ def selected(colls: Sequence[str]) -> List[str]:
     """The collectives named on the command line (``all``: every one), in order, once each."""
     out: List[str] = []
     for name in colls:
-        for c in (COLLECTIVES if name == "all" else (name,)):
+        for c in (ALL if name == "all" else (name,)):
             if c not in COLLS:
                 raise ValueError(f"unknown collective {c!r}; known: {', '.join(COLLS)}, all")
             if c not in out:
@@ -171,9 +117,6 @@ def selected(colls: Sequence[str]) -> List[str]:
 def validate(args: Any, size: Optional[int] = None) -> List[str]:
     """Check the arguments of ``pycoll perf`` (ValueError with a clear message) before any rank
     starts; returns the collectives to run. ``size``: the number of ranks (default ``args.n``)."""
-    from pycoll import algorithms
-    from pycoll.team import Team
-
     colls = selected(args.coll if isinstance(args.coll, (list, tuple)) else [args.coll])
     n = args.n if size is None else size
     specs = [COLLS[c] for c in colls]
@@ -212,7 +155,7 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
         raise ValueError("--iters and --warmup must be >= 0")
     for s in specs:
         if args.algorithm != "auto" and s.name != "push_pull":
-            algorithms.get(s.algorithms_of(algorithms.ALGORITHMS), args.algorithm)
+            algorithms.get(algorithms_of(s, algorithms.ALGORITHMS), args.algorithm)
         if not callable(getattr(Team, s.name, None)):
             raise ValueError(f"{s.name}: this pycoll's Team has no {s.name}() method")
     if args.compare == "mpi":
@@ -260,168 +203,80 @@ def _input(count: int, dtype: np.dtype, rank: int) -> np.ndarray:
 def _same(got: Optional[np.ndarray], want: np.ndarray) -> bool:
     if got is None:
         return False
-    if got.dtype.kind == "f" or got.dtype == BFLOAT16:
+    if KINDS.get(got.dtype) == "float":
         return bool(np.array_equal(got.astype(np.float64), want.astype(np.float64)))
     return bool(np.array_equal(got, want))
 
 
+def algorithms_of(spec: Collective, tables: Dict[str, Any]) -> str:
+    """The collective whose algorithm table ``--algorithm`` names come from: its own, else (a
+    v-variant without a table of its own) the block form's."""
+    return spec.name[:-1] if spec.vector and spec.name not in tables else spec.name
+
+
+_COUNTS = ("counts", "sendcounts", "recvcounts")
+_DISPLS = ("displs", "sdispls", "rdispls")
+
+
 def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace:
-    """One row: buffers of ``total`` elements (the size), the pycoll and MPI calls, and checks.
+    """One row: buffers of ``total`` elements (the size), the pycoll and MPI calls, and checks,
+    made from the collective's row of the table (its parameters, buffer shapes, root-only
+    buffers, MPI method and numpy reference).
 
     ``check_pycoll()`` / ``check_mpi()`` clear the outputs, run the call once and say whether this
     rank's output is numpy's answer."""
     team, comm, n, rank, dtype = env.team, env.comm, env.n, env.rank, env.dtype
-    op, mpi_op, root, algorithm = env.op, env.mpi_op, env.root, env.algorithm
+    op, root, algorithm = env.op, env.root, env.algorithm
     m = total // n if spec.blocks else total  # one block
     counts = [m] * n
     displs = [i * m for i in range(n)]
-    mpi_type = env.mpi_type
-    # every rank's send buffer: one block for allgather(v)/gather(v), else the size
-    one = spec.name.startswith(("allgather", "gather"))
-    inputs = [_input(m if one else total, dtype, r) for r in range(n)]
-    mine = inputs[rank]
-    outs: List[np.ndarray] = []  # what a check clears first
-    want: Optional[np.ndarray] = None  # this rank's expected output (None: nothing to check here)
-    name = spec.name
+    inputs = [_input(m if spec.send == "block" else total, dtype, r) for r in range(n)]
+    want = spec.reference(inputs, rank, n, op, root)  # None: nothing to check on this rank
+    here = {"root": root, "op": op}
+    for p in spec.params:  # pycoll's arguments, by name
+        if p in spec.root_only and rank != root:
+            here[p] = None
+        elif p == "buf":
+            here[p] = inputs[root].copy() if rank == root else np.empty(total, dtype)
+        elif p == "sendbuf":
+            here[p] = inputs[rank]
+        elif p == "recvbuf":
+            here[p] = np.empty(m if spec.recv == "block" else total, dtype)
+        elif p in _COUNTS:
+            here[p] = counts
+        elif p in _DISPLS:
+            here[p] = displs
+    out = here.get("recvbuf", here.get("buf"))  # this rank's output (None: none here)
+    outs = [] if out is None or (spec.name == "bcast" and rank == root) else [out]
     fix_avg = op is ReduceOp.AVG  # MPI sums: divide its result as pycoll does
+    mpi_args = []
+    for p in spec.mpi_params:
+        value = here.get(spec.mpi_rename.get(p, p))
+        if p == "op":
+            value = env.mpi_op
+        elif p in spec.mpi_vector and value is not None:
+            value = [value, counts, displs, env.mpi_type]
+        mpi_args.append(value)
+    mpi_call = getattr(comm, spec.mpi) if spec.mpi else None
     py: Callable[[], Any]
-    mp: Callable[[], Any]
-
-    if name == "allreduce":
-        send, recv = mine, np.empty(total, dtype)
-        outs, want = [recv], reference(inputs, op)
-
-        def py() -> Any:
-            return team.allreduce(send, recv, op, algorithm=algorithm).wait()
-
-        def mp() -> Any:
-            return comm.Allreduce(send, recv, op=mpi_op)
-    elif name == "bcast":
-        buf = inputs[root].copy() if rank == root else np.empty(total, dtype)
-        outs, want = ([] if rank == root else [buf]), inputs[root]
-        recv = buf
-
-        def py() -> Any:
-            return team.bcast(buf, root, algorithm=algorithm).wait()
-
-        def mp() -> Any:
-            return comm.Bcast(buf, root=root)
-    elif name == "reduce":
-        send, recv = mine, np.empty(total, dtype)
-        if rank == root:
-            outs, want = [recv], reference(inputs, op)
-
-        def py() -> Any:
-            return team.reduce(send, recv, op, root, algorithm=algorithm).wait()
-
-        def mp() -> Any:
-            return comm.Reduce(send, recv, op=mpi_op, root=root)
-    elif name in ("allgather", "allgatherv"):
-        send, recv = mine, np.empty(total, dtype)
-        outs, want = [recv], np.concatenate(inputs)
-        if name == "allgather":
-            def py() -> Any:
-                return team.allgather(send, recv, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Allgather(send, recv)
-        else:
-            def py() -> Any:
-                return team.allgatherv(send, recv, counts, displs=displs, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Allgatherv(send, [recv, counts, displs, mpi_type])
-    elif name in ("reduce_scatter", "reduce_scatterv"):
-        send, recv = mine, np.empty(m, dtype)
-        outs, want = [recv], reference(inputs, op)[rank * m:(rank + 1) * m]
-        if name == "reduce_scatter":
-            def py() -> Any:
-                return team.reduce_scatter(send, recv, op, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Reduce_scatter_block(send, recv, op=mpi_op)
-        else:
-            def py() -> Any:
-                return team.reduce_scatterv(send, recv, counts, op=op, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Reduce_scatter(send, recv, counts, op=mpi_op)
-    elif name in ("alltoall", "alltoallv"):
-        send, recv = mine, np.empty(total, dtype)
-        outs, want = [recv], np.concatenate([x[rank * m:(rank + 1) * m] for x in inputs])
-        if name == "alltoall":
-            def py() -> Any:
-                return team.alltoall(send, recv, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Alltoall(send, recv)
-        else:
-            def py() -> Any:
-                return team.alltoallv(send, recv, counts, counts, sdispls=displs, rdispls=displs,
-                                      algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Alltoallv([send, counts, displs, mpi_type], [recv, counts, displs, mpi_type])
-    elif name in ("gather", "gatherv"):
-        send = mine
-        recv = np.empty(total, dtype) if rank == root else None
-        if recv is not None:
-            outs, want = [recv], np.concatenate(inputs)
-        if name == "gather":
-            def py() -> Any:
-                return team.gather(send, recv, root, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Gather(send, recv, root=root)
-        else:
-            rspec = None if recv is None else [recv, counts, displs, mpi_type]
-
-            def py() -> Any:
-                return team.gatherv(send, recv, counts, displs=displs, root=root, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Gatherv(send, rspec, root=root)
-    elif name in ("scatter", "scatterv"):
-        send = mine if rank == root else None
-        recv = np.empty(m, dtype)
-        outs, want = [recv], inputs[root][rank * m:(rank + 1) * m]
-        if name == "scatter":
-            def py() -> Any:
-                return team.scatter(send, recv, root, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Scatter(send, recv, root=root)
-        else:
-            sspec = None if send is None else [send, counts, displs, mpi_type]
-
-            def py() -> Any:
-                return team.scatterv(send, recv, counts, displs=displs, root=root, algorithm=algorithm).wait()
-
-            def mp() -> Any:
-                return comm.Scatterv(sspec, recv, root=root)
-    elif name == "push_pull":
-        send, recv = mine, np.empty(total, dtype)
-        outs, want = [recv], reference(inputs, op)
+    if spec is PUSH_PULL:
+        send, recv = here["sendbuf"], here["recvbuf"]
         tensor, average = f"perf:{total}", op is ReduceOp.AVG  # one name per size: a name keeps its layout
 
         def py() -> Any:
             return team.push_pull(send, recv, name=tensor, average=average).wait()
-
-        def mp() -> Any:
-            return comm.Allreduce(send, recv, op=mpi_op)
-    elif name == "barrier":
-        recv = None
+    else:
+        start = getattr(team, spec.name)
+        args = [here[p] for p in spec.params]
 
         def py() -> Any:
-            return team.barrier(algorithm=algorithm).wait()
+            return start(*args, algorithm=algorithm).wait()
 
-        def mp() -> Any:
-            return comm.Barrier()
-    else:  # pragma: no cover - COLLS and this function list the same collectives
-        raise ValueError(f"unknown collective {name!r}")
+    def mp() -> Any:
+        return mpi_call(*mpi_args)
 
     def check(call: Callable[[], Any], is_mpi: bool) -> bool:
-        if name == "barrier":
+        if spec.name == "barrier":
             return _check_barrier(call, comm, rank)
         for o in outs:
             o.fill(0)
@@ -429,7 +284,7 @@ def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace
         call()
         if want is None:
             return True
-        got = recv
+        got = out
         if is_mpi and fix_avg and got is not None:
             got = got.copy()
             finish_avg(got, n)
@@ -455,15 +310,13 @@ def _check_barrier(call: Callable[[], Any], comm: Any, rank: int, delay: float =
 
 def run(args: Any) -> int:
     """Benchmark under MPI (every rank runs this)."""
-    from mpi4py import MPI
-
-    from pycoll.team import Team
+    from mpi4py import MPI  # noqa: PLC0415 - importing mpi4py.MPI initialises MPI: only under the launcher
 
     # with PYCOLL_NUM_SERVERS=K the last K ranks are push_pull's servers: they serve in here and
     # leave with SystemExit(0) once the workers are done (no table); the workers time and compare
     # on a communicator of the workers only (the one the team split off by role)
     team = Team.from_mpi(MPI.COMM_WORLD)
-    comm = team.comm.Dup() if team._ps is not None else MPI.COMM_WORLD
+    comm = team.comm.Dup() if team.ps.roles is not None else MPI.COMM_WORLD
     try:
         return _run(args, team, comm, MPI)
     finally:
@@ -484,7 +337,7 @@ def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4
     op = as_op(args.op or DEFAULT_OP)
     mpi_type = None
     if args.compare == "mpi" and dtype != BFLOAT16:
-        from mpi4py.util.dtlib import from_numpy_dtype
+        from mpi4py.util.dtlib import from_numpy_dtype  # noqa: PLC0415 - imports mpi4py.MPI
 
         mpi_type = from_numpy_dtype(dtype)
     env = SimpleNamespace(team=team, comm=comm, n=n, rank=rank, dtype=dtype, op=op,
@@ -538,14 +391,15 @@ def role_traffic(team: Any, comm: Any, call: Callable[[], Any], nbytes: int,
                  iters: int = 1) -> Dict[str, Any]:
     """Bytes per iteration that a worker and a server send and receive (means over the role) in
     ``iters`` calls of ``call`` (a push_pull of ``nbytes``), counted by the transports of the team of
-    workers and servers (``team._ps.world``; the team itself without servers), messages to oneself
+    workers and servers (``team.ps.roles.world``; the team itself without servers), messages to oneself
     left out, next to :func:`byteps_traffic`. Collective over the workers (``comm``: theirs).
 
     The servers cannot be asked (they run their loop), but every byte they move goes to or comes
     from a worker: a server's received bytes are the bytes the workers sent to it, its sent bytes
     the bytes they received from it."""
-    n, k = team.size, (team._ps.k if team._ps is not None else 0)
-    world = team._ps.world if team._ps is not None else team
+    roles = team.ps.roles
+    n, k = team.size, (roles.k if roles is not None else 0)
+    world = roles.world if roles is not None else team
     iters = max(1, iters)
     comm.Barrier()
     world.reset_traffic()  # after this rank's earlier calls completed: nothing of theirs is left to count
@@ -610,7 +464,7 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
             "python": platform.python_version(), "time": time.time()}
     servers = None
     if spec.name == "push_pull":
-        servers = meta["servers"] = team._ps.k if team._ps is not None else 0
+        servers = meta["servers"] = team.ps.roles.k if team.ps.roles is not None else 0
     if rank == 0:
         what = f"{n} ranks" if servers is None else \
             f"{n} workers, {servers} server{'s' if servers != 1 else ''}"
@@ -725,6 +579,4 @@ def _time(call: Callable[[], None], iters: int, warmup: int, comm: Any) -> float
 
 
 def _cpus() -> Optional[int]:
-    import os
-
     return os.cpu_count()

@@ -172,6 +172,14 @@ class TCPStore:
     def delete_key(self, key: str) -> bool:
         return self._call(_DELETE, key)[1] == b"1"
 
+    def local_address(self) -> str:
+        """This host's address on the interface that reaches the store's server (what a team
+        bootstrapped through this store advertises to its peers); 127.0.0.1 if it is unknown."""
+        try:
+            return self._sock.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
     def close(self) -> None:
         self._sock.close()
         if self._server is not None:

@@ -9,12 +9,17 @@ wraps past the last rank moving as two messages."""
 
 from __future__ import annotations
 
-from typing import Generator, List, Tuple
+from typing import Dict, Generator, List, Tuple
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, is_packed
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "bruck"
+COLLECTIVES = ("allgather", "allgatherv")
+OPTIONS: Dict[str, Option] = {}
 
 
 def pieces(first: int, cnt: int, n: int) -> List[Tuple[int, int]]:
@@ -89,4 +94,5 @@ class BruckAllgather(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return BruckAllgather(args, name=args.name)

@@ -4,10 +4,15 @@ received in the previous step to its right neighbour. n-1 steps, each moving one
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "ring"
+COLLECTIVES = ("allgather", "allgatherv")
+OPTIONS: Dict[str, Option] = {}
 
 
 class RingAllgather(StepTask):
@@ -28,4 +33,5 @@ class RingAllgather(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return RingAllgather(args, name=args.name)

@@ -2,36 +2,24 @@
 
 Any team size: with ``p`` the largest power of two <= n and ``rem = n - p``, the first ``2*rem``
 ranks pair up before the doubling (even ranks hand their data to the odd neighbour and sit out),
-and get the result back afterwards, as MPICH does. The peers of every step are worked out once
-per task; a task is reused for calls of the same shape, so a call only exchanges and reduces.
+and get the result back afterwards, as MPICH does (:func:`~pycoll.algorithms.patterns.fold`). The
+peers of every step are worked out once per task; a task is reused for calls of the same shape, so
+a call only exchanges and reduces.
 """
 
 from __future__ import annotations
 
-from typing import Generator, List, Optional, Tuple
+from typing import Dict, Generator, Optional
 
 from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, copy_in, finish
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import IDLE, PROXY, doubling_peers, fold
 from pycoll.ops import ReduceOp, reducer
 from pycoll.tasks.task import Task
 
-
-def plan(rank: int, n: int) -> Tuple[str, List[Tuple[int, int]], int]:
-    """``(role, [(peer, step), ...], last_step)`` of ``rank`` in a team of ``n``: role ``"idle"``
-    for even ranks of the pre-step, ``"proxy"`` for their odd partners, ``"plain"`` otherwise."""
-    p = 1 << (n.bit_length() - 1)
-    rem = n - p
-    last_step = p.bit_length()  # steps 1 .. log2(p) double; this one returns the result
-    if rank < 2 * rem and rank % 2 == 0:
-        return "idle", [], last_step
-    role = "proxy" if rank < 2 * rem else "plain"
-    newrank = rank // 2 if role == "proxy" else rank - rem
-    steps, mask, step = [], 1, 1
-    while mask < p:
-        newpeer = newrank ^ mask
-        steps.append((newpeer * 2 + 1 if newpeer < rem else newpeer + rem, step))
-        mask <<= 1
-        step += 1
-    return role, steps, last_step
+NAME = "rd"
+COLLECTIVES = ("allreduce",)
+OPTIONS: Dict[str, Option] = {}
 
 
 class RecursiveDoublingAllreduce(StepTask):
@@ -39,7 +27,8 @@ class RecursiveDoublingAllreduce(StepTask):
 
     def __init__(self, args: CollArgs, name: str) -> None:
         super().__init__(args, name)
-        self.role, self.steps, self.last_step = plan(args.rank, args.size)
+        place = fold(args.rank, args.size)
+        self.role, self.steps, self.last_step = place.role, doubling_peers(place), place.last_step
         self.reduce = reducer(args.op, args.dst.dtype)
         self.avg = args.op is ReduceOp.AVG
         self._views: Optional[tuple] = None  # (src, dst, and wire views of them and the scratch)
@@ -58,11 +47,11 @@ class RecursiveDoublingAllreduce(StepTask):
         _, _, cur_wire, wire, scratch, scratch_wire = self._views
         cur = src
         reduce = self.reduce
-        if self.role == "idle":  # hand the data to rank + 1, get the result back at the end
+        if self.role == IDLE:  # hand the data to rank + 1, get the result back at the end
             yield (ch.isend(cur_wire, rank + 1, 0),)
             yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(wire, rank + 1, self.last_step))
         else:
-            if self.role == "proxy":  # "go" first: it starts the idle neighbour under a credit limit
+            if self.role == PROXY:  # "go" first: it starts the idle neighbour under a credit limit
                 yield (ch.isend(GO, rank - 1, 0), ch.irecv(scratch_wire, rank - 1, 0))
                 reduce(cur, scratch, dst)
                 cur, cur_wire = dst, wire
@@ -70,11 +59,12 @@ class RecursiveDoublingAllreduce(StepTask):
                 yield (ch.exchange(cur_wire, scratch_wire, peer, step),)
                 reduce(cur, scratch, dst)
                 cur, cur_wire = dst, wire
-            if self.role == "proxy":
+            if self.role == PROXY:
                 yield (ch.isend(wire, rank - 1, self.last_step),)
         if self.avg:
             finish(a)
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return RecursiveDoublingAllreduce(args, name=args.name)

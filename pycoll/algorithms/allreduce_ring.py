@@ -3,9 +3,10 @@ sends and receives 2(n-1)/n of the buffer).
 
 The buffer is cut into ``n`` blocks; block ``b`` is reduced as it travels the ring and ends complete
 on rank ``b - 1``, which starts it around again for the allgather. Every block is further cut into
-fragments run through a :class:`~pycoll.tasks.PipelinedSchedule` (``depth`` in flight), so one
-fragment's reductions overlap the next one's transfers. One fragment is a DAG of plain tasks, for
-step ``s`` of ``n - 1``::
+fragments run through a :class:`~pycoll.tasks.PipelinedSchedule` (options ``fragment_bytes``:
+the fragment of all blocks together; ``depth``: fragments in flight), so one fragment's
+reductions overlap the next one's transfers. One fragment is a DAG of plain tasks, for step ``s``
+of ``n - 1``::
 
     rs_recv[s] -> rs_reduce[s] -> rs_send[s+1]      (reduce-scatter: receive block r-s-1, add own)
     rs_reduce[n-2] -> ag_send[0];  ag_recv[s] -> ag_send[s+1]   (allgather: pass blocks on)
@@ -14,18 +15,27 @@ step ``s`` of ``n - 1``::
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, as_wire, block_bounds, copy_in, finish, rebind_args
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import fragment_count, fragment_elems
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.tasks import FunctionTask, PipelinedSchedule, PipelineOrder, Schedule, Task
 from pycoll.tasks.p2p import RecvTask, SendTask
 
+NAME = "ring"
+COLLECTIVES = ("allreduce",)
 #: Bytes of one pipeline fragment (all blocks together) and fragments in flight.
 FRAGMENT_BYTES = 1 << 20
 DEPTH = 2
+OPTIONS: Dict[str, Option] = {
+    "fragment_bytes": Option(FRAGMENT_BYTES, "bytes of one pipeline fragment (its piece of every block "
+                                             "together): smaller fragments overlap more, cost more messages"),
+    "depth": Option(DEPTH, "fragments in flight at once"),
+}
 
 
 class _Reduce(FunctionTask):
@@ -85,10 +95,10 @@ class RingAllreduce(PipelinedSchedule):
         n = args.size
         self.args = args
         self.bounds = block_bounds(args.count, n)
-        self.frag_elems = max(1, fragment_bytes // (n * args.dst.itemsize))
+        self.frag_elems = fragment_elems(fragment_bytes, n * args.dst.itemsize)
         longest = self.bounds[1] - self.bounds[0]
         self._slots: dict = {}
-        super().__init__(-(-longest // self.frag_elems), self._make, self._setup, depth=depth,
+        super().__init__(fragment_count(longest, self.frag_elems), self._make, self._setup, depth=depth,
                          order=PipelineOrder.PARALLEL, name=args.name)
         # the fragments' sizes are set when they start: the collective as a whole moves the
         # buffer, and takes that much credit as one unit (every rank's first move is a send)
@@ -150,7 +160,8 @@ class _Trivial(Task):
         self.reset()
 
 
-def build(args: CollArgs, fragment_bytes: int = FRAGMENT_BYTES, depth: int = DEPTH) -> Task:
+def build(args: CollArgs) -> Task:
+    opts = options(args, OPTIONS)
     if args.size == 1 or args.count == 0:
         return _Trivial(args)
-    return RingAllreduce(args, fragment_bytes, depth)
+    return RingAllreduce(args, opts["fragment_bytes"], opts["depth"])

@@ -6,12 +6,17 @@ then holds the block from rank r-j, which the final inverse rotation puts in its
 
 from __future__ import annotations
 
-from typing import Generator, List, Optional, Tuple
+from typing import Dict, Generator, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "bruck"
+COLLECTIVES = ("alltoall",)
+OPTIONS: Dict[str, Option] = {}
 
 
 class BruckAlltoall(StepTask):
@@ -75,4 +80,5 @@ class BruckAlltoall(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return BruckAlltoall(args, name=args.name)

@@ -3,10 +3,15 @@ block of rank r-s; n-1 steps, one peer at a time (bounded memory traffic per ste
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "pairwise"
+COLLECTIVES = ("alltoall", "alltoallv")
+OPTIONS: Dict[str, Option] = {}
 
 
 class PairwiseAlltoall(StepTask):
@@ -26,4 +31,5 @@ class PairwiseAlltoall(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return PairwiseAlltoall(args, name=args.name)

@@ -3,12 +3,17 @@ after ceil(log2 n) rounds every rank has heard, directly or not, from every othe
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "dissemination"
+COLLECTIVES = ("barrier",)
+OPTIONS: Dict[str, Option] = {}
 
 
 class DisseminationBarrier(StepTask):
@@ -25,4 +30,5 @@ class DisseminationBarrier(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return DisseminationBarrier(args, name=args.name)

@@ -1,10 +1,11 @@
 """What every algorithm gets: the collective's arguments and a channel to its peers.
 
-An algorithm is a function ``build(args) -> Task`` in its own file. It reaches peers only through
-``args.channel`` (``isend``/``irecv`` of byte buffers keyed by a step number), which the team binds
-to its transport; it never imports a transport. Small, latency-bound algorithms are one
-:class:`StepTask` (a resumable state machine written as a generator, like UCC's TL algorithms);
-bandwidth-bound ones are schedules of send/receive/reduce tasks, pipelined over fragments.
+An algorithm is a function ``build(args) -> Task`` in its own module (what the module declares:
+:mod:`pycoll.algorithms`). It reaches peers only through ``args.channel`` (``isend``/``irecv`` of
+byte buffers keyed by a step number), which the team binds to its transport; it never imports a
+transport. Small, latency-bound algorithms are one :class:`StepTask` (a resumable state machine
+written as a generator, like UCC's TL algorithms); bandwidth-bound ones are schedules of
+send/receive/reduce tasks, pipelined over fragments.
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ class CollArgs:
     layout: Optional[Sequence[Tuple[int, int]]] = None
     #: alltoall(v) only: ``rlayout[r]`` is the block of dst that receives rank r's data.
     rlayout: Optional[Sequence[Tuple[int, int]]] = None
-    #: The team (hierarchical algorithms build their levels as collectives of its sub-teams:
-    #: ``team.node_team()``, ``team.rail_team()``, ``team.task(...)``).
-    team: Any = None
     #: The message key of a tagged collective (the same on every rank), from which hierarchical
     #: algorithms derive the tags of their levels; None for untagged collectives.
     tag: Optional[Hashable] = None
+    #: For the hierarchical algorithms: which node every rank of the team is on (a
+    #: :class:`pycoll.topology.Topology`, or None), and the sub-teams they build their levels on as
+    #: collectives (``sub.task(coll, *args, tag=..., algorithm=...)``, ``sub.rank``, ``sub.size``;
+    #: None when the team is not split into nodes): the ranks of this rank's node, the ranks with
+    #: this rank's index on every node, and the node leaders (None on the other ranks).
+    topology: Any = None
+    node_team: Any = None
+    rail_team: Any = None
+    leaders_team: Any = None
 
     @property
     def in_place(self) -> bool:
@@ -143,6 +150,17 @@ class StepTask(Task):
             buf = self._scratch[i] = np.empty_like(like)
         return buf[:like.size]
 
+    def scratch_of(self, i: int, size: int, dtype: np.dtype) -> np.ndarray:
+        """Scratch buffer ``i`` of ``size`` elements of ``dtype`` (which may be more than the
+        task's own buffers hold: a tree's subtree blocks), kept across calls."""
+        bufs = self._scratch
+        while len(bufs) <= i:
+            bufs.append(np.empty(0, dtype))
+        buf = bufs[i]
+        if buf.size < size or buf.dtype != dtype:
+            buf = bufs[i] = np.empty(size, dtype)
+        return buf[:size]
+
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
         """Reuse this finished task for a new call with buffers of the same shape."""
         args = self.args
@@ -155,7 +173,7 @@ class StepTask(Task):
         # the reset of a completed task without dependencies, inlined: this is the hot path
         self.state = NOT_READY
         self.result = None
-        self._pending = 1
+        self.pending = 1
         self._gen = None
 
     def run(self) -> Generator[Waitable, None, None]:  # pragma: no cover - abstract
@@ -284,7 +302,7 @@ class SegmentTask(Task):
             return
         self.state = NOT_READY  # the reset of a completed task, inlined: this is the hot path
         self.result = None
-        self._pending = 1
+        self.pending = 1
 
     def describe(self) -> str:
         s = self.native

@@ -1,47 +1,51 @@
-"""K-nomial tree broadcast (binomial for radix 2): log_k(n) rounds; a rank receives the buffer
-from its parent, then sends it to its children, farthest subtree first."""
+"""K-nomial tree broadcast (binomial for radix 2, the default; option ``radix``): log_k(n) rounds;
+a rank receives the buffer from its parent, then sends it to its children, farthest subtree first
+(:func:`~pycoll.algorithms.patterns.knomial_parent`)."""
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import knomial_levels, knomial_parent
 from pycoll.tasks.task import Task
 
+NAME = "knomial"
+COLLECTIVES = ("bcast",)
 DEFAULT_RADIX = 2
+OPTIONS: Dict[str, Option] = {
+    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
+}
 
 
 class KnomialBcast(StepTask):
+    """One rank's part of the tree, worked out once per task (a task is reused for calls of the
+    same shape)."""
+
+    def __init__(self, args: CollArgs, radix: int, name: str) -> None:
+        super().__init__(args, name)
+        n, root = args.size, args.root
+        v = (args.rank - root) % n
+        parent, dist = knomial_parent(v, n, radix)
+        self.parent_rank = None if parent is None else (parent + root) % n
+        # farthest level first; within a level, nearest child first
+        levels = knomial_levels(v, n, radix, dist)
+        self.child_ranks = [(c + root) % n for _, kids in reversed(levels) for c in kids]
+        self.sends_first = args.rank == root
+
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
-        n, rank, root, ch = a.size, a.rank, a.root, a.channel
-        radix = max(2, int(a.options.get("radix", DEFAULT_RADIX)))
-        if n == 1 or a.dst.size == 0:
+        if a.size == 1 or a.dst.size == 0:
             return
+        ch = a.channel
         wire = as_wire(a.dst)
-        vrank = (rank - root) % n
-        # find the parent: the lowest non-zero digit of vrank in base radix
-        dist = 1
-        while dist < n:
-            if (vrank // dist) % radix:
-                parent = vrank - ((vrank // dist) % radix) * dist
-                yield (ch.irecv(wire, (parent + root) % n, 0),)
-                break
-            dist *= radix
-        # children: vrank + j * d for every d below that digit's place
-        dist //= radix
-        sends = []
-        while dist >= 1:
-            for j in range(1, radix):
-                child = vrank + j * dist
-                if child < n:
-                    sends.append(ch.isend(wire, (child + root) % n, 0))
-            dist //= radix
-        if sends:
-            yield sends
+        if self.parent_rank is not None:
+            yield (ch.irecv(wire, self.parent_rank, 0),)
+        if self.child_ranks:
+            yield [ch.isend(wire, c, 0) for c in self.child_ranks]
 
 
 def build(args: CollArgs) -> Task:
-    task = KnomialBcast(args, name=args.name)
-    task.sends_first = args.rank == args.root
-    return task
+    opts = options(args, OPTIONS)
+    return KnomialBcast(args, opts["radix"], args.name)

@@ -1,7 +1,8 @@
 """Scatter-allgather broadcast (van de Geijn), for large messages: the root's buffer is cut in n
 near-equal blocks (block v belongs to the rank v places after the root), scattered down a
-binomial tree (a rank receives its whole subtree's blocks, one contiguous range), then
-circulated by a ring allgather. Each rank moves about 2x the buffer instead of log2(n) x.
+binomial tree (a rank receives its whole subtree's blocks, one contiguous range:
+:func:`~pycoll.algorithms.patterns.subtree_span`), then circulated by a ring allgather. Each rank
+moves about 2x the buffer instead of log2(n) x.
 
 In the ring a block is sent only to a neighbour that lacks it: the root has every block, and
 a rank already holds its subtree's blocks from the scatter, so those hops carry nothing.
@@ -9,21 +10,16 @@ a rank already holds its subtree's blocks from the scatter, so those hops carry 
 
 from __future__ import annotations
 
-from typing import Generator, List
+from typing import Dict, Generator, List
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, block_bounds
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import subtree_span
 from pycoll.tasks.task import Task
 
-
-def subtree_span(v: int, n: int) -> int:
-    """Vranks under ``v`` (itself included) in the binomial tree rooted at vrank 0, before
-    clipping at ``n``: the lowest set bit of ``v``, or the next power of two >= n for the root."""
-    if v:
-        return v & -v
-    span = 1
-    while span < n:
-        span <<= 1
-    return span
+NAME = "scatter_allgather"
+COLLECTIVES = ("bcast",)
+OPTIONS: Dict[str, Option] = {}
 
 
 class ScatterAllgatherBcast(StepTask):
@@ -73,6 +69,7 @@ class ScatterAllgatherBcast(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     task = ScatterAllgatherBcast(args, name=args.name)
     # every rank but the root starts by receiving its blocks from its parent
     task.sends_first = args.rank == args.root or args.size == 1 or args.dst.size == 0

@@ -1,48 +1,30 @@
-"""K-nomial tree gather(v) (binomial for radix 2): log_k(n) rounds instead of the linear gather's
-n-1 messages into the root. A rank receives its children's subtrees, each one message packed in
-subtree order (the ranks 0, 1, ... places after the root), and sends its own subtree up as one
-message. The root receives a child's subtree straight into its output when those blocks lie
-back to back there, else through scratch.
+"""K-nomial tree gather(v) (binomial for radix 2, the default; option ``radix``): log_k(n) rounds
+instead of the linear gather's n-1 messages into the root. A rank receives its children's
+subtrees, each one message packed in subtree order (the ranks 0, 1, ... places after the root),
+and sends its own subtree up as one message. The root receives a child's subtree straight into its
+output when those blocks lie back to back there, else through scratch. The tree:
+:func:`~pycoll.algorithms.patterns.knomial_tree`.
 
 The v-form needs ``counts`` on every rank (an inner rank must know its subtree's sizes).
 """
 
 from __future__ import annotations
 
-from typing import Generator, List, Optional, Sequence, Tuple
+from typing import Dict, Generator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import knomial_tree
 from pycoll.tasks.task import Task
 
+NAME = "knomial"
+COLLECTIVES = ("gather", "gatherv")
 DEFAULT_RADIX = 2
-
-
-def knomial_tree(v: int, n: int, radix: int) -> Tuple[Optional[int], List[Tuple[int, int]], int]:
-    """``(parent, [(child, child_end), ...], end)`` of vrank ``v`` in the k-nomial tree of ``n``
-    vranks rooted at 0: its subtree is the vranks ``[v, end)``, a child's ``[child, child_end)``;
-    children come farthest (largest subtree) first; ``parent`` is None for the root."""
-    dist, parent = 1, None
-    while dist < n:
-        digit = (v // dist) % radix
-        if digit:
-            parent = v - digit * dist
-            break
-        dist *= radix
-    children = []
-    d = dist // radix
-    while d >= 1:
-        for j in range(radix - 1, 0, -1):
-            c = v + j * d
-            if c < n:
-                children.append((c, min(c + d, n)))
-        d //= radix
-    return parent, children, min(v + dist, n)
-
-
-def radix_of(args: CollArgs) -> int:
-    return max(2, int(args.options.get("radix", DEFAULT_RADIX)))
+OPTIONS: Dict[str, Option] = {
+    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
+}
 
 
 def check_layout(args: CollArgs) -> Sequence[Tuple[int, int]]:
@@ -70,11 +52,11 @@ def contiguous(layout: Sequence[Tuple[int, int]], ranks: Sequence[int]) -> Optio
 class TreePlan:
     """What one rank does in a k-nomial gather or scatter (fixed for a call shape)."""
 
-    def __init__(self, args: CollArgs) -> None:
+    def __init__(self, args: CollArgs, radix: int) -> None:
         n, root = args.size, args.root
         layout = check_layout(args)
         self.v = v = (args.rank - root) % n
-        parent, children, end = knomial_tree(v, n, radix_of(args))
+        parent, children, end = knomial_tree(v, n, radix)
         self.parent = None if parent is None else (parent + root) % n
         #: packed offsets: vrank i's block at packed[i] - packed[v] of this rank's subtree buffer
         packed = [0]
@@ -100,9 +82,9 @@ class TreePlan:
 
 
 class KnomialGather(StepTask):
-    def __init__(self, args: CollArgs, name: str) -> None:
+    def __init__(self, args: CollArgs, radix: int, name: str) -> None:
         super().__init__(args, name)
-        self.plan = TreePlan(args)
+        self.plan = TreePlan(args, radix)
         # a leaf sends its block first; an inner rank or the root waits for its children
         self.sends_first = self.plan.leaf and self.plan.parent is not None
 
@@ -113,7 +95,7 @@ class KnomialGather(StepTask):
             if p.leaf:
                 yield (ch.isend(as_wire(a.src), p.parent, 0),)
                 return
-            buf = scratch_of(self, p.scratch_size, a.src.dtype)
+            buf = self.scratch_of(0, p.scratch_size, a.src.dtype)
             own = a.src.size
             if own:
                 np.copyto(buf[:own], a.src)
@@ -126,7 +108,7 @@ class KnomialGather(StepTask):
             np.copyto(a.dst[off:off + cnt], a.src)
         if p.leaf:
             return
-        buf = scratch_of(self, p.scratch_size, a.dst.dtype) if p.scratch_size else a.dst[:0]
+        buf = self.scratch_of(0, p.scratch_size, a.dst.dtype) if p.scratch_size else a.dst[:0]
         reqs = []
         for r, lo, hi, span, _ in p.children:
             part = a.dst[span[0]:span[1]] if span is not None else buf[lo:hi]
@@ -139,17 +121,6 @@ class KnomialGather(StepTask):
                         np.copyto(a.dst[off:off + cnt], buf[lo + at:lo + at + cnt])
 
 
-def scratch_of(task: StepTask, size: int, dtype: np.dtype) -> np.ndarray:
-    """:meth:`StepTask.scratch` buffer 0 of ``size`` elements (which may be more than the
-    task's buffers hold: a subtree's blocks)."""
-    bufs = task._scratch
-    if not bufs:
-        bufs.append(np.empty(0, dtype))
-    buf = bufs[0]
-    if buf.size < size or buf.dtype != dtype:
-        buf = bufs[0] = np.empty(size, dtype)
-    return buf[:size]
-
-
 def build(args: CollArgs) -> Task:
-    return KnomialGather(args, name=args.name)
+    opts = options(args, OPTIONS)
+    return KnomialGather(args, opts["radix"], args.name)

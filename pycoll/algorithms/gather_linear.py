@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "linear"
+COLLECTIVES = ("gather", "gatherv")
+OPTIONS: Dict[str, Option] = {}
 
 
 class LinearGather(StepTask):
@@ -22,6 +27,7 @@ class LinearGather(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     task = LinearGather(args, name=args.name)
     task.sends_first = args.rank != args.root
     return task

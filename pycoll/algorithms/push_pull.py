@@ -21,6 +21,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from pycoll.events.manager import Event
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.ps.placement import Part, plan
 from pycoll.tasks.p2p import RecvTask, SendTask
@@ -112,9 +113,6 @@ class AsyncService:
     as soon as it finishes, so one worker's pushes never wait for another's."""
 
     def __init__(self, roles: Roles, name: str, parts: List[Part], dtype: Any, own: Optional[int]) -> None:
-        from pycoll.events.manager import Event
-
-        self._completed = Event.COMPLETED
         self.roles, self.name, self.own = roles, name, own
         self.params = {p.key: np.zeros(p.hi - p.lo, dtype) for p in parts}
         self.parts = parts
@@ -138,11 +136,12 @@ class AsyncService:
         recv = chain.add(RecvTask(world, delta, w, tag(self.name, key, PUSH), name=f"{label}<-delta{w}"))
         add = chain.add(FunctionTask(_apply_delta, params, delta, reply, name=f"{label}:add"), after=recv)
         chain.add(SendTask(world, reply, w, tag(self.name, key, PULL), name=f"{label}->params{w}"), after=add)
-        chain.subscribe(self._completed, self, lambda svc, task, data: svc._done(task, part, w))
+        chain.subscribe(Event.COMPLETED, self, lambda svc, task, data: svc.done(task, part, w))
         self._live.append(chain)
         world.ctx.submit(chain)
 
-    def _done(self, chain: Any, part: Part, w: int) -> None:
+    def done(self, chain: Any, part: Part, w: int) -> None:
+        """One exchange with worker ``w`` finished: count it and re-arm the chain (unless stopped)."""
         self._live.remove(chain)
         self.served += 1
         if not self.stopped:

@@ -8,14 +8,19 @@ Only the root's output is written (non-root ranks work in scratch); the root may
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, block_bounds
-from pycoll.algorithms.bcast_scatter_allgather import subtree_span
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import subtree_span
 from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.tasks.task import Task
+
+NAME = "rs_gather"
+COLLECTIVES = ("reduce",)
+OPTIONS: Dict[str, Option] = {}
 
 
 class RsGatherReduce(StepTask):
@@ -71,6 +76,7 @@ class RsGatherReduce(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     task = RsGatherReduce(args, name=args.name)
     task.sends_first = True  # the ring's first step sends and receives on every rank
     return task

@@ -5,51 +5,57 @@ them in, so the range halves every step until it is the rank's own block.
 Any team size, as MPICH does: with ``p`` the largest power of two <= n and ``rem = n - p``, the even
 ranks among the first ``2*rem`` send their whole input to the odd neighbour, which adds it in
 (step 0) and stands for both; new rank ``i`` owns the blocks of ranks ``[lo(i), lo(i+1))`` with
-``lo(i) = i + min(i, rem)``; at the end the odd ranks send the even neighbour its block. Every
-block is reduced in the same order on every call (results are reproducible); AVG divides at the
-end.
+``lo(i) = i + min(i, rem)`` (:func:`~pycoll.algorithms.patterns.fold`); at the end the odd ranks
+send the even neighbour its block. Every block is reduced in the same order on every call (results
+are reproducible); AVG divides at the end.
 """
 
 from __future__ import annotations
 
-from typing import Generator, List, Tuple
+from typing import Dict, Generator, List, Tuple
 
 import numpy as np
 
-from pycoll.algorithms.allgather_rd import fold
 from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, is_packed
+from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.patterns import IDLE, PLAIN, PROXY, fold
 from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.tasks.task import Task
+
+NAME = "rhalving"
+COLLECTIVES = ("reduce_scatter", "reduce_scatterv")
+OPTIONS: Dict[str, Option] = {}
 
 
 class RecursiveHalvingReduceScatter(StepTask):
     def __init__(self, args: CollArgs, name: str) -> None:
         super().__init__(args, name)
         n = args.size
-        self.role, self.newrank, self.p, lo = fold(args.rank, n)
+        place = fold(args.rank, n)
+        self.role, self.newrank, self.p = place.role, place.newrank, place.p
+        lo = [place.first_rank(i) for i in range(place.p + 1)]  # the first rank of each new rank
         self.packed = is_packed(args.layout)
         offs = [0]
         for _, cnt in args.layout:
             offs.append(offs[-1] + cnt)
         self.offs = offs
         # the halving steps: (peer rank, step, element range sent, element range kept)
-        rem = n - self.p
         steps: List[Tuple[int, int, Tuple[int, int], Tuple[int, int]]] = []
         me, mask, step = self.newrank, self.p >> 1, 1
-        need = offs[-1] if self.role == "proxy" else 0  # the largest receive
-        while mask >= 1 and self.role != "idle":
+        need = offs[-1] if self.role == PROXY else 0  # the largest receive
+        while mask >= 1 and self.role != IDLE:
             peer = me ^ mask
             base = me & ~(2 * mask - 1)  # my range of new ranks is [base, base + 2*mask)
             lower = (offs[lo[base]], offs[lo[base + mask]])
             upper = (offs[lo[base + mask]], offs[lo[base + 2 * mask]])
             send, keep = (upper, lower) if me < peer else (lower, upper)
-            steps.append((peer * 2 + 1 if peer < rem else peer + rem, step, send, keep))
+            steps.append((place.rank_of(peer), step, send, keep))
             need = max(need, keep[1] - keep[0])
             mask >>= 1
             step += 1
         self.steps = steps
         self.need = need
-        self.last_step = self.p.bit_length()  # steps 1 .. log2(p) halve; this one hands back
+        self.last_step = place.last_step  # steps 1 .. log2(p) halve; this one hands back
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
@@ -63,7 +69,7 @@ class RecursiveHalvingReduceScatter(StepTask):
         if n == 1 or span == 0:
             if a.dst.size:
                 np.copyto(a.dst, src[offs[rank]:offs[rank + 1]])
-        elif self.role == "idle":  # hand the input to rank + 1, get the block back at the end
+        elif self.role == IDLE:  # hand the input to rank + 1, get the block back at the end
             yield (ch.isend(as_wire(src), rank + 1, 0),)
             yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(as_wire(a.dst), rank + 1, self.last_step))
         else:
@@ -71,7 +77,7 @@ class RecursiveHalvingReduceScatter(StepTask):
             acc = self.scratch(0, a.src[:span])  # the partial sums of the range still held
             recv = self.scratch(1, a.src[:self.need])
             cur = src  # the first reduction reads the input: no copy
-            if self.role == "proxy":  # "go" first: it starts the idle neighbour under a credit limit
+            if self.role == PROXY:  # "go" first: it starts the idle neighbour under a credit limit
                 yield (ch.isend(GO, rank - 1, 0), ch.irecv(as_wire(recv[:span]), rank - 1, 0))
                 reduce(recv[:span], cur, acc)  # rank - 1 first: reduced in rank order
                 cur = acc
@@ -79,10 +85,10 @@ class RecursiveHalvingReduceScatter(StepTask):
             for i, (peer, step, (slo, shi), (klo, khi)) in enumerate(self.steps):
                 got = recv[:khi - klo]
                 yield (ch.isend(as_wire(cur[slo:shi]), peer, step), ch.irecv(as_wire(got), peer, step))
-                out = a.dst if i == last and self.role == "plain" else acc[klo:khi]
+                out = a.dst if i == last and self.role == PLAIN else acc[klo:khi]
                 reduce(cur[klo:khi], got, out)
                 cur = acc
-            if self.role == "proxy":  # acc holds the blocks of rank - 1 and rank
+            if self.role == PROXY:  # acc holds the blocks of rank - 1 and rank
                 yield (ch.isend(as_wire(acc[offs[rank - 1]:offs[rank]]), rank - 1, self.last_step),)
                 if a.dst.size:
                     np.copyto(a.dst, acc[offs[rank]:offs[rank + 1]])
@@ -91,4 +97,5 @@ class RecursiveHalvingReduceScatter(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return RecursiveHalvingReduceScatter(args, name=args.name)

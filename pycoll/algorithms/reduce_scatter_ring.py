@@ -4,13 +4,18 @@ left; after n-1 steps rank r holds the reduction of block r."""
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.algorithms.options import Option, options
 from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.tasks.task import Task
+
+NAME = "ring"
+COLLECTIVES = ("reduce_scatter", "reduce_scatterv")
+OPTIONS: Dict[str, Option] = {}
 
 
 class RingReduceScatter(StepTask):
@@ -39,4 +44,5 @@ class RingReduceScatter(StepTask):
 
 
 def build(args: CollArgs) -> Task:
+    options(args, OPTIONS)
     return RingReduceScatter(args, name=args.name)

@@ -1,27 +1,36 @@
-"""K-nomial tree scatter(v) (binomial for radix 2): log_k(n) rounds instead of the linear
-scatter's n-1 messages out of the root. The root sends each child its whole subtree's blocks as
-one message packed in subtree order (the ranks 0, 1, ... places after the root; straight from
-its input when those blocks lie back to back there), farthest subtree first; an inner rank
-keeps its own block and passes its children theirs.
+"""K-nomial tree scatter(v) (binomial for radix 2, the default; option ``radix``): log_k(n) rounds
+instead of the linear scatter's n-1 messages out of the root. The root sends each child its whole
+subtree's blocks as one message packed in subtree order (the ranks 0, 1, ... places after the
+root; straight from its input when those blocks lie back to back there), farthest subtree first;
+an inner rank keeps its own block and passes its children theirs. The tree: the gather's
+(:class:`~pycoll.algorithms.gather_knomial.TreePlan`).
 
 The v-form needs ``counts`` on every rank (an inner rank must know its subtree's sizes).
 """
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Dict, Generator
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
-from pycoll.algorithms.gather_knomial import TreePlan, scratch_of
+from pycoll.algorithms.gather_knomial import TreePlan
+from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
+
+NAME = "knomial"
+COLLECTIVES = ("scatter", "scatterv")
+DEFAULT_RADIX = 2
+OPTIONS: Dict[str, Option] = {
+    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
+}
 
 
 class KnomialScatter(StepTask):
-    def __init__(self, args: CollArgs, name: str) -> None:
+    def __init__(self, args: CollArgs, radix: int, name: str) -> None:
         super().__init__(args, name)
-        self.plan = TreePlan(args)
+        self.plan = TreePlan(args, radix)
         # the root sends first; every other rank waits for its parent
         self.sends_first = self.plan.parent is None
 
@@ -32,7 +41,7 @@ class KnomialScatter(StepTask):
             if p.leaf:
                 yield (ch.irecv(as_wire(a.dst), p.parent, 0),)
                 return
-            buf = scratch_of(self, p.scratch_size, a.dst.dtype)
+            buf = self.scratch_of(0, p.scratch_size, a.dst.dtype)
             yield (ch.irecv(as_wire(buf), p.parent, 0),)
             sends = tuple(ch.isend(as_wire(buf[lo:hi]), r, 0) for r, lo, hi, _, _ in p.children)
             own = a.dst.size
@@ -41,7 +50,7 @@ class KnomialScatter(StepTask):
             yield sends
             return
         # the root: pack the children's subtrees that are not back to back in the input, send
-        buf = scratch_of(self, p.scratch_size, a.src.dtype) if p.scratch_size else a.src[:0]
+        buf = self.scratch_of(0, p.scratch_size, a.src.dtype) if p.scratch_size else a.src[:0]
         sends = []
         for r, lo, hi, span, pieces in p.children:
             if span is None:
@@ -60,4 +69,5 @@ class KnomialScatter(StepTask):
 
 
 def build(args: CollArgs) -> Task:
-    return KnomialScatter(args, name=args.name)
+    opts = options(args, OPTIONS)
+    return KnomialScatter(args, opts["radix"], args.name)

@@ -10,6 +10,16 @@ Read :meth:`Context.progress` top to bottom; it is the whole engine:
    of the queue waits while it does not fit (unless nothing is in flight). Tasks larger than the
    partition size that can be split start as fragments inheriting their priority.
 
+The engine-task contract, engine side: tasks call :meth:`Context.enqueue` (a task's dependencies
+are done) and :meth:`Context.release_credit` (a task that held credit finished); code that gives the
+engine more credit calls :meth:`Context.start_ready`. Of a task, the engine writes its ``state``
+when it starts it, its ``priority`` when ``submit`` is given one, and the fields documented as *owned
+by the engine* in :class:`~pycoll.tasks.task.Task` (``effective_priority``, ``pending``, ``ctx``,
+``held_credit``, ``parts``, ``t_ready``, ``t_start``); nothing else. Of a transport it uses
+``progress()`` and, to start credit-blocked work that a peer already started, ``demand_id``,
+``watch_arrivals``/``unwatch_arrivals``, ``take_arrivals``, ``poll_unexpected`` and
+``has_unexpected_id`` (see :class:`~pycoll.tl.base.Transport`).
+
 :meth:`Context.wait_for` drives ``progress`` until a task finishes, backing off when nothing moves
 (spin, then ``sched_yield``, then sleeps growing to 1 ms) so a waiting rank leaves the core to the
 others.
@@ -133,7 +143,8 @@ class Context:
         #: most urgent waiting task anyway (see ``_start_stalled``).
         self.stall_s = 0.2
         self._still_since = 0.0
-        #: Called with (task, ready_time, start_time) when a task starts; set by tracing.
+        #: Called with each task the engine starts, before it publishes STARTED and posts it; set
+        #: by tracing (which reads and consumes the task's ``t_ready``).
         self.on_start: Optional[Callable[[Task], None]] = None
         _trace.attach(self)  # PYCOLL_TRACE: every context traces its tasks (else nothing)
 
@@ -147,29 +158,34 @@ class Context:
             raise RuntimeError(f"{task!r} was already submitted; reset() it to run it again")
         if priority is not None:
             task.priority = priority
-        task._prio = task.priority if task.priority is not None else 0
+        task.effective_priority = task.priority if task.priority is not None else 0
         with self.lock:
             limit, in_flight = self.credit_bytes, self.in_flight
-            if not self._ready and not self._free and task._pending == 1 and (
+            if not self._ready and not self._free and task.pending == 1 and (
                     not limit or not in_flight or in_flight + task.credit <= limit):
-                task._ctx = self  # nothing queued ahead of it and the credit fits: start it now
-                task._pending = 0
+                task.ctx = self  # nothing queued ahead of it and the credit fits: start it now
+                task.pending = 0
                 self._start(task, task.credit)
                 if self._ready or self._free:
-                    self._start_ready()
+                    self.start_ready()
             else:
-                task._activate(self)
-                self._start_ready()
+                task.activate(self)
+                self.start_ready()
         return Request(task, self, result, on_done)
 
-    def _enqueue(self, task: Task) -> None:
-        """Queue a task whose dependencies are done (called from task handlers)."""
-        task._t_ready = _monotonic() if self.on_start is not None else 0.0
-        _heappush(self._ready if task.credit else self._free, (task._prio, next(self._seq), task))
+    def enqueue(self, task: Task) -> None:
+        """Queue ``task``, whose dependencies are done, by its effective priority (called by tasks'
+        dependency handlers and :meth:`Task.activate`; it starts when priority and credit allow, on
+        this pass or a later one)."""
+        task.t_ready = _monotonic() if self.on_start is not None else 0.0
+        _heappush(self._ready if task.credit else self._free,
+                  (task.effective_priority, next(self._seq), task))
 
-    def _release_credit(self, task: Task) -> None:
-        self.in_flight -= task._credit
-        task._credit = 0
+    def release_credit(self, task: Task) -> None:
+        """Give back the credit ``task`` holds (called by the task when it completes, fails or is
+        canceled), so queued work may start on the next pass."""
+        self.in_flight -= task.held_credit
+        task.held_credit = 0
 
     def add_transport(self, transport: Any) -> None:
         """Poll ``transport.progress()`` on every pass (once, however often it is added)."""
@@ -192,7 +208,7 @@ class Context:
             if self._deadlines:
                 moved += self._expire()
             if self._ready or self._free:
-                moved += self._start_ready()
+                moved += self.start_ready()
             if moved or not self._ready:
                 self._still_since = 0.0
             else:
@@ -245,7 +261,7 @@ class Context:
         """Fail tasks past their deadline; drop entries of tasks that finished in time."""
         deadlines = self._deadlines
         while deadlines and (deadlines[0][2].state is not IN_PROGRESS
-                             or deadlines[0][2]._t_start != deadlines[0][3]):
+                             or deadlines[0][2].t_start != deadlines[0][3]):
             _heappop(deadlines)
         if not deadlines or deadlines[0][0] > _monotonic():
             return 0
@@ -253,7 +269,7 @@ class Context:
         expired = 0
         while deadlines and deadlines[0][0] <= now:
             _, _, task, started_at = _heappop(deadlines)
-            if task.state is IN_PROGRESS and task._t_start == started_at:
+            if task.state is IN_PROGRESS and task.t_start == started_at:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or "nothing left"
                 if len(waiting) > 8:
@@ -264,9 +280,10 @@ class Context:
                 expired += 1
         return expired
 
-    def _start_ready(self) -> int:
-        """Start queued tasks by priority, those that take credit only while it allows. Returns
-        how many started."""
+    def start_ready(self) -> int:
+        """Start queued tasks by priority, those that take credit only while it allows; returns
+        how many started. The engine's own step; call it (under :attr:`lock`) after giving the
+        engine more credit, so what it now allows starts at once."""
         started = 0
         while True:
             n = self._start_free() + self._start_credited()
@@ -316,7 +333,7 @@ class Context:
         entry = self._demand_tls.get(id(transport))
         if entry is None:
             entry = self._demand_tls[id(transport)] = [transport, 0]
-            transport.arrivals = []
+            transport.watch_arrivals()
         entry[1] += 1
 
     def _unwatch(self, task: Task) -> None:
@@ -329,7 +346,7 @@ class Context:
         entry[1] -= 1
         if not entry[1]:
             del self._demand_tls[id(where[0])]
-            where[0].arrivals = None  # nobody listens: stop listing
+            where[0].unwatch_arrivals()  # nobody listens: stop listing
 
     def _start_demanded(self) -> int:
         """Start credit-blocked tasks whose peers already started them (see ``watch_demand``):
@@ -338,10 +355,10 @@ class Context:
         check, self._demand_check = self._demand_check, []
         for transport, _ in list(self._demand_tls.values()):
             transport.poll_unexpected()
-            arrived, transport.arrivals = transport.arrivals, []
-            if transport.arrivals_overflowed:  # too many to list: look at every watched task
-                transport.arrivals_overflowed = False
+            arrived = transport.take_arrivals()
+            if arrived is None:  # too many to list: look at every watched task
                 check.extend(t for t in self._demand_of if self._demand_of[t][0] is transport)
+                continue
             for did in arrived:
                 check.extend(self._demand.get((transport, did), ()))
         started = 0
@@ -351,7 +368,7 @@ class Context:
                 continue
             if task.state is not NOT_READY:
                 self._unwatch(task)
-            elif task._pending:  # not ready yet: look again next time
+            elif task.pending:  # not ready yet: look again next time
                 self._demand_check.append(task)
             elif where[0].has_unexpected_id(where[1]):
                 self.stats["demand_starts"] += 1
@@ -367,11 +384,11 @@ class Context:
         self.posted += 1
         timeout = task.timeout
         if timeout is not None and timeout != math.inf:
-            task._t_start = t = _monotonic()
+            task.t_start = t = _monotonic()
             _heappush(self._deadlines, (t + timeout, id(task), task, t))
         if self.on_start is not None:
             self.on_start(task)
-        if task._subs is not None and task._subs[_STARTED]:
+        if task.subscriptions is not None and task.subscriptions[_STARTED]:
             task.notify(_STARTED)
         pb = self.partition_bytes
         if pb and task.nbytes > pb:
@@ -381,7 +398,7 @@ class Context:
                 return
         if need:
             self.in_flight += need
-            task._credit = need
+            task.held_credit = need
         try:
             task.post()
         except Exception as exc:
@@ -395,15 +412,15 @@ class Context:
         sched = Schedule(name=f"{task.name}/parts")
         for part in parts:
             if part.priority is None:
-                part.priority = task._prio
+                part.priority = task.effective_priority
             sched.add(part)
-        task._parts = sched
+        task.parts = sched
         sched.subscribe(Event.COMPLETED, task, _parts_completed)
         sched.subscribe(Event.ERROR, task, _parts_failed)
         sched.subscribe(Event.CANCELED, task, _parts_failed)
-        sched._prio = task._prio
+        sched.effective_priority = task.effective_priority
         sched.state = IN_PROGRESS
-        sched._ctx = self
+        sched.ctx = self
         sched.post()
 
     # ----------------------------------------------------------------------------- waiting

@@ -80,6 +80,14 @@ class Watch:
         self._call(error)
         return True
 
+    def fail(self, error: BaseException) -> bool:
+        """Run the callback with ``error`` unless a thread has it already (the progress thread
+        failed and drives this watch no more); returns whether it ran here."""
+        if not self._claim():
+            return False
+        self._call(error)
+        return True
+
     def _call(self, error: Optional[BaseException]) -> None:
         self.error = error
         try:
@@ -191,8 +199,7 @@ class ProgressThread:
             with cond:
                 watches, self._watches = self._watches, []
             for w in watches:
-                if w._claim():
-                    w._call(exc)
+                w.fail(exc)
 
 
 _threads: Dict[int, ProgressThread] = {}

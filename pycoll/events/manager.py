@@ -64,11 +64,13 @@ class EventManager:
     Listeners are kept per event in subscription order; delivery follows that order.
     """
 
-    __slots__ = ("_subs",)
+    __slots__ = ("subscriptions",)
 
     def __init__(self) -> None:
-        # One list per event, created on first use: most tasks have one or two listeners.
-        self._subs: Optional[list] = None
+        #: Per event, its subscriptions in delivery order: a list made on the first subscribe (most
+        #: tasks have one or two listeners), ``None`` before. Read-only outside this class: the engine
+        #: reads it to skip a notification nobody hears; change it with subscribe/unsubscribe.
+        self.subscriptions: Optional[list] = None
 
     def subscribe(self, event: Event, listener: Any, handler: Optional[Handler] = None) -> Subscription:
         """Call ``handler(listener, self, data)`` each time ``event`` is notified.
@@ -80,9 +82,9 @@ class EventManager:
             raise TypeError(
                 f"subscribe({Event(event).name}): {listener!r} has no handlers table; pass a handler"
             )
-        subs = self._subs
+        subs = self.subscriptions
         if subs is None:
-            subs = self._subs = [None] * N_EVENTS
+            subs = self.subscriptions = [None] * N_EVENTS
         sub = Subscription(listener, handler)
         lst = subs[event]
         if lst is None:
@@ -91,10 +93,18 @@ class EventManager:
             lst.append(sub)
         return sub
 
+    def subscribe_first(self, event: Event, listener: Any, handler: Optional[Handler] = None) -> Subscription:
+        """Like :meth:`subscribe`, but delivered before the listeners already subscribed (a tracer
+        takes a task's finish time before its dependants run)."""
+        sub = self.subscribe(event, listener, handler)
+        lst = self.subscriptions[event]
+        lst.insert(0, lst.pop())
+        return sub
+
     def unsubscribe(self, event: Event, listener: Any, handler: Optional[Handler] = None) -> bool:
         """Remove a subscription: a :class:`Subscription`, or the first one of ``listener``
         (and ``handler`` if given) to ``event``. Returns whether one was removed."""
-        subs = self._subs
+        subs = self.subscriptions
         lst = subs[event] if subs is not None else None
         if not lst:
             return False
@@ -109,13 +119,13 @@ class EventManager:
 
     def listeners(self, event: Event) -> list:
         """The listeners currently subscribed to ``event``, in delivery order."""
-        subs = self._subs
+        subs = self.subscriptions
         lst = subs[event] if subs is not None else None
         return [s.listener for s in lst] if lst else []
 
     def notify(self, event: Event, data: Any = None) -> None:
         """Deliver ``event`` to its listeners (see the module docstring for changes during delivery)."""
-        subs = self._subs
+        subs = self.subscriptions
         if subs is None:
             return
         lst = subs[event]

@@ -16,10 +16,11 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from pycoll.algorithms.push_pull import Roles, service_round
+from pycoll.algorithms.push_pull import AsyncService, Roles, service_round
+from pycoll.dtypes import as_dtype
 from pycoll.engine.context import Backoff
 from pycoll.errors import PycollError
-from pycoll.ops import ReduceOp, as_dtype
+from pycoll.ops import ReduceOp
 from pycoll.ps.placement import plan
 from pycoll.tasks.p2p import AnySourceRecvTask
 from pycoll.tasks.schedule import Schedule
@@ -72,8 +73,6 @@ class _Tensor:
         self.rounds = 0
         self.service: Any = None
         if decl.get("mode") == "async" and self.parts:
-            from pycoll.algorithms.push_pull import AsyncService
-
             self.service = AsyncService(roles, self.name, self.parts, self.dtype, None)
             self.service.start()
 
@@ -137,9 +136,9 @@ def serve(world: Any, n: int, k: int, me: int, timeout: Optional[float] = None) 
 
 def main() -> None:
     """``python -m pycoll.ps.server``: a server rank of ``pycoll run --servers K``."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - importing mpi4py.MPI initialises MPI
 
-    from pycoll.team import Team
+    from pycoll.team import Team  # noqa: PLC0415 - a command line entry; the team imports this module
 
     Team.from_mpi(MPI.COMM_WORLD)  # a server rank serves inside, then exits
     raise SystemExit("pycoll.ps.server: this rank is not a server (PYCOLL_NUM_SERVERS unset?)")

@@ -34,6 +34,7 @@ from pycoll.engine.progress_thread import progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError
 from pycoll.ops import ReduceOp, as_op
+from pycoll.scheduling.tuning import AutoTuner
 
 #: Engine priority of part ``i`` of a tensor of priority ``p``: ``p * PART_STRIDE + i``.
 PART_STRIDE = 1 << 20
@@ -85,7 +86,7 @@ class ScheduledTensor:
         for req in self.requests:
             if not req.done and not req.test():
                 return False
-        self._finish()
+        self.finish()
         return True
 
     def wait(self, timeout: Optional[float] = None) -> np.ndarray:
@@ -100,15 +101,17 @@ class ScheduledTensor:
             except PycollError as exc:
                 if not req.done:  # timed out waiting: the parts go on
                     raise
-                self._finish(exc)
+                self.finish(exc)
                 raise
-        self._finish()
+        self.finish()
         if self.error is not None:
             raise self.error
         return self.array
 
-    def _finish(self, error: Optional[BaseException] = None) -> None:
-        """Run the completion once (from ``wait``/``test`` or the progress thread)."""
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        """Run the completion once every part finished (``error``: the first failure, else the
+        parts' own is looked up); from ``wait``/``test`` or the progress thread, whichever is
+        first (later calls do nothing)."""
         with self._lock:
             if self._called:
                 return
@@ -120,7 +123,7 @@ class ScheduledTensor:
                     break
         self.error = error
         self.t_done = time.monotonic()
-        self.scheduler._finished(self)
+        self.scheduler.tensor_done(self)
         if self.on_done is not None:
             self.on_done(self, error)
 
@@ -151,8 +154,6 @@ class Scheduler:
     def __init__(self, team: Any, *, partition_bytes: Any = None, credit_bytes: Any = None,
                  tuning: Any = None, background: bool = False, timeout: Optional[float] = None,
                  collective: str = "allreduce") -> None:
-        from pycoll.scheduling.tuning import AutoTuner
-
         self.team = team
         self.ctx = team.ctx
         if partition_bytes is None:
@@ -258,9 +259,10 @@ class Scheduler:
                                             name=f"{entry.name}/part{i}"))
             entry.requests = reqs
         if self._progress is not None:
-            self._progress.watch(entry.requests, lambda error, e=entry: e._finish(error))
+            self._progress.watch(entry.requests, lambda error, e=entry: e.finish(error))
 
-    def _finished(self, entry: ScheduledTensor) -> None:
+    def tensor_done(self, entry: ScheduledTensor) -> None:
+        """``entry`` finished (its :meth:`ScheduledTensor.finish` calls this): its name is free."""
         with self._lock:
             if self.pending.get(entry.name) is entry:
                 del self.pending[entry.name]
@@ -288,7 +290,7 @@ class Scheduler:
         if credit_bytes is not None and credit_bytes != self.ctx.credit_bytes:
             with self.ctx.lock:
                 self.ctx.credit_bytes = int(credit_bytes)
-                self.ctx._start_ready()  # more credit: start what it now allows
+                self.ctx.start_ready()  # more credit: start what it now allows
             changed = True
         if partition_bytes is not None and partition_bytes != self.partition_bytes:
             self.partition_bytes = int(partition_bytes)

@@ -175,7 +175,7 @@ class AutoTuner:
         return _KEEP, _KEEP
 
     def _start_search(self, step: int, start: Tuple[int, int]) -> None:
-        import optuna
+        import optuna  # noqa: PLC0415 - optuna takes about a second to import: only when a search starts
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.searches += 1

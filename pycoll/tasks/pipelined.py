@@ -15,7 +15,7 @@ import enum
 from typing import Any, Callable, List, Optional
 
 from pycoll.events.manager import Event
-from pycoll.tasks.schedule import Schedule, _child_failed
+from pycoll.tasks.schedule import Schedule, child_failed
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, NOT_READY, Task, dependency_done
 
 _FRAGMENT_COMPLETED = Event.FRAGMENT_COMPLETED
@@ -40,10 +40,6 @@ def _release_after_start(task: Task, source: Task, data: Any) -> None:
 def _release_after_completion(task: Task, source: Task, data: Any) -> None:
     source.unsubscribe(Event.COMPLETED, task, _release_after_completion)
     dependency_done(task, source, data)
-
-
-def _fragment_done(pipe: PipelinedSchedule, slot: Task, data: Any) -> None:
-    pipe._on_fragment_done(slot)
 
 
 def _units(fragment: Task) -> List[Task]:
@@ -96,10 +92,10 @@ class PipelinedSchedule(Schedule):
             if self.order is not PipelineOrder.PARALLEL and self.tasks:
                 if len(_units(slot)) != len(_units(self.tasks[0])):
                     raise ValueError("ORDERED/SEQUENTIAL pipelines need fragments with the same tasks")
-            slot._parent = self
-            slot.subscribe(Event.COMPLETED, self, _fragment_done)
-            slot.subscribe(Event.ERROR, self, _child_failed)
-            slot.subscribe(Event.CANCELED, self, _child_failed)
+            slot.parent = self
+            slot.subscribe(Event.COMPLETED, self, PipelinedSchedule._fragment_done)
+            slot.subscribe(Event.ERROR, self, child_failed)
+            slot.subscribe(Event.CANCELED, self, child_failed)
             self.tasks.append(slot)
 
     def post(self) -> None:
@@ -119,7 +115,7 @@ class PipelinedSchedule(Schedule):
     def _launch(self, slot: Task) -> None:
         frag = self._next
         self._next += 1
-        if slot.state is not NOT_READY or slot._pending != 1:
+        if slot.state is not NOT_READY or slot.pending != 1:
             slot.reset()
         if self._setup_fragment is not None:
             self._setup_fragment(slot, frag)
@@ -128,23 +124,24 @@ class PipelinedSchedule(Schedule):
             for task, before in zip(_units(slot), _units(prev)):
                 if self.order is PipelineOrder.ORDERED:
                     if before.state is NOT_READY:
-                        task._pending += 1
+                        task.pending += 1
                         before.subscribe(Event.STARTED, task, _release_after_start)
                 elif before.state is not COMPLETED:
-                    task._pending += 1
+                    task.pending += 1
                     before.subscribe(Event.COMPLETED, task, _release_after_completion)
         self._slot_frag[slot] = frag
         self._last_slot = slot
         self.fragments_launched += 1
-        slot._prio = self._prio if slot.priority is None else slot.priority
-        slot._activate(self._ctx)
+        slot.effective_priority = self.effective_priority if slot.priority is None else slot.priority
+        slot.activate(self.ctx)
 
-    def _on_fragment_done(self, slot: Task) -> None:
+    def _fragment_done(self, slot: Task, data: Any) -> None:
+        """Handler (subscribed by ``_make_slots``): a fragment completed; launch the next in its slot."""
         if self.state is not IN_PROGRESS:
             return
         self._frags_done += 1
         frag = self._slot_frag[slot]
-        if self._subs is not None and self._subs[_FRAGMENT_COMPLETED]:
+        if self.subscriptions is not None and self.subscriptions[_FRAGMENT_COMPLETED]:
             self.notify(_FRAGMENT_COMPLETED, frag)
         if self._frags_done == self.n_fragments:
             self.complete()

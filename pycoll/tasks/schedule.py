@@ -16,16 +16,9 @@ from pycoll.tasks.task import COMPLETED, ERROR, FINISHED, IN_PROGRESS, NOT_READY
 _PROGRESS = Event.PROGRESS
 
 
-def _child_completed(schedule: Schedule, child: Task, data: Any) -> None:
-    schedule._n_done += 1
-    if schedule._n_done == len(schedule.tasks):
-        if schedule.state is IN_PROGRESS:
-            schedule._all_done()
-    elif schedule._subs is not None and schedule._subs[_PROGRESS]:
-        schedule.notify(_PROGRESS, child)
-
-
-def _child_failed(schedule: Schedule, child: Task, data: Any) -> None:
+def child_failed(schedule: Schedule, child: Task, data: Any) -> None:
+    """Handler: a task of ``schedule`` failed or was canceled; the schedule fails with its error (or
+    is canceled)."""
     if schedule.state in FINISHED:
         return
     if child.error is not None:
@@ -58,16 +51,16 @@ class Schedule(Task):
         """Add ``task``, starting after the task(s) in ``after`` complete. Returns ``task``."""
         if self.state is not NOT_READY:
             raise RuntimeError(f"{self!r}: tasks can only be added before the schedule starts")
-        if task._parent is not None:
-            raise ValueError(f"{task!r} already belongs to {task._parent!r}")
+        if task.parent is not None:
+            raise ValueError(f"{task!r} already belongs to {task.parent!r}")
         if after is not None:
             for dep in ([after] if isinstance(after, Task) else after):
                 task.depends_on(dep)
-        task._parent = self
+        task.parent = self
         self.tasks.append(task)
-        task.subscribe(Event.COMPLETED, self, _child_completed)
-        task.subscribe(Event.ERROR, self, _child_failed)
-        task.subscribe(Event.CANCELED, self, _child_failed)
+        task.subscribe(Event.COMPLETED, self, Schedule._child_completed)
+        task.subscribe(Event.ERROR, self, child_failed)
+        task.subscribe(Event.CANCELED, self, child_failed)
         self.nbytes += task.nbytes
         return task
 
@@ -78,17 +71,26 @@ class Schedule(Task):
         if not tasks:
             self._all_done()
             return
-        ctx = self._ctx
-        prio = self._prio
+        ctx = self.ctx
+        prio = self.effective_priority
         for task in tasks:
             if task.priority is None:
-                task._prio = prio
+                task.effective_priority = prio
             else:
-                task._prio = task.priority
+                task.effective_priority = task.priority
         for task in tasks:
             if self.state is not IN_PROGRESS:  # a task failed at once and stopped the schedule
                 break
-            task._activate(ctx)
+            task.activate(ctx)
+
+    def _child_completed(self, child: Task, data: Any) -> None:
+        """Handler (subscribed by :meth:`add`): a task completed; the schedule completes with the last."""
+        self._n_done += 1
+        if self._n_done == len(self.tasks):
+            if self.state is IN_PROGRESS:
+                self._all_done()
+        elif self.subscriptions is not None and self.subscriptions[_PROGRESS]:
+            self.notify(_PROGRESS, child)
 
     def _all_done(self) -> None:
         """Every task completed (a hook for subclasses that do more before completing)."""

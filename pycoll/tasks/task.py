@@ -10,6 +10,13 @@ subscribes to the tasks it depends on). Its life::
 Write a task by subclassing :class:`Task` and overriding :meth:`Task.post` (start the work) and
 :meth:`Task.progress` (advance it; called by the engine while the task is in progress); call
 :meth:`Task.complete` when done. A plain ``Task()`` is a no-op that completes when posted.
+
+The engine-task contract, task side: a task asks the engine (its :attr:`Task.ctx`) for two things,
+``ctx.enqueue(task)`` when its last dependency is done and ``ctx.release_credit(task)`` when it
+finishes holding credit; whoever starts it (``Context.submit``, its schedule's ``post``) calls
+:meth:`Task.activate`. The fields listed as *owned by the engine* in :class:`Task` are public so that
+the engine, schedules and tracers use them without a method call per task; only the engine,
+schedules and a task's own reset write them.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Union
 
+from pycoll.buffers import as_bytes
 from pycoll.events.manager import N_EVENTS, Event, EventManager
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,9 +58,9 @@ _CANCELED = Event.CANCELED
 # Signature: handler(listener, source, data).
 def dependency_done(task: Task, source: Any, data: Any) -> None:
     """A dependency completed (or started, for an ORDERED pipeline): one fewer to wait for."""
-    task._pending -= 1
-    if task._pending == 0 and task.state is NOT_READY:
-        task._ctx._enqueue(task)
+    task.pending -= 1
+    if task.pending == 0 and task.state is NOT_READY:
+        task.ctx.enqueue(task)
 
 
 def dependency_failed(task: Task, source: Any, data: Any) -> None:
@@ -83,11 +91,27 @@ class Task(EventManager):
         nbytes: bytes this task moves; it takes that much credit while in progress (see
             :attr:`takes_credit`) and decides whether the engine partitions it.
         timeout: seconds from post after which the task fails with :class:`pycoll.TimeoutError`.
+
+    Owned by the engine (public so that the engine, schedules and tracers use them without a call
+    per task; read them freely; only the engine, schedules and the task's own reset write them):
+
+    * ``effective_priority``: the priority the task is queued with: its own ``priority``, else its
+      schedule's (set when it is submitted or its schedule starts);
+    * ``pending``: what it waits for before it may be queued: its unfinished dependencies (a
+      pipeline adds its fragment-ordering waits), plus 1 until it is activated (submitted, or its
+      schedule started);
+    * ``ctx``: the :class:`~pycoll.engine.context.Context` that activated it;
+    * ``held_credit``: bytes of credit it holds now (taken when it starts, given back when it ends);
+    * ``parent``: the schedule it was added to (set by :meth:`Schedule.add <pycoll.tasks.Schedule.add>`);
+    * ``parts``: the schedule of its fragments when the engine partitioned it;
+    * ``t_ready``: when it was queued (``time.monotonic()``; only while a context traces, else 0);
+      the context's ``on_start`` hook may consume it (set it to 0);
+    * ``t_start``: when it started (only for tasks with a timeout: its deadline's stamp).
     """
 
     __slots__ = ("name", "priority", "nbytes", "credit", "timeout", "state", "error", "handlers", "result",
-                 "_pending", "_deps", "_ctx", "_prio", "_credit", "_parent", "_parts", "_t_ready",
-                 "_t_start", "__dict__")
+                 "pending", "_deps", "ctx", "effective_priority", "held_credit", "parent", "parts",
+                 "t_ready", "t_start", "__dict__")
 
     #: Whether a new task of this kind takes ``nbytes`` of credit (``task.credit``) while in
     #: progress. The unit of credit is a unit of communication: a collective (or one partition of
@@ -110,15 +134,15 @@ class Task(EventManager):
         self.error: Optional[BaseException] = None
         self.handlers = _DEFAULT_HANDLERS[:]
         self.result: Any = None
-        self._pending = 1  # unfinished dependencies + 1 until the task is activated
+        self.pending = 1  # unfinished dependencies + 1 until the task is activated
         self._deps: Optional[list] = None
-        self._ctx: Optional[Context] = None
-        self._prio = 0
-        self._credit = 0
-        self._parent: Optional[Task] = None
-        self._parts: Optional[Task] = None
-        self._t_ready = 0.0
-        self._t_start = 0.0
+        self.ctx: Optional[Context] = None
+        self.effective_priority = 0
+        self.held_credit = 0
+        self.parent: Optional[Task] = None
+        self.parts: Optional[Task] = None
+        self.t_ready = 0.0
+        self.t_start = 0.0
 
     # ----------------------------------------------------------------------------- to override
     def post(self) -> None:
@@ -160,12 +184,12 @@ class Task(EventManager):
         if self._deps is None:
             self._deps = []
         self._deps.append((task, event))
-        self._pending += 1
+        self.pending += 1
         task.subscribe(event, self)
         task.subscribe(_ERROR, self)
         task.subscribe(_CANCELED, self)
         if task.state is COMPLETED or (event is _STARTED and task.state is not NOT_READY):
-            self._pending -= 1  # already satisfied
+            self.pending -= 1  # already satisfied
 
     @property
     def dependencies(self) -> List[Task]:
@@ -187,8 +211,8 @@ class Task(EventManager):
         self.state = COMPLETED
         if result is not None:
             self.result = result
-        if self._credit:
-            self._ctx._release_credit(self)
+        if self.held_credit:
+            self.ctx.release_credit(self)
         self.notify(_COMPLETED)
 
     def fail(self, error: BaseException) -> None:
@@ -201,8 +225,8 @@ class Task(EventManager):
         self.error = error
         if started:
             self._stop()
-        if self._credit:
-            self._ctx._release_credit(self)
+        if self.held_credit:
+            self.ctx.release_credit(self)
         self.notify(_ERROR)
 
     def cancel(self, cause: Optional[BaseException] = None) -> bool:
@@ -215,15 +239,15 @@ class Task(EventManager):
             self.error = cause
         if started:
             self._stop()
-        if self._credit:
-            self._ctx._release_credit(self)
+        if self.held_credit:
+            self.ctx.release_credit(self)
         self.notify(_CANCELED)
         return True
 
     def _stop(self) -> None:
         """Stop in-progress work on failure or cancel: partitions first, then the task's own."""
-        if self._parts is not None:
-            self._parts.cancel()
+        if self.parts is not None:
+            self.parts.cancel()
         try:
             self.on_cancel()
         except Exception:  # a failing cleanup must not hide the original error
@@ -236,17 +260,18 @@ class Task(EventManager):
         self.state = NOT_READY
         self.error = None
         self.result = None
-        self._credit = 0
-        self._parts = None
-        self._pending = 1 + (len(self._deps) if self._deps else 0)
+        self.held_credit = 0
+        self.parts = None
+        self.pending = 1 + (len(self._deps) if self._deps else 0)
 
     # ----------------------------------------------------------------------------- engine side
-    def _activate(self, ctx: Context) -> None:
-        """The parent started (or the task was submitted): queue it once dependencies are done."""
-        self._ctx = ctx
-        self._pending -= 1
-        if self._pending == 0 and self.state is NOT_READY:
-            ctx._enqueue(self)
+    def activate(self, ctx: Context) -> None:
+        """The task was submitted to ``ctx`` or its schedule started: it stops waiting for that, and
+        is queued on ``ctx`` once its dependencies are done (called by the engine and schedules)."""
+        self.ctx = ctx
+        self.pending -= 1
+        if self.pending == 0 and self.state is NOT_READY:
+            ctx.enqueue(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.state.name}>"
@@ -278,8 +303,6 @@ class CopyTask(Task):
 
     def __init__(self, dst: Any, src: Any, *, name: Optional[str] = None, priority: Optional[int] = None,
                  timeout: Optional[float] = None) -> None:
-        from pycoll.buffers import as_bytes
-
         self.dst = as_bytes(dst, writable=True)
         self.src = as_bytes(src)
         if self.dst.nbytes != self.src.nbytes:

@@ -42,10 +42,11 @@ import hashlib
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pycoll import config
 from pycoll.errors import TransportError
 
 _HASHES: Dict[Any, int] = {}
@@ -258,11 +259,12 @@ class Transport(abc.ABC):
 
     # Messages that arrived before their receive was posted are counted by *demand id* (what
     # :meth:`demand_id` makes of a collective's key) so that the engine can ask in O(1) whether a
-    # peer started a collective; while the engine listens (``arrivals`` is a list) each such
-    # arrival is also listed there. Transports call ``_stashed``/``_unstashed``.
+    # peer started a collective; while the engine watches (``_arrivals`` is a list) each such
+    # arrival is also listed there. Transports report them with ``unexpected_arrived`` and
+    # ``unexpected_taken``; the engine reads them with the methods of "the engine's side" below.
     _unexpected_ids: Optional[Dict[Hashable, int]] = None
-    arrivals: Optional[List[Hashable]] = None
-    arrivals_overflowed = False
+    _arrivals: Optional[List[Hashable]] = None
+    _arrivals_overflowed = False
     #: The bandwidth limiter this transport's sends wait on (None: no limit; see limit_sends).
     limiter: Optional[BandwidthLimiter] = None
     #: Bytes and messages this transport sent and received, per peer (see the module doc).
@@ -291,6 +293,9 @@ class Transport(abc.ABC):
         """Move pending messages; return how many operations finished (0: idle)."""
         return 0
 
+    # ------------------------------------------------------------------ the engine's side
+    # A credit-blocked collective starts at once when a peer already started it (a message of it
+    # arrived before its receive): the engine asks these, never the transport's fields.
     def demand_id(self, key: tuple) -> Hashable:
         """The id under which unexpected messages of the collective with message key ``key``
         (every tag ``(*key, step)``) are counted."""
@@ -312,21 +317,49 @@ class Transport(abc.ABC):
         ids = self._unexpected_ids
         return bool(ids) and did in ids
 
-    def _stashed(self, did: Hashable) -> None:
-        """A message of demand id ``did`` arrived before its receive."""
+    def watch_arrivals(self) -> None:
+        """Start listing the demand ids of unexpected arrivals for :meth:`take_arrivals` (the engine
+        calls it when it first watches a credit-blocked collective on this transport)."""
+        self._arrivals = []
+        self._arrivals_overflowed = False
+
+    def unwatch_arrivals(self) -> None:
+        """Stop listing arrivals (the engine watches nothing on this transport any more)."""
+        self._arrivals = None
+        self._arrivals_overflowed = False
+
+    def take_arrivals(self) -> Optional[Sequence[Hashable]]:
+        """The demand ids of unexpected messages that arrived since the last call (in order, with
+        repeats; empty while nobody watches), and None if more arrived than :data:`MAX_ARRIVALS`
+        could list (then the engine looks at every collective it watches); starts a new list."""
+        arrived = self._arrivals
+        if self._arrivals_overflowed:
+            self._arrivals = []
+            self._arrivals_overflowed = False
+            return None
+        if arrived:
+            self._arrivals = []
+            return arrived
+        return ()  # the usual case, when the engine looks again on every pass: no allocation
+
+    # ------------------------------------------------------------------ the transport's side
+    def unexpected_arrived(self, did: Hashable) -> None:
+        """Count a message of demand id ``did`` that arrived before its receive was posted (every
+        transport calls it as it stashes such a message)."""
         ids = self._unexpected_ids
         if ids is None:
             ids = self._unexpected_ids = {}
         ids[did] = ids.get(did, 0) + 1
-        arrivals = self.arrivals
+        arrivals = self._arrivals
         if arrivals is not None:
             if len(arrivals) < MAX_ARRIVALS:
                 arrivals.append(did)
             else:
-                self.arrivals_overflowed = True
+                self._arrivals_overflowed = True
 
-    def _unstashed(self, did: Hashable) -> None:
-        """A receive took an unexpected message of demand id ``did``."""
+    def unexpected_taken(self, did: Hashable) -> None:
+        """Uncount an unexpected message of demand id ``did`` that a receive took (every transport
+        calls it as a receive takes a stashed message)."""
         ids = self._unexpected_ids
         left = ids[did] - 1
         if left:
@@ -514,8 +547,6 @@ _LIMITER_LOCK = threading.Lock()
 def bandwidth_limiter() -> Optional[BandwidthLimiter]:
     """The process's bandwidth limiter if ``PYCOLL_BW_LIMIT`` sets a limit now, else None (one
     bucket per process: a later transport made under another limit changes its rate)."""
-    from pycoll import config
-
     rate = config.get("PYCOLL_BW_LIMIT")
     if not rate:
         return None

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pycoll import config
+from pycoll.team import Team
 from pycoll.torch.backend import ProcessGroupPycoll, PycollWork, as_numpy, reduce_op
 from pycoll.torch.hooks import PriorityHookState, priority_hook
 from pycoll.torch.scheduled import ScheduledOptimizer
@@ -32,8 +34,6 @@ BACKEND = "pycoll"
 def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroupPycoll:
     """The creator torch calls for ``init_process_group("pycoll")`` and ``new_group``: a pycoll team
     bootstrapped through the group's c10d store (TCP between ranks, shared memory on a host)."""
-    from pycoll.team import Team
-
     group = getattr(opts, "group_id", "") or "default_pg"
     timeout = opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else None
     team = Team.from_store(opts.store, opts.group_rank, opts.group_size, prefix=f"pycoll/{group}")
@@ -42,20 +42,18 @@ def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroup
     if servers and "PMI_SIZE" in os.environ and opts.group_size == int(os.environ["PMI_SIZE"]) - servers:
         # workers of a launch with summation servers (pycoll run --servers K): the workers' MPI team,
         # whose push_pull uses the servers (they wait in Team.from_mpi for exactly this call)
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415 - importing it initializes MPI: under an MPI launcher only
 
         pg.ps_team = Team.from_mpi(MPI.COMM_WORLD)
     return pg
 
 
 def _num_servers() -> int:
-    from pycoll import config
-
     return config.get("PYCOLL_NUM_SERVERS")
 
 
 def _register() -> None:
-    if BACKEND.upper() in dist.Backend._plugins:
+    if BACKEND in dist.Backend.backend_list:  # registered already (the module was reloaded)
         return
     dist.Backend.register_backend(BACKEND, create_process_group, extended_api=True, devices=["cpu"])
 
@@ -81,7 +79,7 @@ def _fill_launcher_env() -> None:
     if nlocal is not None:
         env.setdefault("LOCAL_WORLD_SIZE", nlocal)
     if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415 - importing it initializes MPI: under an MPI launcher only
 
         world = MPI.COMM_WORLD
         if servers:  # the workers only: the servers are waiting in Team.from_mpi

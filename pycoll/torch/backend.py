@@ -23,10 +23,20 @@ import torch
 import torch.distributed as dist
 
 from pycoll import Team
+from pycoll.collectives import COLLECTIVES
+from pycoll.dtypes import DTYPES, TORCH_VIEWS, to_torch
 from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
-from pycoll.ops import BFLOAT16, ReduceOp
+from pycoll.ops import ReduceOp
+
+#: The ProcessGroup method that serves each ``torch.distributed`` function of the table of
+#: collectives (``Collective.torch``); list forms and coalesced forms are built on these.
+TORCH_METHODS: Dict[str, str] = {
+    "all_reduce": "allreduce", "broadcast": "broadcast", "reduce": "reduce",
+    "all_gather_into_tensor": "_allgather_base", "reduce_scatter_tensor": "_reduce_scatter_base",
+    "all_to_all_single": "alltoall_base", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
+}
 
 _RED = dist.ReduceOp.RedOpType
 #: torch's reduction operators and pycoll's.
@@ -36,7 +46,7 @@ OPS: Dict[Any, ReduceOp] = {
 }
 
 #: torch dtypes whose memory numpy reads through a view of another dtype.
-_VIEWED = {torch.bfloat16: (torch.int16, BFLOAT16)}
+_VIEWED = {to_torch(n): (to_torch(v), DTYPES[n]) for n, v in TORCH_VIEWS.items()}
 
 
 def reduce_op(op: Any) -> ReduceOp:
@@ -90,19 +100,20 @@ class PycollWork(dist.Work):
         super().__init__()
         self._pg = pg
         self._result = result
-        self._finish = finish
+        #: Local work when the collectives finished (copies out); a coalesced call takes it over.
+        self.on_finish = finish
         self._timeout = timeout
         self._source = source
         self._future: torch.futures.Future = torch.futures.Future()
         self._error: Optional[BaseException] = None
         # A synchronous call (torch waits at once) is not handed to the progress thread: waking it
         # would cost the caller a GIL hand-over per call. get_future() hands it over after all.
-        self._watch: Watch = pg._progress.watch(requests, self._complete, background)
+        self.watch: Watch = pg.progress.watch(requests, self._complete, background)
 
     def _complete(self, error: Optional[BaseException]) -> None:
-        if error is None and self._finish is not None:
+        if error is None and self.on_finish is not None:
             try:
-                self._finish()
+                self.on_finish()
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 error = exc
         self._error = error
@@ -116,19 +127,19 @@ class PycollWork(dist.Work):
         """Block until the call finished (driving the engine here); re-raise its error. A
         ``timeout`` of ``timedelta(0)`` or None means the group's timeout."""
         seconds = _seconds(timeout) or self._timeout
-        self._pg._progress.wait(self._watch, seconds)
+        self._pg.progress.wait(self.watch, seconds)
         if self._error is not None:
             raise self._error
         return True
 
     def get_future(self) -> torch.futures.Future:
-        self._pg._progress.drive(self._watch)
+        self._pg.progress.drive(self.watch)
         return self._future
 
     def is_completed(self) -> bool:
-        if not self._watch.called:
-            self._pg._progress.drive(self._watch)
-        return self._watch.called
+        if not self.watch.called:
+            self._pg.progress.drive(self.watch)
+        return self.watch.called
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -171,7 +182,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self.team = team
         self.ctx = team.ctx
         self.timeout = timeout
-        self._progress = progress_thread(self.ctx)
+        #: The process's progress thread, which completes works in the background.
+        self.progress = progress_thread(self.ctx)
         self._group_name = group_name
         self._group_desc = ""
         self._coalescing: Optional[List[PycollWork]] = None
@@ -212,6 +224,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             self._coalescing.append(work)
         return work
 
+    def _start(self, coll: str, *args: Any, **kwargs: Any) -> Request:
+        """Start pycoll collective ``coll`` (a row of :mod:`pycoll.collectives`) with the team
+        method's arguments (the team posts under the engine's lock: the progress thread may be
+        running)."""
+        if self._closed:
+            raise PycollError("pycoll backend: the process group was shut down")
+        return getattr(self.team, COLLECTIVES[coll].name)(*args, **kwargs)
+
     def _post(self, start: Callable[[], Request]) -> Request:
         """Post one pycoll call (the team posts under the engine's lock: the progress thread may be
         running)."""
@@ -235,7 +255,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = self._timeout(opts)
         staged = [Staged(x) for x in tensors]
-        reqs = [self._post(lambda s=s: self.team.allreduce(s.arr, None, op, timeout=t)) for s in staged]
+        reqs = [self._start("allreduce", s.arr, None, op, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def allreduce_scheduled(self, tensor: torch.Tensor, priority: int = 0, op: Any = dist.ReduceOp.SUM,
@@ -244,8 +264,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         credit as the engine's settings say: what :func:`pycoll.torch.priority_hook` posts."""
         rop = reduce_op(op)
         s = Staged(tensor)
-        req = self._post(lambda: self.team.allreduce(s.arr, None, rop, priority=priority, tag=tag,
-                                                     timeout=self.timeout))
+        req = self._start("allreduce", s.arr, None, rop, priority=priority, tag=tag,
+                                                     timeout=self.timeout)
         return self._work([req], [tensor], self._finisher([s]), self.timeout)
 
     def push_pull(self, tensor: torch.Tensor, name: str, average: bool = False, priority: int = 0,
@@ -267,7 +287,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         root = opts.rootRank
         t = self._timeout(opts)
         staged = [Staged(x, output=self.team.rank == root) for x in tensors]
-        reqs = [self._post(lambda s=s: self.team.reduce(s.arr, None, op, root, timeout=t)) for s in staged]
+        reqs = [self._start("reduce", s.arr, None, op, root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
@@ -280,8 +300,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             flat = torch.cat([x.reshape(-1) for x in ins])
             s = Staged(out)
             staged.append(s)
-            reqs.append(self._post(lambda s=s, flat=flat: self.team.reduce_scatter(
-                as_numpy(flat), s.arr, op, timeout=t)))
+            reqs.append(self._start("reduce_scatter", as_numpy(flat), s.arr, op, timeout=t))
         return self._work(reqs, output_tensors, self._finisher(staged), t, opts=opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
@@ -291,7 +310,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input of {input.numel()} elements must be "
                              f"{self.team.size} x the output's {output.numel()}")
         s, src = Staged(output), Staged(input, output=False)
-        req = self._post(lambda: self.team.reduce_scatter(src.arr, s.arr, op, timeout=t))
+        req = self._start("reduce_scatter", src.arr, s.arr, op, timeout=t)
         return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     reduce_scatter_tensor = reduce_scatter_single = _reduce_scatter_base
@@ -308,7 +327,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         root = opts.rootRank
         t = self._timeout(opts)
         staged = [Staged(x) for x in tensors]
-        reqs = [self._post(lambda s=s: self.team.bcast(s.arr, root, timeout=t)) for s in staged]
+        reqs = [self._start("bcast", s.arr, root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
@@ -319,8 +338,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             self._check_list(outs, x, "all_gather")
             src = Staged(x, output=False)
             flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
-            reqs.append(self._post(lambda src=src, flat=flat: self.team.allgather(
-                src.arr, as_numpy(flat), timeout=t)))
+            reqs.append(self._start("allgather", src.arr, as_numpy(flat), timeout=t))
             copies.append((flat, outs))
         return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
@@ -330,7 +348,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise ValueError(f"all_gather_into_tensor: output of {output.numel()} elements must be "
                              f"{self.team.size} x the input's {input.numel()}")
         s, src = Staged(output), Staged(input, output=False)
-        req = self._post(lambda: self.team.allgather(src.arr, s.arr, timeout=t))
+        req = self._start("allgather", src.arr, s.arr, timeout=t)
         return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     allgather_into_tensor = all_gather_single = _allgather_base
@@ -354,12 +372,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         x = input_tensors[0]
         src = Staged(x, output=False)
         if self.team.rank != root:
-            req = self._post(lambda: self.team.gather(src.arr, None, root, timeout=t))
+            req = self._start("gather", src.arr, None, root, timeout=t)
             return self._work([req], [], None, t, opts=opts)
         outs = output_tensors[0]
         self._check_list(outs, x, "gather")
         flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
-        req = self._post(lambda: self.team.gather(src.arr, as_numpy(flat), root, timeout=t))
+        req = self._start("gather", src.arr, as_numpy(flat), root, timeout=t)
         return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t, opts=opts)
 
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
@@ -368,12 +386,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         t = self._timeout(opts)
         out = Staged(output_tensors[0])
         if self.team.rank != root:
-            req = self._post(lambda: self.team.scatter(None, out.arr, root, timeout=t))
+            req = self._start("scatter", None, out.arr, root, timeout=t)
         else:
             ins = input_tensors[0]
             self._check_list(ins, output_tensors[0], "scatter")
             flat = as_numpy(torch.cat([i.reshape(-1) for i in ins]))
-            req = self._post(lambda: self.team.scatter(flat, out.arr, root, timeout=t))
+            req = self._start("scatter", flat, out.arr, root, timeout=t)
         return self._work([req], output_tensors, self._finisher([out]), t, opts=opts)
 
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
@@ -390,7 +408,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         recv = torch.empty(sum(o.numel() for o in output_tensors), dtype=dtype)
         scounts = [x.numel() for x in input_tensors]
         rcounts = [o.numel() for o in output_tensors]
-        req = self._post(lambda: self.team.alltoallv(send, as_numpy(recv), scounts, rcounts, timeout=t))
+        req = self._start("alltoallv", send, as_numpy(recv), scounts, rcounts, timeout=t)
         copies = [(recv, output_tensors)]
         return self._work([req], output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
@@ -403,18 +421,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             if input.numel() != output.numel() or input.numel() % n:
                 raise ValueError(f"all_to_all_single: input ({input.numel()}) and output ({output.numel()}) "
                                  f"must be equal and divide into {n} blocks")
-            req = self._post(lambda: self.team.alltoall(src.arr, s.arr, timeout=t))
+            req = self._start("alltoall", src.arr, s.arr, timeout=t)
         else:
             scounts = _split_counts(input, input_split_sizes, n, "input")
             rcounts = _split_counts(output, output_split_sizes, n, "output")
-            req = self._post(lambda: self.team.alltoallv(src.arr, s.arr, scounts, rcounts, timeout=t))
+            req = self._start("alltoallv", src.arr, s.arr, scounts, rcounts, timeout=t)
         return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
-        req = self._post(lambda: self.team.barrier(timeout=t))
+        req = self._start("barrier", timeout=t)
         return self._work([req], [], None, t, opts=opts)
 
     # ------------------------------------------------------------------ point to point
@@ -451,16 +469,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def _merge(self, works: List[PycollWork], result: List[Any]) -> PycollWork:
         """One work for several (a coalesced call): done when all are; it copies their outputs."""
-        reqs = [r for w in works for r in w._watch.requests]
-        finishes = [w._finish for w in works if w._finish is not None]
+        reqs = [r for w in works for r in w.watch.requests]
+        finishes = [w.on_finish for w in works if w.on_finish is not None]
         for w in works:
-            w._finish = None
+            w.on_finish = None
 
         def finish() -> None:
             for f in finishes:
                 f()
         merged = PycollWork(self, reqs, result, finish, self.timeout,
-                            background=all(w._watch.background for w in works))
+                            background=all(w.watch.background for w in works))
         if self._coalescing is not None:  # recorded once, as the merged work
             self._coalescing[:] = [w for w in self._coalescing if w not in works]
             self._coalescing.append(merged)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from pycoll.config import parse_bytes
+from pycoll.torch.backend import ProcessGroupPycoll
 
 
 class PriorityHookState:
@@ -55,9 +56,7 @@ class PriorityHookState:
         self._applied = False
 
     def group(self) -> Any:
-        from pycoll.torch.backend import ProcessGroupPycoll
-
-        pg = self.process_group or dist.distributed_c10d._get_default_group()
+        pg = self.process_group or default_group()
         if not isinstance(pg, ProcessGroupPycoll):
             raise TypeError(f"priority_hook needs a process group of backend 'pycoll', got {pg!r}")
         if not self._applied:
@@ -67,6 +66,15 @@ class PriorityHookState:
             if self.credit_bytes is not None:
                 pg.ctx.credit_bytes = self.credit_bytes
         return pg
+
+
+def default_group() -> Any:
+    """torch's default process group (``torch.distributed.group.WORLD``); a ValueError if
+    ``init_process_group`` was not called, as torch's own lookup raises."""
+    if not dist.is_initialized():
+        raise ValueError("Default process group has not been initialized, please make sure to call "
+                         "init_process_group.")
+    return dist.group.WORLD
 
 
 def bucket_priority(index: int) -> int:

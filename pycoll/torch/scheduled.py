@@ -50,10 +50,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pycoll import config
+from pycoll import config, trace
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.scheduling import ScheduledTensor, Scheduler
 from pycoll.torch.backend import ProcessGroupPycoll, as_numpy
+from pycoll.torch.hooks import default_group
 
 #: Prefix of the scheduler names of the optimizer's own control tensors (no parameter name has it).
 _CONTROL = "~scheduled-optimizer"
@@ -62,16 +63,6 @@ _CONTROL = "~scheduled-optimizer"
 class UpdateError(PycollError):
     """A parameter's update failed (its reduction or its optimizer step); raised in the main thread
     at the next forward, :meth:`ScheduledOptimizer.step` or :meth:`ScheduledOptimizer.synchronize`."""
-
-
-def _tracer() -> Any:
-    """pycoll's tracer when tracing is on, else None (tolerates ``pycoll.trace`` missing)."""
-    try:
-        from pycoll import trace
-    except ImportError:
-        return None
-    get = getattr(trace, "tracer", None)
-    return get() if get is not None else None
 
 
 class _Join:
@@ -138,7 +129,7 @@ class ScheduledOptimizer:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, process_group: Any = None,
                  partition_bytes: Any = None, credit_bytes: Any = None, tuning: Any = None,
                  priorities: Optional[Dict[str, int]] = None) -> None:
-        pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        pg = process_group if process_group is not None else default_group()
         if not isinstance(pg, ProcessGroupPycoll):
             raise TypeError(f"ScheduledOptimizer needs a process group of backend 'pycoll', got {pg!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -179,7 +170,7 @@ class ScheduledOptimizer:
         self._recording = True  # the first forward pass records the layers' order
         self._order: List[List[_Param]] = []
         self._seen: set = set()
-        self._tracer = _tracer()
+        self._tracer = trace.tracer()
         self._handles: List[Any] = []
         self._install_hooks(model)
         self._default_priorities()
@@ -430,7 +421,7 @@ class ScheduledOptimizer:
         self._t_bwd = None
         self._step += 1
         self.scheduler.step()
-        self._tracer = _tracer()
+        self._tracer = trace.tracer()
         self._raise_errors()  # after this step's collectives are posted, so every rank posted them
 
     def zero_grad(self, set_to_none: bool = True) -> None:

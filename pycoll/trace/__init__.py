@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import heapq
 import json
+import logging
 import os
 import socket
 import threading
@@ -47,6 +48,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from pycoll import config
 from pycoll.events.manager import Event
+from pycoll.topology import launcher_rank
 
 _monotonic = time.monotonic
 
@@ -65,8 +67,6 @@ _OUTCOME = {Event.COMPLETED: "completed", Event.ERROR: "error", Event.CANCELED: 
 
 def rank_and_source() -> Tuple[int, str]:
     """(rank, "launcher") from the launcher's environment, else (pid, "pid")."""
-    from pycoll.topology import launcher_rank
-
     rank = launcher_rank()
     if rank is not None:
         return rank, "launcher"
@@ -103,7 +103,24 @@ class _Hook:
     def __call__(self, task: Any) -> None:
         if self.prev is not None:
             self.prev(task)
-        self.tracer._task_started(self, task)
+        t = _monotonic()
+        ready = task.t_ready
+        task.t_ready = 0.0  # consumed: a task re-posted without queueing must not reuse it
+        stats = self.ctx.stats
+        demand, stall = stats.get("demand_starts", 0), stats.get("stall_starts", 0)
+        if demand != self.demand:
+            self.demand = demand
+            how = "demand"
+        elif stall != self.stall:
+            self.stall = stall
+            how = "stall"
+        elif ready and ready <= t:
+            how = "queue"
+        else:
+            how = "submit"
+        if not ready or ready > t:
+            ready = t
+        self.tracer.task_started(task, self.ctx, how, ready, t, self.ctx_id)
 
 
 class Tracer:
@@ -163,57 +180,42 @@ class Tracer:
             self._contexts += 1
         ctx.on_start = _Hook(self, ctx, ctx.on_start, ctx_id)
 
-    def _task_started(self, hook: _Hook, task: Any) -> None:
-        t = _monotonic()
-        ctx = hook.ctx
-        ready = task._t_ready
-        task._t_ready = 0.0  # consumed: a task re-posted without queueing must not reuse it
-        stats = ctx.stats
-        demand, stall = stats.get("demand_starts", 0), stats.get("stall_starts", 0)
-        if demand != hook.demand:
-            hook.demand = demand
-            start = "demand"
-        elif stall != hook.stall:
-            hook.stall = stall
-            start = "stall"
-        elif ready and ready <= t:
-            start = "queue"
-        else:
-            start = "submit"
-        if not ready or ready > t:
-            ready = t
-        parent = task._parent
+    def task_started(self, task: Any, ctx: Any, how: str, ready: float, t: float, ctx_id: int = 0) -> None:
+        """Record that context ``ctx`` (the tracer's ``ctx_id``-th) started ``task`` at ``t``, queued
+        since ``ready`` (``time.monotonic()`` readings); ``how``: queue, submit, demand or stall.
+        Called by the ``on_start`` hook :meth:`attach` sets."""
+        parent = task.parent
         if parent is None or task.credit or parent not in self._open or "/parts" in parent.name:
             group = CAT_COMM
         else:
             group = CAT_SUBTASK
         args = {
             "name": task.name,
-            "priority": task._prio,
+            "priority": task.effective_priority,
             "nbytes": task.nbytes,
             "credit": task.credit,
             "in_flight": ctx.in_flight,
             "credit_limit": ctx.credit_bytes,
             "wait_us": round((t - ready) * 1e6, 3),
-            "start": start,
+            "start": how,
         }
         if parent is not None:
             args["parent"] = parent.name
-        if hook.ctx_id:
-            args["ctx"] = hook.ctx_id
-        d = task.__dict__
-        if d.get("_trace_sub") is not self:  # once per task object: pooled tasks are re-posted
-            d["_trace_sub"] = self
+        if ctx_id:
+            args["ctx"] = ctx_id
+        # once per task object (pooled tasks are re-posted): not if it has us as a listener already
+        if not any(listener is self for listener in task.listeners(Event.COMPLETED)):
             for event, handler in _FINISH_HANDLERS:
-                task.subscribe(event, self, handler)
-                subs = task._subs[event]  # ours first: the finish time is taken before listeners run
-                subs.insert(0, subs.pop())
+                # ours first: the finish time is taken before listeners run
+                task.subscribe_first(event, self, handler)
         with self._lock:
             self._open[task] = [t, args, group]
             if group is CAT_COMM:
                 self._add(("X", CAT_QUEUE, None, task.name, CAT_QUEUE, ready, t, args))
 
-    def _finished(self, task: Any, event: Event) -> None:
+    def task_finished(self, task: Any, event: Event) -> None:
+        """Record that ``task`` finished now with ``event`` (COMPLETED, ERROR or CANCELED); called
+        by the handlers :meth:`task_started` subscribes."""
         t = _monotonic()
         with self._lock:
             entry = self._open.pop(task, None)
@@ -222,9 +224,9 @@ class Tracer:
             t0, args, group = entry
             args = dict(args)
             args["outcome"] = _OUTCOME[event]
-            if task._parts is not None:  # partitioned: its parts held the credit
+            if task.parts is not None:  # partitioned: its parts held the credit
                 args["credit"] = 0
-                args["parts"] = len(task._parts.tasks)
+                args["parts"] = len(task.parts.tasks)
             if task.error is not None:
                 args["error"] = f"{type(task.error).__name__}: {task.error}"[:300]
             self._add(("X", group, None, task.name, group, t0, t, args))
@@ -373,14 +375,6 @@ class Tracer:
             write_json(self.to_json(), path)
         return path
 
-    def _flush_at_exit(self) -> None:
-        try:
-            self.flush()
-        except Exception as exc:  # never turn an exit into a traceback
-            import logging
-
-            logging.getLogger("pycoll").warning("PYCOLL_TRACE: could not write %s: %s", self.path, exc)
-
     def __repr__(self) -> str:
         return f"<Tracer {self.path} rank {self.rank} ({len(self._records)} events)>"
 
@@ -402,15 +396,15 @@ def write_json(doc: Dict[str, Any], path: str) -> None:
 
 
 def _completed(tracer: Tracer, task: Any, data: Any) -> None:
-    tracer._finished(task, Event.COMPLETED)
+    tracer.task_finished(task, Event.COMPLETED)
 
 
 def _failed(tracer: Tracer, task: Any, data: Any) -> None:
-    tracer._finished(task, Event.ERROR)
+    tracer.task_finished(task, Event.ERROR)
 
 
 def _canceled(tracer: Tracer, task: Any, data: Any) -> None:
-    tracer._finished(task, Event.CANCELED)
+    tracer.task_finished(task, Event.CANCELED)
 
 
 _FINISH_HANDLERS = ((Event.COMPLETED, _completed), (Event.ERROR, _failed), (Event.CANCELED, _canceled))
@@ -471,8 +465,19 @@ def tracer() -> Optional[Tracer]:
     with _tracer_lock:
         if _tracer is None:
             _tracer = Tracer(path)
-            atexit.register(_tracer._flush_at_exit)
+            atexit.register(_flush_at_exit)
     return _tracer
+
+
+def _flush_at_exit() -> None:
+    """Write the process's trace at interpreter exit (registered while there is a tracer)."""
+    tr = _tracer
+    if tr is None:
+        return
+    try:
+        tr.flush()
+    except Exception as exc:  # never turn an exit into a traceback
+        logging.getLogger("pycoll").warning("PYCOLL_TRACE: could not write %s: %s", tr.path, exc)
 
 
 def attach(ctx: Any) -> None:
@@ -489,13 +494,14 @@ def flush() -> Optional[str]:
     return tr.flush() if tr is not None else None
 
 
-def _reset() -> None:
-    """Forget the process's tracer without writing it (tests: PYCOLL_TRACE is read again)."""
+def reset() -> None:
+    """Forget the process's tracer without writing it (for tests: ``PYCOLL_TRACE`` is read again
+    by the next :func:`tracer` call)."""
     global _tracer
     with _tracer_lock:
         if _tracer is not None:
-            atexit.unregister(_tracer._flush_at_exit)
+            atexit.unregister(_flush_at_exit)
         _tracer = None
 
 
-__all__ = ["Tracer", "attach", "flush", "rank_path", "tracer", "write_json"]
+__all__ = ["Tracer", "attach", "flush", "rank_path", "reset", "tracer", "write_json"]

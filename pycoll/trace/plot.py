@@ -29,11 +29,12 @@ _ORDER = ["forward", "backward", "update", "compute", "comm", "queue", "subtask"
 
 
 def _matplotlib() -> Any:
+    # optional (pycoll[plot]): imported only when a plot is drawn
     try:
-        import matplotlib  # noqa: F401
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Patch
+        import matplotlib  # noqa: F401, PLC0415
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+        from matplotlib.patches import Patch  # noqa: PLC0415
     except ImportError:
         raise PycollError("pycoll trace plot needs matplotlib: pip install matplotlib "
                           "(or pip install 'pycoll[plot]')") from None

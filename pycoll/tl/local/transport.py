@@ -38,9 +38,7 @@ class _LocalRecv(TransportRequest):
 
     def cancel(self) -> None:
         if not self.done:
-            queue = self.fabric._posted.get(self.key)
-            if queue is not None and self in queue:
-                queue.remove(self)
+            self.fabric.withdraw(self)
 
 
 class LocalFabric:
@@ -72,7 +70,7 @@ class LocalFabric:
             deliver("local", req, req.buf, data, self.transports[dst].traffic)
         else:
             self._unexpected[key].append(data.copy())
-            self.transports[dst]._stashed(key_hash(split_key(tag)[0]))
+            self.transports[dst].unexpected_arrived(key_hash(split_key(tag)[0]))
 
     def match(self, req: _LocalRecv) -> None:
         queue = self._unexpected.get(req.key)
@@ -81,16 +79,24 @@ class LocalFabric:
             if not queue:
                 del self._unexpected[req.key]
             receiver = self.transports[req.key[0]]
-            receiver._unstashed(key_hash(split_key(req.key[2])[0]))
+            receiver.unexpected_taken(key_hash(split_key(req.key[2])[0]))
             deliver("local", req, req.buf, data, receiver.traffic)
         else:
             self._posted[req.key].append(req)
 
+    def withdraw(self, req: _LocalRecv) -> None:
+        """Take back a posted receive that has not matched (cancel)."""
+        queue = self._posted.get(req.key)
+        if queue is not None and req in queue:
+            queue.remove(req)
+
+    def has_message(self, dst: int, src: int, tag: Hashable) -> bool:
+        """Whether a message from ``src`` to ``dst`` with ``tag`` waits for its receive (probe)."""
+        return bool(self._unexpected.get((dst, src, tag)))
+
     def pending_messages(self) -> int:
         """Messages sent and not yet received (for tests: 0 after every collective)."""
         return sum(len(q) for q in self._unexpected.values())
-
-
 
 
 class LocalTransport(Transport):
@@ -115,7 +121,7 @@ class LocalTransport(Transport):
         return req
 
     def probe(self, peer: int, tag: Hashable) -> bool:
-        return bool(self.fabric._unexpected.get((self.rank, peer, tag)))
+        return self.fabric.has_message(self.rank, peer, tag)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:

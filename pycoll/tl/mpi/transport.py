@@ -19,9 +19,9 @@ every message that arrived without a matching receive into the stash, so a peer'
 
 Traffic (``transport.traffic``, payload bytes, not the 32-byte headers of checked keys): a send
 counts when it is handed to MPI (``isend``, and the channel's fast ``isend``/``exchange``), a
-receive when it completes: receives posted to MPI (the untagged ones) in :func:`_test_recv`, with
-the byte count of their status; checked payloads when their ``Irecv`` completes; stashed messages
-when ``deliver`` copies them in.
+receive when it completes: receives posted to MPI (the untagged ones) in
+:meth:`MPITransport.test_recv`, with the byte count of their status; checked payloads when their
+``Irecv`` completes; stashed messages when ``deliver`` copies them in.
 """
 
 from __future__ import annotations
@@ -74,30 +74,6 @@ def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
     return ok
 
 
-def _test_recv(req: TransportRequest, mpi_reqs: Any, transport: MPITransport) -> bool:
-    """:func:`_test` for requests whose last MPI request is a receive: once they are done, count the
-    bytes that arrived (the receive's status) in the transport's traffic (and, for a plain
-    receive, put them in ``req.nbytes``)."""
-    statuses = transport._statuses
-    try:
-        if len(mpi_reqs) == 1:
-            ok = mpi_reqs[0].Test(statuses[0])
-        else:
-            ok = MPI.Request.Testall(mpi_reqs, statuses)
-    except MPI.Exception as exc:
-        req.error = TransportError(f"mpi: {req.kind} from rank {req.peer} (tag {req.tag!r}) failed: {exc}")
-        raise req.error from None
-    if ok:
-        status = statuses[len(mpi_reqs) - 1]
-        if not status.Is_cancelled():
-            n = status.Get_count(MPI.BYTE)
-            if req.kind == "recv":
-                req.nbytes = n
-            transport.traffic.received(req.peer, n)
-        req.done = True
-    return ok
-
-
 class _MPIRequest(TransportRequest):
     __slots__ = ("reqs",)
 
@@ -127,7 +103,7 @@ class _MPIRecv(_MPIRequest):
             return True
         if self.error is not None:
             raise self.error
-        return _test_recv(self, self.reqs, self.transport)
+        return self.transport.test_recv(self, self.reqs)
 
 
 class _CheckedRecv(TransportRequest):
@@ -141,7 +117,7 @@ class _CheckedRecv(TransportRequest):
         if self.error is not None:
             raise self.error
         if self.payload is None:
-            self.transport._probe_channel(self.peer, self.wire)
+            self.transport.probe_channel(self.peer, self.wire)
             if self.payload is None or self.done:
                 if self.error is not None:
                     raise self.error
@@ -153,18 +129,22 @@ class _CheckedRecv(TransportRequest):
 
     def cancel(self) -> None:
         if not self.done:
-            self.transport._forget(self)
+            self.transport.withdraw(self)
 
 
 class MPIChannel(Channel):
-    """A channel whose untagged messages skip key parsing: the tag base is computed once."""
+    """A channel whose untagged messages skip key parsing: the tag base is computed once.
 
-    __slots__ = ("fast", "base", "comm", "traffic")
+    ``stash`` is the transport's store of untagged messages that arrived before their receive: the
+    fast receive is taken only while it is empty (a stashed message must match first)."""
 
-    def __init__(self, transport: MPITransport, key: tuple) -> None:
+    __slots__ = ("fast", "base", "comm", "traffic", "stash")
+
+    def __init__(self, transport: MPITransport, key: tuple, stash: Dict[Tuple[int, int], deque]) -> None:
         super().__init__(transport, key)
         self.comm = transport.comm
         self.traffic = transport.traffic
+        self.stash = stash
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -181,7 +161,7 @@ class MPIChannel(Channel):
         return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        if not self.fast or self.transport._stash:
+        if not self.fast or self.stash:
             return self.transport.irecv(buf, peer, (*self.key, step))
         req = _MPIRecv("recv", peer, step, buf.nbytes)
         req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
@@ -189,7 +169,7 @@ class MPIChannel(Channel):
         return req
 
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        if not self.fast or self.transport._stash:
+        if not self.fast or self.stash:
             return super().exchange(sendbuf, recvbuf, peer, step)
         tag = self.base | (step & _STEP_MASK)
         req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
@@ -221,11 +201,11 @@ class MPITransport(Transport):
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
         self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
         self._header_buf = bytearray(_HEADER.size)
-        self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see _test_recv)
+        self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see test_recv)
         limit_sends(self)
 
     def channel(self, key: tuple) -> Channel:
-        return MPIChannel(self, key)
+        return MPIChannel(self, key, self._stash)
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
@@ -253,7 +233,7 @@ class MPITransport(Transport):
                 deliver("mpi", req, buf, stashed.popleft(), self.traffic)
                 if not stashed:
                     del self._stash[(peer, wire)]
-                self._unstashed(("slot", wire >> _STEP_BITS))
+                self.unexpected_taken(("slot", wire >> _STEP_BITS))
                 return req
             req.reqs = [self.comm.Irecv([buf, MPI.BYTE], peer, wire)]
             return req
@@ -266,23 +246,23 @@ class MPITransport(Transport):
             deliver("mpi", req, buf, stashed.popleft(), self.traffic)
             if not stashed:
                 del self._kstash[k]
-            self._unstashed(req.khash)
+            self.unexpected_taken(req.khash)
             return req
         target = self._payload_for.get((peer, wire))
         if target is not None and target[0] is None and target[1] == k and target[2] <= buf.nbytes:
             # its header was read before this receive was posted: take the payload directly
             self._payload_for[(peer, wire)] = (req, k, target[2])
-            self._unstashed(req.khash)
-            self._probe_channel(peer, wire)
+            self.unexpected_taken(req.khash)
+            self.probe_channel(peer, wire)
             return req
         self._waiting[k].append(req)
-        self._probe_channel(peer, wire)
+        self.probe_channel(peer, wire)
         return req
 
     def probe(self, peer: int, tag: Hashable) -> bool:
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
-        self._probe_channel(peer, wire)
+        self.probe_channel(peer, wire)
         if not checked:
             return bool(self._stash.get((peer, wire)))
         k = (peer, key_hash(prefix), step)
@@ -291,14 +271,40 @@ class MPITransport(Transport):
         target = self._payload_for.get((peer, wire))  # its header was read, the payload follows
         return target is not None and target[0] is None and target[1] == k
 
-    def _forget(self, req: _CheckedRecv) -> None:
+    def test_recv(self, req: TransportRequest, mpi_reqs: Any) -> bool:
+        """Test ``req``'s MPI requests, the last of them a receive (its receives' ``test``): once
+        they are done, count the bytes that arrived (the receive's status) in :attr:`traffic`
+        and, for a plain receive, put them in ``req.nbytes``."""
+        statuses = self._statuses
+        try:
+            if len(mpi_reqs) == 1:
+                ok = mpi_reqs[0].Test(statuses[0])
+            else:
+                ok = MPI.Request.Testall(mpi_reqs, statuses)
+        except MPI.Exception as exc:
+            req.error = TransportError(f"mpi: {req.kind} from rank {req.peer} (tag {req.tag!r}) failed: "
+                                       f"{exc}")
+            raise req.error from None
+        if ok:
+            status = statuses[len(mpi_reqs) - 1]
+            if not status.Is_cancelled():
+                n = status.Get_count(MPI.BYTE)
+                if req.kind == "recv":
+                    req.nbytes = n
+                self.traffic.received(req.peer, n)
+            req.done = True
+        return ok
+
+    def withdraw(self, req: _CheckedRecv) -> None:
+        """Stop waiting for a checked receive's header (its ``cancel``)."""
         q = self._waiting.get((req.peer, req.khash, req.step))
         if q and req in q:
             q.remove(req)
 
     # ------------------------------------------------------------------ probing
-    def _probe_channel(self, source: int, wire: int) -> int:
-        """Handle every message that arrived on (source, wire) without a posted receive."""
+    def probe_channel(self, source: int, wire: int) -> int:
+        """Handle every message that arrived on (source, wire) without a posted receive; returns
+        how many (checked receives call it while they wait for their header)."""
         handled = 0
         while True:
             msg, status = self._improbe(source, wire)
@@ -320,7 +326,7 @@ class MPITransport(Transport):
             data = np.empty(nbytes, np.uint8)
             msg.Recv([data, MPI.BYTE])
             self._stash[(src, wire)].append(data)
-            self._stashed(("slot", wire >> _STEP_BITS))
+            self.unexpected_arrived(("slot", wire >> _STEP_BITS))
             return
         channel = (src, wire)
         target = self._payload_for.pop(channel, None)
@@ -339,7 +345,7 @@ class MPITransport(Transport):
                     recv = waiting.popleft()
                     if not waiting:
                         del self._waiting[k]
-                    self._unstashed(k[1])
+                    self.unexpected_taken(k[1])
                     deliver("mpi", recv, recv.buf, data, self.traffic)
                 else:
                     self._kstash[k].append(data)
@@ -363,7 +369,7 @@ class MPITransport(Transport):
                 recv.error = too_large("mpi", size, src, recv.tag, recv.buf.nbytes)
                 recv = None  # drain it into the stash
         if recv is None:
-            self._stashed(khash)  # a peer started this collective: its payload has no receive yet
+            self.unexpected_arrived(khash)  # a peer started this collective: its payload has no receive yet
         self._payload_for[channel] = (recv, k, size)
 
     def progress(self) -> int:
@@ -373,12 +379,12 @@ class MPITransport(Transport):
             channels = {(r.peer, r.wire) for q in self._waiting.values() for r in q}
             channels.update(self._payload_for)
             for source, wire in channels:
-                moved += self._probe_channel(source, wire)
+                moved += self.probe_channel(source, wire)
         return moved
 
     def drain(self) -> int:
         """Receive every message that arrived without a posted receive (into the stash)."""
-        return self._probe_channel(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        return self.probe_channel(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def demand_id(self, key: tuple) -> Hashable:
         prefix, _, checked = split_key((*key, 0))

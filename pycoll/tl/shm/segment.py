@@ -40,7 +40,7 @@ def shm_available() -> bool:
     if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
         return False
     try:
-        import pycoll.native  # noqa: F401
+        import pycoll.native  # noqa: F401, PLC0415 - optional: the native build (pycoll._native)
     except Exception:
         return False
     return True
@@ -68,7 +68,7 @@ class ShmSegment:
 
     def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]],
                  slot_bytes: Optional[int] = None) -> None:
-        from pycoll.native import ERRORS, ffi, lib
+        from pycoll.native import ERRORS, ffi, lib  # noqa: PLC0415 - optional: the native build
 
         if slot_bytes is None:
             slot_bytes = DEFAULT_SLOT_BYTES  # read at call time: tests make it small

@@ -120,7 +120,7 @@ class ShmTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
-            self._unstashed(k[1])
+            self.unexpected_taken(k[1])
             deliver("shm", req, req.buf, data, self.traffic)
             return req
         self._posted[k].append(req)
@@ -172,7 +172,7 @@ class ShmTransport(Transport):
                 self.traffic.received(src, nbytes)
             else:
                 self._stash[k].append(target)
-                self._stashed(khash)
+                self.unexpected_arrived(khash)
             moved += 1
 
     # ------------------------------------------------------------------ engine side

@@ -145,7 +145,7 @@ class TCPTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
-            self._unstashed(k[1])
+            self.unexpected_taken(k[1])
             deliver("tcp", req, req.buf, data, self.traffic)
             return req
         p = self._peer(peer)
@@ -227,7 +227,7 @@ class TCPTransport(Transport):
                 done += 1
             else:
                 self._stash[(p.rank, *p.k)].append(p.data)
-                self._stashed(p.k[0])
+                self.unexpected_arrived(p.k[0])
             p.target, p.recv, p.data = None, None, None
 
     def _lost(self, p: _Peer, what: str) -> None:

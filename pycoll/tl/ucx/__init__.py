@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from typing import Any, Dict
 
-from pycoll.tl.ucx.transport import UCXTransport
+from pycoll.tl.ucx import loader
+from pycoll.tl.ucx.transport import UCXTransport, context_worker, info_text
 
-__all__ = ["UCXTransport", "info"]
+__all__ = ["UCXTransport", "context_worker", "info"]
 
 
 def info() -> Dict[str, Any]:
@@ -17,24 +16,7 @@ def info() -> Dict[str, Any]:
     came from: ``process`` when MPICH's copy was already loaded, ``wheel``, or PYCOLL_UCX_LIB),
     ``transports`` (the ``transport/device`` resources a UCP context found) and ``text`` (UCX's own
     description). Raises :class:`~pycoll.errors.TransportError` when UCX cannot be loaded."""
-    from pycoll.tl.ucx import loader
-    from pycoll.tl.ucx.transport import _Worker
-
-    w = _Worker()
-    try:
-        from pycoll.tl.ucx.transport import _ffi, _lib
-
-        fd, path = tempfile.mkstemp(prefix="pycoll-ucx-info-")
-        os.close(fd)
-        try:
-            _lib.pc_ucx_print_info(w.context, w.worker, path.encode())
-            with open(path, errors="replace") as f:
-                text = f.read()
-        finally:
-            os.unlink(path)
-        del _ffi
-    finally:
-        w.destroy()
+    text = info_text()
     transports = []
     for m in re.finditer(r"resource\s+\d+\s*:\s*md\s+\d+\s+dev\s+\d+\s+flags\s+\S+\s+(\S+)", text):
         if m.group(1) not in transports:

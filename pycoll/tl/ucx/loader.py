@@ -35,7 +35,7 @@ source = ""  # where libucp came from: "process" (already loaded), "wheel", or t
 
 def _wheel_dir() -> str:
     try:
-        import libucx
+        import libucx  # noqa: PLC0415 - optional: the libucx-cu12 wheel, looked for only if needed
     except ImportError:
         raise OSError("the libucx-cu12 package is not installed (pip install libucx-cu12)") from None
     return os.path.join(os.path.dirname(libucx.__file__), "lib")
@@ -76,7 +76,7 @@ def load() -> Tuple[Any, Any]:
         _failure = f"ucx: cannot load libucp ({exc})"
         raise TransportError(_failure) from None
     try:
-        from pycoll._ucx import ffi, lib
+        from pycoll._ucx import ffi, lib  # noqa: PLC0415 - optional: the UCX binding built at install
     except ImportError as exc:
         _failure = (f"ucx: pycoll's UCX binding is not built or does not load ({exc}); reinstall with "
                     "the UCX headers available: pip install libucx-cu12 && pip install -e .")

@@ -1,7 +1,7 @@
 """UCX transport: UCP tag messaging over one worker per pycoll Context, shared by its teams.
 
 Every pycoll Context (process) gets one UCP context and worker, made by its first UCX team and
-released by its last (refcounted, kept on the Context as ``_ucx_worker``). Each team exchanges
+released by its last (refcounted; :func:`context_worker` finds it). Each team exchanges
 worker addresses with its bootstrap ``allgather`` and opens one endpoint per rank (itself
 included). The UCX library is found at run time (see :mod:`pycoll.tl.ucx.loader`).
 
@@ -51,9 +51,9 @@ come within 10 s) the bootstrap barrier is skipped.
 
 Traffic (``transport.traffic``, payload bytes, not the 24-byte headers of checked keys, nor the close
 barrier's "bye" messages): a send counts when it is handed to UCP (``isend`` and the channel's fast
-``isend``), a receive when it completes: receives posted to UCP in :meth:`UCXTransport._finished`
-(with the length UCP reports), checked ones filled in place in :meth:`UCXTransport._landed`, and
-stashed messages when ``deliver`` copies them in.
+``isend``), a receive when it completes: receives posted to UCP in
+:meth:`UCXTransport.complete_request` (with the length UCP reports), checked ones filled in place in
+:meth:`UCXTransport._landed`, and stashed messages when ``deliver`` copies them in.
 """
 
 from __future__ import annotations
@@ -62,12 +62,15 @@ import logging
 import os
 import socket
 import struct
+import tempfile
 import time
+import weakref
 from collections import defaultdict, deque
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
+from pycoll import config
 from pycoll.errors import TransportError
 from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, limit_sends, split_key
 from pycoll.tl.ucx import loader
@@ -101,8 +104,6 @@ _CANCELED = -16
 
 def _node() -> bytes:
     """This process's node name (PYCOLL_NODE_ID, else the hostname)."""
-    from pycoll import config
-
     return (config.get("PYCOLL_NODE_ID") or socket.gethostname()).encode()[:255]
 
 
@@ -179,11 +180,38 @@ class _Worker:
             self.worker = self.context = None
 
 
+def info_text() -> str:
+    """UCX's own description of a fresh UCP context and worker (``ucp_context_print_info`` and
+    ``ucp_worker_print_info``), for :func:`pycoll.tl.ucx.info`."""
+    w = _Worker()
+    try:
+        fd, path = tempfile.mkstemp(prefix="pycoll-ucx-info-")
+        os.close(fd)
+        try:
+            _lib.pc_ucx_print_info(w.context, w.worker, path.encode())
+            with open(path, errors="replace") as f:
+                return f.read()
+        finally:
+            os.unlink(path)
+    finally:
+        w.destroy()
+
+
+#: The worker of each pycoll Context that has UCX teams open (an entry goes with its last team).
+_WORKERS: weakref.WeakKeyDictionary[Any, _Worker] = weakref.WeakKeyDictionary()
+
+
+def context_worker(ctx: Any) -> Any:
+    """The UCP worker (``ucp_worker_h``) the UCX teams of pycoll Context ``ctx`` share, the
+    ``worker`` of each of their transports; None while ``ctx`` has no UCX team open."""
+    w = _WORKERS.get(ctx)
+    return None if w is None else w.worker
+
+
 def _acquire(ctx: Any) -> _Worker:
-    w = getattr(ctx, "_ucx_worker", None)
+    w = _WORKERS.get(ctx)
     if w is None or w.worker is None:
-        w = _Worker()
-        ctx._ucx_worker = w
+        w = _WORKERS[ctx] = _Worker()
     w.refs += 1
     return w
 
@@ -192,8 +220,8 @@ def _release(ctx: Any, w: _Worker) -> None:
     w.refs -= 1
     if w.refs <= 0:
         w.destroy()
-        if getattr(ctx, "_ucx_worker", None) is w:
-            ctx._ucx_worker = None
+        if _WORKERS.get(ctx) is w:
+            del _WORKERS[ctx]
 
 
 class _Req(TransportRequest):
@@ -214,8 +242,7 @@ class _Req(TransportRequest):
         if st == _INPROGRESS:
             return False
         self.ucp = None
-        self.transport._live.pop(id(self), None)
-        self.transport._finished(self, st)
+        self.transport.complete_request(self, st)
         if self.error is not None:
             raise self.error
         return self.done
@@ -234,7 +261,7 @@ class _CRecv(TransportRequest):
         if not self.done and not self.canceled:
             self.canceled = True
             if not self.busy:
-                self.transport._unwait(self)
+                self.transport.unwait(self)
 
 
 class _Pull:
@@ -255,12 +282,16 @@ class _Pull:
 
 
 class UCXChannel(Channel):
-    """A channel whose untagged messages skip key parsing: the tag base is computed once."""
+    """A channel whose untagged messages skip key parsing: the tag base is computed once.
 
-    __slots__ = ("fast", "base")
+    ``stash`` is the transport's store of untagged messages that arrived before their receive: the
+    fast receive is taken only while it is empty (a stashed message must match first)."""
 
-    def __init__(self, transport: UCXTransport, key: tuple) -> None:
+    __slots__ = ("fast", "base", "stash")
+
+    def __init__(self, transport: UCXTransport, key: tuple, stash: Dict[int, deque]) -> None:
         super().__init__(transport, key)
+        self.stash = stash
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -272,15 +303,15 @@ class UCXChannel(Channel):
         if not self.fast:
             return self.transport.isend(buf, peer, (*self.key, step))
         t = self.transport
-        req = t._send(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
+        req = t.send_wire(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
         t.traffic.sent(peer, buf.nbytes)
         return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         t = self.transport
-        if not self.fast or t._stash:
+        if not self.fast or self.stash:
             return t.irecv(buf, peer, (*self.key, step))
-        return t._recv(buf, peer, self.base | (peer << _SRC_SHIFT) | (step & _STEP_MASK), step)
+        return t.recv_wire(buf, peer, self.base | (peer << _SRC_SHIFT) | (step & _STEP_MASK), step)
 
 
 class UCXTransport(Transport):
@@ -373,7 +404,7 @@ class UCXTransport(Transport):
         return f"<UCXTransport rank {self.rank}/{self.size} team id {getattr(self, 'team_id', '?')}>"
 
     def channel(self, key: tuple) -> Channel:
-        return UCXChannel(self, key)
+        return UCXChannel(self, key, self._stash)
 
     def _check(self, peer: int) -> None:
         if not 0 <= peer < self.size:
@@ -398,12 +429,15 @@ class UCXTransport(Transport):
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         wire, h, step, checked = self._wire(self.rank, tag)
-        req = self._send(buf, peer, wire, tag, (h, step) if checked else None)
+        req = self.send_wire(buf, peer, wire, tag, (h, step) if checked else None)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
-    def _send(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
-              checked: Optional[Tuple[int, int]]) -> TransportRequest:
+    def send_wire(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
+                  checked: Optional[Tuple[int, int]]) -> TransportRequest:
+        """Send ``buf`` to ``peer`` on UCP tag ``wire`` (made by the caller: :meth:`isend`, or a
+        channel's fast path), with the header ``(key hash, step)`` of a checked key in front.
+        Counts no traffic (the callers do)."""
         if peer in self._failed or not 0 <= peer < self.size or self._closed:
             self._check(peer)
         req = _Req("send", peer, tag, buf.nbytes)
@@ -432,7 +466,7 @@ class UCXTransport(Transport):
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         wire, h, step, checked = self._wire(peer, tag)
         if not checked:
-            return self._recv(buf, peer, wire, tag)
+            return self.recv_wire(buf, peer, wire, tag)
         self._check(peer)
         req = _CRecv("recv", peer, tag, buf.nbytes)
         req.buf, req.k, req.wire, req.busy, req.canceled, req.transport = buf, (peer, h, step), wire, False, \
@@ -442,7 +476,7 @@ class UCXTransport(Transport):
             data = stashed.popleft()
             if not stashed:
                 del self._kstash[req.k]
-            self._unstashed(h)
+            self.unexpected_taken(h)
             deliver("ucx", req, buf, data, self.traffic)
             return req
         self._waiting[req.k].append(req)
@@ -451,7 +485,9 @@ class UCXTransport(Transport):
         self._pull(_CHECKED | self.team_bits, _CHECKED | _TEAM_FIELD)
         return req
 
-    def _recv(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable) -> TransportRequest:
+    def recv_wire(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable) -> TransportRequest:
+        """Receive an untagged message from ``peer`` on UCP tag ``wire`` (made by the caller:
+        :meth:`irecv`, or a channel's fast path) into ``buf``: from the stash if it is there."""
         if peer in self._failed or not 0 <= peer < self.size or self._closed:
             self._check(peer)
         req = _Req("recv", peer, tag, buf.nbytes)
@@ -460,7 +496,7 @@ class UCXTransport(Transport):
             item = stashed.popleft()
             if not stashed:
                 del self._stash[wire]
-            self._unstashed(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
+            self.unexpected_taken(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
             if isinstance(item, np.ndarray):
                 deliver("ucx", req, buf, item, self.traffic)
             else:  # still arriving: it completes this receive when it has
@@ -473,16 +509,18 @@ class UCXTransport(Transport):
         s = st[0]
         req.transport = self
         if s == _OK:
-            self._finished(req, s)
+            self.complete_request(req, s)
         elif s == _INPROGRESS:
             req.ucp, req.buf = ucp, buf
             self._live[id(req)] = req
         else:
-            self._finished(req, s)
+            self.complete_request(req, s)
         return req
 
-    def _finished(self, req: _Req, st: int) -> None:
-        """A UCP request of ``req`` ended with status ``st``."""
+    def complete_request(self, req: _Req, st: int) -> None:
+        """The UCP request of ``req`` ended with status ``st`` (seen by its ``test``): UCP holds its
+        buffer no more; it completes (counted as received) or fails."""
+        self._live.pop(id(req), None)
         if st == _OK:
             if req.kind == "recv":
                 req.nbytes = req.info.length
@@ -532,7 +570,7 @@ class UCXTransport(Transport):
                                          length, p.info, st)
             s = st[0]
             self._stash[wire].append(p if s == _INPROGRESS else p.data)
-            self._stashed(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
+            self.unexpected_arrived(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
             if s == _INPROGRESS:
                 self._pulls.append(p)
             elif s != _OK:
@@ -604,7 +642,7 @@ class UCXTransport(Transport):
                 f"ucx: receiving a message from rank {src} failed: {_status(st)}")
             if t is not None and not t.done:
                 t.error = err
-                self._unwait(t)
+                self.unwait(t)
                 return
             raise err
         khash, step, magic, version = _HEADER.unpack(p.hdr.tobytes())
@@ -615,35 +653,37 @@ class UCXTransport(Transport):
         n = p.nbytes
         if t is not None:
             if t.k == k and not t.canceled:
-                self._unwait(t)
+                self.unwait(t)
                 t.nbytes = n
                 t.done = True
                 self.traffic.received(src, n)
                 return
             data = t.buf[:n].copy()  # not this receive's message (a 20-bit collision): move it
             if t.canceled:
-                self._unwait(t)
+                self.unwait(t)
         else:
             data = p.data
         q = self._waiting.get(k)
         r = next((r for r in q if not r.busy), None) if q else None
         if r is not None:
-            self._unwait(r)
+            self.unwait(r)
             deliver("ucx", r, r.buf, data, self.traffic)
         else:
             self._kstash[k].append(data)
-            self._stashed(khash)
+            self.unexpected_arrived(khash)
         if t is not None and not t.canceled:  # its own message may have been kept meanwhile
             q = self._kstash.get(t.k)
             if q:
                 data = q.popleft()
                 if not q:
                     del self._kstash[t.k]
-                self._unstashed(t.k[1])
-                self._unwait(t)
+                self.unexpected_taken(t.k[1])
+                self.unwait(t)
                 deliver("ucx", t, t.buf, data, self.traffic)
 
-    def _unwait(self, r: _CRecv) -> None:
+    def unwait(self, r: _CRecv) -> None:
+        """Stop waiting for the message of checked receive ``r`` (it arrived, failed, or ``r`` was
+        canceled)."""
         q = self._waiting.get(r.k)
         if q is None or r not in q:
             return
@@ -696,7 +736,7 @@ class UCXTransport(Transport):
                 for req in list(self._waiting[k]):
                     req.error = err
                     if not req.busy:
-                        self._unwait(req)
+                        self.unwait(req)
 
     def poll_unexpected(self) -> None:
         _lib.pc_ucx_progress(self.worker, 16)
@@ -792,7 +832,7 @@ class UCXTransport(Transport):
             for r in list(self._waiting.get(k, ())):
                 r.canceled = True
                 if not r.busy:
-                    self._unwait(r)
+                    self.unwait(r)
 
         def settled() -> bool:
             for req in list(self._live.values()):
@@ -808,7 +848,7 @@ class UCXTransport(Transport):
         # 2. a UCX barrier: every rank's messages to us have arrived once its "bye" has
         if not failed and self.size > 1:
             empty = np.empty(0, _U8)
-            byes = [self._send(empty, r, _BYE | self.team_bits | (self.rank << _SRC_SHIFT), "bye", None)
+            byes = [self.send_wire(empty, r, _BYE | self.team_bits | (self.rank << _SRC_SHIFT), "bye", None)
                     for r in range(self.size) if r != self.rank]
 
             def all_byes() -> bool:

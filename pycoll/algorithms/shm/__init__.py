@@ -1,0 +1,10 @@
+"""Algorithms for ranks on one host: collectives run by the native state machine of the node's
+shared segment (``args.shared``; ``*_shm``: allreduce, bcast, barrier, reduce, allgather(v),
+reduce_scatter(v)) and the single-copy allgather(v) that reads peers' memory (``cma``).
+
+They need the compiled native module (``pycoll._native``, through :mod:`pycoll.native`), which a
+checkout without the native build lacks. So they import it inside ``build`` or the methods that
+use it, never at the top of a module: the registry (:mod:`pycoll.algorithms`) imports and lists
+these modules anyway, and only building one fails there (a team without the native build has no
+segment to run them on).
+"""

@@ -1,0 +1,258 @@
+"""Bootstrap: how teams come to be (``Team.from_mpi``, ``Team.from_store``, ``split``, local teams).
+
+Making a team is collective: the ranks exchange what their transports need (addresses, node keys)
+through the bootstrap's ``allgather(bytes) -> list[bytes]`` (an MPI communicator or a key-value
+store), pick the point-to-point transport (``PYCOLL_TLS``), learn the topology, map a shared
+segment when every rank is on one host, and make the node and rail sub-teams when the team spans
+nodes with several ranks on some node. Summation servers (``PYCOLL_NUM_SERVERS``) are set apart
+here too: they run the server loop and never get a team.
+
+mpi4py is imported when an MPI team is made (importing ``mpi4py.MPI`` initialises MPI, which
+store-bootstrapped and in-process teams must not do), and the UCX and shared-memory transports
+when a team uses them (they need compiled modules a build may lack).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import socket
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+
+from pycoll import config
+from pycoll.algorithms.push_pull import Roles
+from pycoll.engine.context import Context, get_context
+from pycoll.ps.server import serve
+from pycoll.ps.worker import PushPull
+from pycoll.store import TCPStore
+from pycoll.store import allgather as store_allgather
+from pycoll.tl.base import Transport, key_hash
+from pycoll.tl.local import LocalFabric
+from pycoll.tl.self import SelfTransport
+from pycoll.tl.tcp import TCPTransport, connect_mesh
+from pycoll.topology import Topology, node_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.team import Team
+
+#: Teams made per store prefix: the n-th team of a prefix is named ``prefix/team<n>`` on every rank.
+_store_teams: Dict[str, int] = {}
+
+Exchange = Callable[[bytes], List[bytes]]
+
+
+def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[Sequence[str]] = None,
+             roles: bool = True) -> Team:
+    """See :meth:`pycoll.Team.from_mpi`; ``cls`` is the team class to make."""
+    from mpi4py import MPI  # noqa: PLC0415 - see the module docstring
+
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"Team.from_mpi needs an mpi4py intracommunicator, got {comm!r}")
+    k = config.get("PYCOLL_NUM_SERVERS")
+    if roles and k and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+        return with_servers(cls, comm, ctx, tls, k)
+    dup = comm.Dup()
+    ctx = ctx if ctx is not None else get_context()
+    if dup.Get_size() == 1:
+        transport: Transport = SelfTransport()
+    else:
+        from pycoll.tl.mpi import MPITransport  # noqa: PLC0415 - imports mpi4py.MPI
+
+        transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), dup.allgather, ctx, tls)
+                     or MPITransport(dup))
+        ctx.add_transport(transport)
+    name = comm.Get_name() or "mpi"
+    team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
+    team.comm = dup
+    attach_shm(team, dup.allgather, tls)
+    topo = team.topology
+    if topo is not None and topo.hierarchical:
+        rank = team.rank
+        made = []
+        for level, color, sub_tls in (("node", topo.nodes[rank], _level_tls("PYCOLL_NODE_TLS", tls)),
+                                      ("rail", topo.local_rank(rank), _level_tls("PYCOLL_LEADER_TLS", tls))):
+            sub = dup.Split(color, rank)
+            try:
+                level_team = from_mpi(cls, sub, ctx, tls=sub_tls)
+            finally:
+                sub.Free()
+            level_team.name = f"{name}/{level}{color}"
+            made.append(level_team)
+        team.levels.node, team.levels.rail = made
+    return team
+
+
+def with_servers(cls: type, comm: Any, ctx: Optional[Context], tls: Optional[Sequence[str]], k: int) -> Team:
+    """Workers and servers of ``comm``: the last ``k`` ranks serve push-pull and exit when the
+    workers are done; the others get the team of the workers (whose ``push_pull`` uses them)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    n = size - k
+    if n < 1:
+        raise ValueError(f"PYCOLL_NUM_SERVERS={k} leaves no worker among {size} ranks")
+    world = from_mpi(cls, comm, ctx, tls=tls, roles=False)
+    world.name = "world"
+    sub = world.comm.Split(1 if rank >= n else 0, rank)
+    try:
+        if rank >= n:
+            serve(world, n, k, rank - n)
+            raise SystemExit(0)
+        team = from_mpi(cls, sub, ctx, tls=tls, roles=False)
+    finally:
+        sub.Free()
+    team.name = "workers"
+    team.ps = PushPull(team, Roles(world, n, k))
+    atexit.register(team.ps.goodbye_at_exit)
+    return team
+
+
+def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Context] = None, *,
+               prefix: str = "pycoll", advertise: Optional[str] = None,
+               tls: Optional[Sequence[str]] = None) -> Team:
+    """See :meth:`pycoll.Team.from_store`; ``cls`` is the team class to make."""
+    if not 0 <= rank < size:
+        raise ValueError(f"from_store: rank {rank} is not in a team of {size}")
+    _store_teams[prefix] = _store_teams.get(prefix, 0) + 1
+    team_prefix = f"{prefix}/team{_store_teams[prefix]}"
+    ctx = ctx if ctx is not None else get_context()
+    if size == 1:
+        transport: Transport = SelfTransport()
+    else:
+        exchanges = itertools.count()
+
+        def exchange(value: bytes) -> List[bytes]:  # a fresh key per round: transports call it again
+            return store_allgather(store, f"{team_prefix}/addr{next(exchanges)}", rank, size, value)
+
+        chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls)
+        if chosen is None:
+            if advertise is None:
+                advertise = _local_address(store)
+            socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
+            chosen = TCPTransport(rank, size, socks)
+        transport = chosen
+        ctx.add_transport(transport)
+    team = cls(rank, size, transport, ctx, name=team_prefix)
+    team.store = store
+    rounds = itertools.count()
+    attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v), tls)
+    topo = team.topology
+    if topo is not None and topo.hierarchical:
+        made = []
+        for level, members, color, sub_tls in (
+                ("node", topo.members(topo.nodes[rank]), topo.nodes[rank],
+                 _level_tls("PYCOLL_NODE_TLS", tls)),
+                ("rail", topo.rail(topo.local_rank(rank)), topo.local_rank(rank),
+                 _level_tls("PYCOLL_LEADER_TLS", tls))):
+            made.append(from_store(cls, store, members.index(rank), len(members), ctx, advertise=advertise,
+                                   prefix=f"{team_prefix}/{level}{color}", tls=sub_tls))
+        team.levels.node, team.levels.rail = made
+    return team
+
+
+def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = None) -> None:
+    """Learn which node every rank is on (``team.topology``) and map a shared segment if all
+    ranks are on one node and ``tls`` (PYCOLL_TLS) allows ``shm`` (collective:
+    ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange)."""
+    if team.size < 2:
+        team.topology = Topology((0,))
+        return
+    if tls is None:
+        tls = config.get("PYCOLL_TLS")
+    from pycoll.tl.shm import shm_available  # noqa: PLC0415 - the native build is optional
+
+    wanted = "shm" in tls and shm_available()
+    infos = [v.decode().rsplit("|", 1) for v in allgather(f"{node_key()}|{int(wanted)}".encode())]
+    team.topology = Topology.from_keys([key for key, _ in infos])
+    if team.topology.n_nodes > 1 or not all(w == "1" for _, w in infos):
+        return
+    from pycoll.tl.shm import ShmSegment  # noqa: PLC0415 - the native build is optional
+    from pycoll.tl.shm.transport import ShmTransport, cma_works  # noqa: PLC0415
+
+    ctx = team.ctx
+    team.shared = ShmSegment(team.rank, team.size, allgather)
+    ctx.local_ranks(team.size)
+    if ctx.oversubscribed:
+        team.shared.polls = 64  # return to the engine soon: it yields the core
+    # Point to point through the segment too, instead of TCP sockets. An MPI team keeps MPI for
+    # point to point: MPICH already uses shared memory on a host, and its small messages cost
+    # less than the descriptor protocol driven from Python (measured: 14 against 47 us).
+    team.shared.cma = cma_works(team.shared, allgather)
+    if team.transport.name == "tcp" and team.shared.cma:
+        ctx.remove_transport(team.transport)
+        team.transport.close()
+        team.transport = ShmTransport(team.shared)
+        ctx.add_transport(team.transport)
+
+
+def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:
+    """See :meth:`pycoll.Team.split`."""
+    comm = getattr(team, "comm", None)
+    if comm is None:
+        raise TypeError(f"{team!r}: split needs a team made by Team.from_mpi")
+    from mpi4py import MPI  # noqa: PLC0415 - see the module docstring
+
+    sub = comm.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+    if sub == MPI.COMM_NULL:
+        return None
+    try:
+        return from_mpi(type(team), sub, team.ctx)
+    finally:
+        sub.Free()
+
+
+def local_teams(cls: type, n: int, ctx: Optional[Context] = None) -> List[Team]:
+    """See :func:`pycoll.local_teams`; ``cls`` is the team class to make."""
+    if n < 1:
+        raise ValueError(f"local_teams needs n >= 1, got {n}")
+    ctx = ctx if ctx is not None else Context()
+    fabric = LocalFabric(n)
+    teams = [cls(r, n, fabric.transport(r), ctx, name=f"local{n}") for r in range(n)]
+    topo = Topology.from_keys([node_key(r) for r in range(n)])  # PYCOLL_RANKS_PER_NODE by team rank
+    for team in teams:
+        team.topology = topo
+    if topo.hierarchical:  # in-process sub-teams: one fabric per node and per rail
+        for level, groups in (("node", [topo.members(i) for i in range(topo.n_nodes)]),
+                              ("rail", [topo.rail(i) for i in range(max(topo.ppn))])):
+            for i, members in enumerate(groups):
+                sub = LocalFabric(len(members))
+                for j, r in enumerate(members):
+                    made = cls(j, len(members), sub.transport(j), ctx, name=f"local{n}/{level}{i}")
+                    made.topology = Topology(tuple(range(len(members))) if level == "rail"
+                                             else (0,) * len(members))
+                    setattr(teams[r].levels, level, made)
+    return teams
+
+
+def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx: Context,
+                   tls: Optional[Sequence[str]] = None) -> Optional[Transport]:
+    """The point-to-point transport ``tls`` (PYCOLL_TLS) asks for instead of the bootstrap's own
+    (``default``: ``mpi`` or ``tcp``), or None to use that. UCX is taken when it is listed before
+    ``default`` (or ``default`` is not listed); ``allgather(bytes) -> list[bytes]`` exchanges
+    worker addresses."""
+    if tls is None:
+        tls = config.get("PYCOLL_TLS")
+    if "ucx" in tls and (default not in tls or tls.index("ucx") < tls.index(default)):
+        from pycoll.tl.ucx import UCXTransport  # noqa: PLC0415 - UCX is optional
+
+        return UCXTransport(rank, size, allgather, ctx)
+    return None
+
+
+def _level_tls(setting: str, tls: Optional[Sequence[str]]) -> Optional[Sequence[str]]:
+    """The transports of a level of sub-teams: its setting, else the parent's ``tls``."""
+    return config.get(setting) or tls
+
+
+def _local_address(store: Any) -> str:
+    """The address of this host on the interface that reaches the store (else 127.0.0.1)."""
+    if isinstance(store, TCPStore):  # pycoll's own store knows its connection
+        return store.local_address()
+    master = os.environ.get("MASTER_ADDR")  # a c10d store: the host torch's launcher names
+    if master and master not in ("localhost", "127.0.0.1", "::1"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                return probe.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"

@@ -1,0 +1,300 @@
+"""Argument checks: turn one rank's collective call into a checked :class:`Call`.
+
+Every collective of the table (:mod:`pycoll.collectives`) has a check here, named after it, taking
+the calling rank, the team size and the user's arguments. It converts buffers to typed 1-D numpy
+views, checks sizes, dtypes, roots, ops and layouts, and raises ``ValueError``/``TypeError`` before
+anything is sent or any message key is taken. The planner builds a task from the :class:`Call`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pycoll.buffers import as_array, as_bytes
+from pycoll.ops import ReduceOp, as_op, check_op
+
+Layout = Tuple[Tuple[int, int], ...]
+_EMPTY = np.empty(0, np.uint8)
+
+
+class Call(NamedTuple):
+    """One checked collective call, what the planner builds a task from."""
+
+    coll: str
+    src: np.ndarray
+    dst: np.ndarray
+    op: ReduceOp
+    root: int
+    out: Any  # what the request's wait() returns
+    #: Bytes the selection table is looked up with: the same on every rank (the whole buffer of
+    #: the block collectives; 0 where ranks can't know it: alltoallv, gatherv, scatterv).
+    nbytes: int
+    layout: Optional[Layout] = None  # v-collectives: the caller's blocks
+    rlayout: Optional[Layout] = None
+
+
+BARRIER = Call("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, 0)
+
+
+def equal_layout(m: int, n: int) -> List[Tuple[int, int]]:
+    """The layout of ``n`` blocks of ``m`` elements each, back to back."""
+    return [(i * m, m) for i in range(n)]
+
+
+def block_layout(call: Call, n: int) -> Optional[List[Tuple[int, int]]]:
+    """The blocks of a call on ``n`` ranks: its own layout (v-collectives), equal blocks of the
+    non-v block collectives, None for the others."""
+    if call.layout is not None:
+        return list(call.layout)
+    coll = call.coll
+    if coll in ("allgather", "gather"):
+        return equal_layout(call.src.size, n)
+    if coll in ("reduce_scatter", "scatter"):
+        return equal_layout(call.dst.size, n)
+    if coll == "alltoall":
+        return equal_layout(call.src.size // n, n)
+    return None
+
+
+# ---------------------------------------------------------------------------------- the checks
+def allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM) -> Call:
+    if type(op) is not ReduceOp:
+        op = as_op(op)
+    src, dst, out = elementwise(sendbuf, recvbuf, "allreduce")
+    check_op(op, src.dtype)
+    return Call("allreduce", src, dst, op, 0, out, dst.nbytes)
+
+
+def bcast(rank: int, size: int, buf: Any, root: int = 0) -> Call:
+    arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
+    check_root(root, size, "bcast")
+    return Call("bcast", arr, arr, ReduceOp.SUM, root, buf, arr.nbytes)
+
+
+def barrier(rank: int, size: int) -> Call:
+    return BARRIER
+
+
+def reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM,
+           root: int = 0) -> Call:
+    op = as_op(op)
+    check_root(root, size, "reduce")
+    if rank == root:
+        src, dst, out = elementwise(sendbuf, recvbuf, "reduce")
+    else:
+        src = dst = as_array(sendbuf, what="sendbuf")
+        out = None
+    check_op(op, src.dtype)
+    return Call("reduce", src, dst, op, root, out, src.nbytes)
+
+
+def allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any) -> Call:
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if dst.size % size:
+        raise ValueError(f"allgather: recvbuf of {dst.size} elements is not {size} equal blocks")
+    m = dst.size // size
+    src = contribution(sendbuf, dst, (rank * m, m), rank, "allgather")
+    return Call("allgather", src, dst, ReduceOp.SUM, 0, recvbuf, dst.nbytes)
+
+
+def allgatherv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+               displs: Optional[Sequence[int]] = None) -> Call:
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    layout = check_layout(counts, displs, dst.size, size, "allgatherv", "recvbuf")
+    src = contribution(sendbuf, dst, layout[rank], rank, "allgatherv")
+    return Call("allgatherv", src, dst, ReduceOp.SUM, 0, recvbuf, span(layout) * dst.itemsize, layout)
+
+
+def reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM) -> Call:
+    op = as_op(op)
+    src = as_array(sendbuf, what="sendbuf")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if src.dtype != dst.dtype or src.size != size * dst.size:
+        raise ValueError(f"reduce_scatter: sendbuf ({src.size} x {src.dtype}) must hold {size} blocks of "
+                         f"recvbuf ({dst.size} x {dst.dtype})")
+    check_op(op, src.dtype)
+    return Call("reduce_scatter", src, dst, op, 0, recvbuf, src.nbytes)
+
+
+def reduce_scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Sequence[int],
+                    op: Any = ReduceOp.SUM) -> Call:
+    op = as_op(op)
+    src = as_array(sendbuf, what="sendbuf")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    layout = check_layout(counts, None, src.size, size, "reduce_scatterv", "sendbuf")
+    if src.dtype != dst.dtype or dst.size != layout[rank][1]:
+        raise ValueError(f"reduce_scatterv: recvbuf ({dst.size} x {dst.dtype}) must hold "
+                         f"counts[{rank}] = {layout[rank][1]} elements of {src.dtype}")
+    check_op(op, src.dtype)
+    return Call("reduce_scatterv", src, dst, op, 0, recvbuf, span(layout) * src.itemsize, layout)
+
+
+def alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any) -> Call:
+    src = as_array(sendbuf, what="sendbuf")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if src.dtype != dst.dtype or src.size != dst.size or src.size % size:
+        raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
+                         f"{dst.dtype}) must be equal and hold {size} blocks")
+    return Call("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, src.nbytes)
+
+
+def alltoallv(rank: int, size: int, sendbuf: Any, recvbuf: Any, sendcounts: Sequence[int],
+              recvcounts: Sequence[int], sdispls: Optional[Sequence[int]] = None,
+              rdispls: Optional[Sequence[int]] = None) -> Call:
+    src = as_array(sendbuf, what="sendbuf")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if src.dtype != dst.dtype:
+        raise ValueError(f"alltoallv: sendbuf is {src.dtype}, recvbuf {dst.dtype}; they must match")
+    layout = check_layout(sendcounts, sdispls, src.size, size, "alltoallv", "sendbuf", overlap=True)
+    rlayout = check_layout(recvcounts, rdispls, dst.size, size, "alltoallv", "recvbuf")
+    if layout[rank][1] != rlayout[rank][1]:
+        raise ValueError(f"alltoallv: rank {rank} sends itself {layout[rank][1]} elements but "
+                         f"expects {rlayout[rank][1]}")
+    # sizes differ per rank, so every rank selects by team size alone (size 0)
+    return Call("alltoallv", src, dst, ReduceOp.SUM, 0, recvbuf, 0, layout, rlayout)
+
+
+def gather(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, root: int = 0) -> Call:
+    check_root(root, size, "gather")
+    if rank != root:
+        src = as_array(sendbuf, what="sendbuf")
+        return Call("gather", src, src, ReduceOp.SUM, root, None, src.nbytes * size)
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if dst.size % size:
+        raise ValueError(f"gather: recvbuf of {dst.size} elements is not {size} equal blocks")
+    m = dst.size // size
+    src = contribution(sendbuf, dst, (root * m, m), rank, "gather")
+    return Call("gather", src, dst, ReduceOp.SUM, root, recvbuf, dst.nbytes)
+
+
+def gatherv(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, counts: Optional[Sequence[int]] = None,
+            displs: Optional[Sequence[int]] = None, root: int = 0) -> Call:
+    check_root(root, size, "gatherv")
+    if rank != root:
+        src = as_array(sendbuf, what="sendbuf")
+        layout = None
+        if counts is not None:
+            layout = check_layout(counts, displs, None, size, "gatherv", "recvbuf")
+            if layout[rank][1] != src.size:
+                raise ValueError(f"gatherv: sendbuf holds {src.size} elements, counts[{rank}] is "
+                                 f"{layout[rank][1]}")
+        return Call("gatherv", src, src, ReduceOp.SUM, root, None, 0, layout)
+    if counts is None:
+        raise ValueError("gatherv: the root needs counts")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    layout = check_layout(counts, displs, dst.size, size, "gatherv", "recvbuf")
+    src = contribution(sendbuf, dst, layout[root], rank, "gatherv")
+    return Call("gatherv", src, dst, ReduceOp.SUM, root, recvbuf, 0, layout)
+
+
+def scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, root: int = 0) -> Call:
+    check_root(root, size, "scatter")
+    if rank != root:
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        return Call("scatter", dst, dst, ReduceOp.SUM, root, recvbuf, dst.nbytes * size)
+    src = as_array(sendbuf, what="sendbuf")
+    if src.size % size:
+        raise ValueError(f"scatter: sendbuf of {src.size} elements is not {size} equal blocks")
+    m = src.size // size
+    dst = own_output(recvbuf, src, (root * m, m), "scatter")
+    return Call("scatter", src, dst, ReduceOp.SUM, root, recvbuf if recvbuf is not None else dst, src.nbytes)
+
+
+def scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Optional[Sequence[int]] = None,
+             displs: Optional[Sequence[int]] = None, root: int = 0) -> Call:
+    check_root(root, size, "scatterv")
+    if rank != root:
+        dst = as_array(recvbuf, writable=True, what="recvbuf")
+        layout = None
+        if counts is not None:
+            layout = check_layout(counts, displs, None, size, "scatterv", "sendbuf", overlap=True)
+            if layout[rank][1] != dst.size:
+                raise ValueError(f"scatterv: recvbuf holds {dst.size} elements, counts[{rank}] is "
+                                 f"{layout[rank][1]}")
+        return Call("scatterv", dst, dst, ReduceOp.SUM, root, recvbuf, 0, layout)
+    if counts is None:
+        raise ValueError("scatterv: the root needs counts")
+    src = as_array(sendbuf, what="sendbuf")
+    layout = check_layout(counts, displs, src.size, size, "scatterv", "sendbuf", overlap=True)
+    dst = own_output(recvbuf, src, layout[root], "scatterv")
+    return Call("scatterv", src, dst, ReduceOp.SUM, root, recvbuf if recvbuf is not None else dst, 0, layout)
+
+
+# ---------------------------------------------------------------------------------- helpers
+def elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
+    """(src, dst, what wait() returns) of an elementwise collective; ``recvbuf=None``: in place."""
+    if recvbuf is None:
+        src = dst = as_array(sendbuf, writable=True, what="sendbuf (in place)")
+        return src, dst, sendbuf
+    src = as_array(sendbuf, what="sendbuf")
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if src.dtype != dst.dtype or src.size != dst.size:
+        raise ValueError(f"{coll}: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
+                         f"{dst.dtype}; they must match")
+    return src, dst, recvbuf
+
+
+def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: int, coll: str) -> np.ndarray:
+    """This rank's input to a gathering collective: ``sendbuf``, or (``None``: in place) its
+    ``block`` of ``dst``."""
+    off, cnt = block
+    if sendbuf is None:
+        return dst[off:off + cnt]
+    src = as_array(sendbuf, what="sendbuf")
+    if src.dtype != dst.dtype or src.size != cnt:
+        raise ValueError(f"{coll}: sendbuf ({src.size} x {src.dtype}) must be rank {rank}'s "
+                         f"block of recvbuf ({cnt} x {dst.dtype})")
+    return src
+
+
+def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str) -> np.ndarray:
+    """The root's output of a scattering collective: ``recvbuf``, or (``None``: in place) its
+    block of ``src`` (left where it is)."""
+    off, cnt = block
+    if recvbuf is None:
+        return src[off:off + cnt]
+    dst = as_array(recvbuf, writable=True, what="recvbuf")
+    if src.dtype != dst.dtype or dst.size != cnt:
+        raise ValueError(f"{coll}: recvbuf ({dst.size} x {dst.dtype}) must hold the root's block of "
+                         f"sendbuf ({cnt} x {src.dtype})")
+    return dst
+
+
+def check_layout(counts: Sequence[int], displs: Optional[Sequence[int]], room: Optional[int], n: int,
+                 coll: str, what: str, overlap: bool = False) -> Layout:
+    """Checked ``((displ, count), ...)`` per rank of a v-collective's buffer of ``room``
+    elements (None: not known on this rank). Receive blocks may not overlap (as in MPI)."""
+    try:
+        counts = [int(c) for c in counts]
+        displs = None if displs is None else [int(d) for d in displs]
+    except (TypeError, ValueError):
+        raise TypeError(f"{coll}: counts and displs must be sequences of integers") from None
+    if len(counts) != n or (displs is not None and len(displs) != n):
+        raise ValueError(f"{coll}: counts and displs need one entry per rank ({n}), got {len(counts)} "
+                         f"and {'none' if displs is None else len(displs)}")
+    if displs is None:
+        displs = list(itertools.accumulate([0] + counts[:-1]))
+    for r, (d, c) in enumerate(zip(displs, counts)):
+        if c < 0 or d < 0 or (room is not None and d + c > room):
+            raise ValueError(f"{coll}: block of rank {r} ({c} elements at {d}) does not fit {what} of "
+                             f"{room} elements")
+    if not overlap:
+        end = 0
+        for d, c in sorted((d, c) for d, c in zip(displs, counts) if c):
+            if d < end:
+                raise ValueError(f"{coll}: blocks of {what} overlap at element {d}")
+            end = d + c
+    return tuple(zip(displs, counts))
+
+
+def check_root(root: int, size: int, coll: str) -> None:
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise ValueError(f"{coll}: root {root!r} is not a rank of a team of {size}")
+
+
+def span(layout: Sequence[Tuple[int, int]]) -> int:
+    """Elements covered by a layout's blocks (their total)."""
+    return sum(c for _, c in layout)

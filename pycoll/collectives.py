@@ -1,0 +1,264 @@
+"""The table of collectives: one row per collective, read by every front end.
+
+A row says what a collective is: its argument check (:mod:`pycoll.calls`, whose parameters are the
+collective's parameters), its docstring, the mpi4py method and argument roles ``pycoll.mpi.Comm``
+maps onto it, the ``torch.distributed`` name, nccl-tests' bus-bandwidth factor and the buffer
+shapes ``pycoll perf`` sizes it with, a numpy reference of its result, and a default algorithm for
+teams no selection rule covers. :class:`pycoll.Team` makes its methods from this table
+(``team.<name>(...)`` and ``team.<name>_init(...)``), ``pycoll.mpi.Comm`` its ``X``/``IX``/
+``X_init`` methods, ``pycoll perf`` its cases; algorithms register themselves by collective name
+(:mod:`pycoll.algorithms`). Adding a collective is one row here plus its check and algorithm files.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pycoll import calls
+from pycoll.ops import ReduceOp
+from pycoll.ops import reference as reduce_reference
+
+#: A numpy reference: (every rank's input, this rank, team size, op, root) -> this rank's expected
+#: output (None: nothing to check on this rank).
+Reference = Callable[[Sequence[np.ndarray], int, int, ReduceOp, int], Optional[np.ndarray]]
+
+#: nccl-tests' bus bandwidth factors by name (busbw = algbw * factor(n)); "-": no bandwidth.
+FACTORS: Dict[str, Optional[Callable[[int], float]]] = {
+    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
+    "(n-1)/n": lambda n: (n - 1) / n,
+    "1": lambda n: 1.0,
+    "-": None,
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One row of the table."""
+
+    name: str
+    #: ``check(rank, size, *args) -> Call``; its parameters after ``rank, size`` are the
+    #: collective's positional parameters on every front end.
+    check: Callable[..., calls.Call]
+    doc: str
+    #: The numpy reference of the result (perf checks against it).
+    reference: Reference
+    #: mpi4py's method ("": none) and its positional parameters, in mpi4py's order.
+    mpi: str = ""
+    mpi_params: Tuple[str, ...] = ()
+    #: mpi4py vector buffers: MPI parameter -> the (counts, displs) parameters it carries.
+    mpi_vector: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    #: Where mpi4py's ``MPI.IN_PLACE`` may stand and what it means: "swap" (the send buffer is the
+    #: receive buffer: pycoll's ``(recvbuf, None)``), "sendbuf" or "recvbuf" (that one is None).
+    mpi_in_place: str = ""
+    #: Buffers significant at the root only (None on the other ranks).
+    root_only: Tuple[str, ...] = ()
+    #: MPI parameter names that differ from pycoll's (MPI name -> pycoll name).
+    mpi_rename: Dict[str, str] = field(default_factory=dict)
+    #: The algorithm ``pycoll.mpi.Comm`` runs unless told otherwise (gatherv/scatterv: ``linear``,
+    #: as only the root knows the counts in MPI).
+    mpi_algorithm: Optional[str] = None
+    #: The torch.distributed function this collective serves (None: none).
+    torch: Optional[str] = None
+    #: busbw factor (a key of FACTORS).
+    factor: str = "-"
+    #: What ``pycoll perf``'s size column is, and the send/receive buffer shapes it makes:
+    #: "whole" (the size), "blocks" (the size as n equal blocks), "block" (one of those n blocks),
+    #: "" (no such buffer).
+    size: str = ""
+    send: str = "whole"
+    recv: str = "whole"
+    reduces: bool = False
+    rooted: bool = False
+    #: A v-variant (``pycoll perf`` times it with equal counts).
+    vector: bool = False
+    #: The algorithm used when no selection rule matches (None: no rule matching is an error).
+    default: Optional[str] = None
+
+    @property
+    def params(self) -> List[str]:
+        """The collective's parameter names (those of its check after ``rank, size``)."""
+        return list(inspect.signature(self.check).parameters)[2:]
+
+    def signature(self) -> inspect.Signature:
+        """The check's signature without ``rank, size`` (front ends build theirs from it)."""
+        sig = inspect.signature(self.check)
+        return sig.replace(parameters=list(sig.parameters.values())[2:])
+
+    def bus_factor(self, n: int) -> Optional[float]:
+        """busbw / algbw for ``n`` ranks (None: the collective moves no data)."""
+        fn = FACTORS[self.factor]
+        return None if fn is None else fn(n)
+
+    @property
+    def blocks(self) -> bool:
+        """The size is ``n`` blocks, one per rank."""
+        return bool({"block", "blocks"} & {self.send, self.recv})
+
+
+# ---------------------------------------------------------------------------------- references
+def _block(x: np.ndarray, r: int, n: int) -> np.ndarray:
+    m = x.size // n
+    return x[r * m:(r + 1) * m]
+
+
+def _allreduce(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return reduce_reference(list(xs), op)
+
+
+def _bcast(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return xs[root]
+
+
+def _reduce(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> Optional[np.ndarray]:
+    return reduce_reference(list(xs), op) if r == root else None
+
+
+def _allgather(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return np.concatenate(xs)
+
+
+def _reduce_scatter(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return _block(reduce_reference(list(xs), op), r, n)
+
+
+def _alltoall(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return np.concatenate([_block(x, r, n) for x in xs])
+
+
+def _gather(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> Optional[np.ndarray]:
+    return np.concatenate(xs) if r == root else None
+
+
+def _scatter(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return _block(xs[root], r, n)
+
+
+def _nothing(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> None:
+    return None
+
+
+_BLOCKS = "the n blocks together"
+_COMMON = """
+
+``priority`` orders it in the engine (lower first); ``tag`` matches it across ranks by tag instead of
+posting order; ``algorithm`` forces one (other keywords, such as ``radix=``, are its options);
+``timeout`` (seconds) overrides ``PYCOLL_TIMEOUT``. Returns a :class:`~pycoll.Request`; the
+``_init`` form returns a persistent collective whose ``start()`` runs it again."""
+
+TABLE: Tuple[Collective, ...] = (
+    Collective(
+        "allreduce", calls.allreduce,
+        "Allreduce ``sendbuf`` into ``recvbuf`` (``None``: in place); ``wait()`` returns the output. "
+        "``algorithm='push_pull'`` runs it as a BytePS push-sum-pull (SUM or AVG).",
+        _allreduce, mpi="Allreduce", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
+        torch="all_reduce", factor="2(n-1)/n", size="the buffer (send = recv)", reduces=True),
+    Collective(
+        "bcast", calls.bcast, "Broadcast ``buf`` from team rank ``root`` into ``buf`` on every rank.",
+        _bcast, mpi="Bcast", mpi_params=("buf", "root"), torch="broadcast", factor="1", size="the buffer",
+        recv="", rooted=True),
+    Collective(
+        "reduce", calls.reduce,
+        "Reduce every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (``None`` at the root: in place; "
+        "ignored elsewhere).",
+        _reduce, mpi="Reduce", mpi_params=("sendbuf", "recvbuf", "op", "root"), mpi_in_place="swap",
+        root_only=("recvbuf",), torch="reduce", factor="1",
+        size="the buffer (sendbuf; recvbuf at the root)", reduces=True, rooted=True),
+    Collective(
+        "allgather", calls.allgather,
+        "Allgather: ``recvbuf`` gets every rank's ``sendbuf`` in rank order (``sendbuf=None``: in place, "
+        "this rank's block of ``recvbuf`` is its contribution).",
+        _allgather, mpi="Allgather", mpi_params=("sendbuf", "recvbuf"), mpi_in_place="sendbuf",
+        torch="all_gather_into_tensor", factor="(n-1)/n", size=f"recvbuf, {_BLOCKS}", send="block",
+        recv="blocks"),
+    Collective(
+        "allgatherv", calls.allgatherv,
+        "Allgatherv: rank r contributes ``counts[r]`` elements, which land at ``displs[r]`` of every "
+        "``recvbuf`` (default: back to back in rank order); ``sendbuf=None``: in place.",
+        _allgather, mpi="Allgatherv", mpi_params=("sendbuf", "recvbuf"),
+        mpi_vector={"recvbuf": ("counts", "displs")}, mpi_in_place="sendbuf", factor="(n-1)/n",
+        size=f"recvbuf, {_BLOCKS} (equal counts)", send="block", recv="blocks",
+        vector=True),
+    Collective(
+        "reduce_scatter", calls.reduce_scatter,
+        "Reduce-scatter (block): rank r gets the reduction of block r of every rank's ``sendbuf`` "
+        "(``team.size`` blocks of ``recvbuf``'s size).",
+        _reduce_scatter, mpi="Reduce_scatter_block", mpi_params=("sendbuf", "recvbuf", "op"),
+        torch="reduce_scatter_tensor", factor="(n-1)/n", size=f"sendbuf, {_BLOCKS}", send="blocks",
+        recv="block", reduces=True),
+    Collective(
+        "reduce_scatterv", calls.reduce_scatterv,
+        "Reduce-scatterv (``MPI_Reduce_scatter``): ``sendbuf`` holds ``sum(counts)`` elements, block r "
+        "(``counts[r]`` elements, in rank order) is reduced into rank r's ``recvbuf``.",
+        _reduce_scatter, mpi="Reduce_scatter", mpi_params=("sendbuf", "recvbuf", "recvcounts", "op"),
+        mpi_rename={"recvcounts": "counts"}, factor="(n-1)/n", size=f"sendbuf, {_BLOCKS} (equal counts)",
+        send="blocks", recv="block", reduces=True, vector=True),
+    Collective(
+        "alltoall", calls.alltoall,
+        "Alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this rank) of its "
+        "``recvbuf``.",
+        _alltoall, mpi="Alltoall", mpi_params=("sendbuf", "recvbuf"), torch="all_to_all_single",
+        factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS}", send="blocks", recv="blocks"),
+    Collective(
+        "alltoallv", calls.alltoallv,
+        "Alltoallv: ``sendcounts[j]`` elements at ``sdispls[j]`` of ``sendbuf`` go to rank j, and "
+        "``recvcounts[i]`` elements from rank i land at ``rdispls[i]`` of ``recvbuf`` (displacements "
+        "default to back to back); ``recvcounts[i]`` must equal rank i's ``sendcounts[rank]``.",
+        _alltoall, mpi="Alltoallv", mpi_params=("sendbuf", "recvbuf"),
+        mpi_vector={"sendbuf": ("sendcounts", "sdispls"), "recvbuf": ("recvcounts", "rdispls")},
+        factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS} (equal counts)", send="blocks",
+        recv="blocks", vector=True),
+    Collective(
+        "gather", calls.gather,
+        "Gather every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order; ``recvbuf`` is "
+        "ignored on other ranks; ``sendbuf=None`` at the root: in place).",
+        _gather, mpi="Gather", mpi_params=("sendbuf", "recvbuf", "root"), mpi_in_place="sendbuf",
+        root_only=("recvbuf",), torch="gather", factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS}",
+        send="block", recv="blocks", rooted=True),
+    Collective(
+        "gatherv", calls.gatherv,
+        "Gatherv: rank r's ``sendbuf`` (``counts[r]`` elements) lands at ``displs[r]`` of ``recvbuf`` on "
+        "``root``. ``counts`` is needed at the root; tree algorithms (``knomial``) need it on every "
+        "rank, ``linear`` (the default) only at the root.",
+        _gather, mpi="Gatherv", mpi_params=("sendbuf", "recvbuf", "root"),
+        mpi_vector={"recvbuf": ("counts", "displs")}, mpi_in_place="sendbuf", root_only=("recvbuf",),
+        mpi_algorithm="linear", factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS} (equal counts)",
+        send="block", recv="blocks", rooted=True, vector=True),
+    Collective(
+        "scatter", calls.scatter,
+        "Scatter: block r of ``sendbuf`` on ``root`` goes to ``recvbuf`` of rank r (``sendbuf`` is "
+        "ignored on other ranks; ``recvbuf=None`` at the root: in place).",
+        _scatter, mpi="Scatter", mpi_params=("sendbuf", "recvbuf", "root"), mpi_in_place="recvbuf",
+        root_only=("sendbuf",), torch="scatter", factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS}",
+        send="blocks", recv="block", rooted=True),
+    Collective(
+        "scatterv", calls.scatterv,
+        "Scatterv: ``counts[r]`` elements at ``displs[r]`` of ``sendbuf`` on ``root`` go to rank r's "
+        "``recvbuf``. ``counts`` as for gatherv.",
+        _scatter, mpi="Scatterv", mpi_params=("sendbuf", "recvbuf", "root"),
+        mpi_vector={"sendbuf": ("counts", "displs")}, mpi_in_place="recvbuf", root_only=("sendbuf",),
+        mpi_algorithm="linear", factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS} (equal counts)",
+        send="blocks", recv="block", rooted=True, vector=True),
+    Collective(
+        "barrier", calls.barrier, "Barrier: the request completes once every rank of the team entered it.",
+        _nothing, mpi="Barrier", torch="barrier", size="none: time only", send="", recv=""),
+)
+
+#: The rows by name.
+COLLECTIVES: Dict[str, Collective] = {c.name: c for c in TABLE}
+
+
+def get(name: str) -> Collective:
+    """The row of collective ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return COLLECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown collective {name!r}; known: {', '.join(COLLECTIVES)}") from None
+
+
+def docstring(row: Collective) -> str:
+    """The docstring of ``team.<name>``."""
+    return row.doc + _COMMON

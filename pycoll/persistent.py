@@ -1,0 +1,70 @@
+"""Persistent collectives (MPI-4's ``MPI_Allreduce_init`` and friends): built once, started often.
+
+``team.<coll>_init(...)`` checks the arguments once and returns a :class:`Persistent`; every
+``start()`` runs the collective again on the same buffers (refill them between starts), reusing the
+task, its schedule and its scratch buffers when the algorithm allows (``rebind``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Optional
+
+from pycoll.calls import Call
+from pycoll.engine.request import Request
+from pycoll.planner import Planner
+from pycoll.tasks.task import COMPLETED, Task
+
+
+class Persistent:
+    """A persistent collective: its schedule and scratch are built once; every ``start()`` runs
+    it again on the same buffers and returns the Request of that run."""
+
+    def __init__(self, planner: Planner, call: Call, priority: int, tag: Optional[Hashable],
+                 algorithm: Optional[str], timeout: Optional[float], options: dict) -> None:
+        self.planner = planner
+        self.coll = call.coll
+        self._call = call
+        self._tag, self._algorithm, self._options = tag, algorithm, options
+        self._priority, self._timeout = priority, timeout
+        self._task: Optional[Task] = None
+        self.request: Optional[Request] = None
+
+    @property
+    def task(self) -> Optional[Task]:
+        """The task kept between starts (None before the first start, or when the algorithm's
+        tasks cannot be rebound and each start builds a new one)."""
+        return self._task
+
+    def start(self) -> Request:
+        """Run the collective once more (collective: every rank starts it)."""
+        if self.request is not None and not self.request.done:
+            raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
+        planner, call, tag = self.planner, self._call, self._tag
+        with planner.team.ctx.lock:
+            task = self._task
+            if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
+                task, key, shape = planner.build(call, tag, self._algorithm, self._options, reuse=False)
+                self._task = task if shape is not None else None
+            else:
+                key = planner.coll_key(tag)
+                task.rebind(call.src, call.dst, key)
+            if self._task is not None:
+                planner.credit_unit(task, key)
+            self.request = planner.submit(task, self._priority, self._timeout, call.out)
+        return self.request
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait for the current run."""
+        if self.request is None:
+            raise RuntimeError(f"persistent {self.coll}: wait() before start()")
+        return self.request.wait(timeout)
+
+    def test(self) -> bool:
+        """Whether the current run finished."""
+        return self.request is not None and self.request.test()
+
+    def free(self) -> None:
+        """Release the schedule and its scratch (MPI_Request_free)."""
+        if self._task is not None:
+            self._task.finalize()
+            self._task = None

@@ -1,0 +1,252 @@
+"""The planner: from a checked call to a task submitted to the engine.
+
+One :class:`Planner` per team. For each collective call it selects the algorithm (``PYCOLL_TUNE``
+and the default rules, cached per call shape), takes the message key (by posting order, or by user
+tag), reuses a finished task of the same shape or builds one (:mod:`pycoll.algorithms`), cuts a
+large allreduce into parts when ``PYCOLL_PARTITION_BYTES`` asks, makes each collective (or part) a
+unit of credit, and submits it to the team's progress engine. Finished tasks come back to a pool
+per shape when their request is collected: the next call of that shape rebinds one to its buffers
+(the cost of a small collective is mostly building it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
+
+from pycoll import algorithms
+from pycoll.algorithms.base import CollArgs
+from pycoll.algorithms.tuning import HIERARCHICAL
+from pycoll.calls import Call, block_layout
+from pycoll.collectives import COLLECTIVES
+from pycoll.engine.request import Request
+from pycoll.tasks.schedule import Schedule
+from pycoll.tasks.task import COMPLETED, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.team import Team
+
+#: Finished collectives kept per call shape for reuse, and shapes remembered per team.
+MAX_PLANS_PER_SHAPE = 4
+MAX_PLAN_SHAPES = 64
+
+_UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
+
+
+def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``options`` that algorithm ``name`` of ``coll`` declares. A call that names no
+    algorithm may pass options meant for some of the algorithms selection can pick (the ring's
+    ``fragment_bytes``); the one selected takes those it knows. A call that names its algorithm
+    gets every option checked by it (an unknown one is an error)."""
+    module = algorithms.MODULES.get(coll, {}).get(name)
+    known = getattr(module, "OPTIONS", None)
+    if known is None:
+        return options
+    return {k: v for k, v in options.items() if k in known}
+
+
+class Planner:
+    """Selection, message keys, the plan cache, credit and partitioning of one team's collectives."""
+
+    def __init__(self, team: Team) -> None:
+        self.team = team
+        self._seq = itertools.count()
+        self._tag_uses: Dict[Hashable, int] = {}
+        self._plans: Dict[tuple, List[Task]] = {}
+        self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
+        self._recycle_done = self.recycle  # one bound method for every request
+
+    # ------------------------------------------------------------------ message keys
+    def next_sequence(self) -> int:
+        """The sequence number of the next untagged collective (matched across ranks by order)."""
+        return next(self._seq)
+
+    def coll_key(self, tag: Optional[Hashable]) -> tuple:
+        """The message key of a new collective: ``("c", seq)`` for untagged collectives (matched
+        by posting order), ``("u", tag, k)`` for the k-th use of a user tag (matched by tag)."""
+        if tag is None:
+            return ("c", next(self._seq))
+        uses = self._tag_uses.get(tag, 0)
+        self._tag_uses[tag] = uses + 1
+        return ("u", tag, uses)
+
+    # ------------------------------------------------------------------ posting
+    def post(self, call: Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
+             timeout: Optional[float], options: dict) -> Request:
+        """Build (or reuse) the collective's task and submit it. Everything the caller passed has
+        been checked: nothing here fails after the message key is taken. Under the engine's lock:
+        a progress thread may be returning finished collectives to the pool meanwhile."""
+        with self.team.ctx.lock:
+            task, key, shape = self.build(call, tag, algorithm, options, reuse=True)
+            if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
+                return self.submit(task, priority, timeout, call.out)
+            return self.submit(self.credit_unit(task, key), priority, timeout, call.out, shape)
+
+    def post_named(self, call: Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
+                   timeout: Optional[float], name: Optional[str], credit: bool) -> Request:
+        """:meth:`post` for the scheduling layer: ``name`` labels the task in traces and errors;
+        ``credit=False`` makes a collective that takes no credit (started by priority alone)."""
+        with self.team.ctx.lock:
+            if not credit:
+                task, key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
+                task.credit = 0
+                shape = None
+            else:
+                task, key, shape = self.build(call, tag, algorithm, {}, reuse=True)
+                if shape is not None:
+                    task = self.credit_unit(task, key)
+            if name is not None:
+                task.name = name
+            return self.submit(task, priority, timeout, call.out, shape)
+
+    def task(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str]) -> Task:
+        """The collective as a task to add to a schedule, taking no credit (see ``Team.task``)."""
+        with self.team.ctx.lock:
+            task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
+            if shape is not None:
+                task.credit = 0
+        return task
+
+    def submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
+               shape: Optional[tuple] = None) -> Request:
+        """Submit ``task`` to the team's engine with its priority and timeout (``None``: the
+        context's); a task with a ``shape`` returns to the pool when its request is collected."""
+        ctx = self.team.ctx
+        t = ctx.timeout if timeout is None else timeout
+        task.timeout = None if (t is None or t == math.inf or t <= 0) else t
+        task.priority = priority
+        if shape is None:
+            return ctx.submit(task, result=out)
+        task.plan_shape = shape
+        return ctx.submit(task, result=out, on_done=self._recycle_done)
+
+    # ------------------------------------------------------------------ building
+    def build(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
+              reuse: bool, credit: bool = True) -> Tuple[Task, tuple, Optional[tuple]]:
+        """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
+        to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
+        partitioned collective (which is never reused)."""
+        team = self.team
+        coll, src, dst = call.coll, call.src, call.dst
+        if algorithm is None:
+            nbytes = call.nbytes
+            name = self._selected.get((coll, nbytes, tag is None)) or self.select(coll, nbytes, tag)
+        else:
+            name = algorithm
+        if options and algorithm is None:  # options go to the algorithms that declare them
+            options = declared_options(coll, name, options)
+        shape = (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
+                 call.rlayout, tuple(sorted(options.items())) if options else ())
+        pool = self._plans.get(shape) if reuse else None
+        if pool:  # a finished collective of this shape: reuse its schedule and scratch
+            key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
+            task = pool.pop()
+            task.rebind(src, dst, key)
+            return task, key, shape
+        build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
+        if name == "shm" and (team.shared is None or tag is not None):
+            raise ValueError(f"{coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
+                             "share a host (and PYCOLL_TLS allowing shm)")
+        pb = team.ctx.partition_bytes
+        if coll == "allreduce" and pb and dst.nbytes > pb and team.size > 1:
+            key = self.coll_key(tag)
+            return self.partitioned(build, call, key, pb, name, options, credit), key, None
+        args = self.args(call, _UNKEYED, name, options)
+        if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
+            args.tag = ("u", tag, self._tag_uses.get(tag, 0))
+        task = build(args)  # a builder that rejects its arguments raises before a key is taken
+        key = self.coll_key(tag)
+        args.channel.rekey(key)
+        return task, key, shape
+
+    def select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
+        """The default algorithm of ``coll`` for ``nbytes`` on this team (cached)."""
+        team = self.team
+        seg = team.shared
+        name = algorithms.select(coll, team.size, nbytes, shared=seg is not None and tag is None,
+                                 cma=seg is not None and seg.cma, hier=team.hierarchical,
+                                 default=COLLECTIVES[coll].default if coll in COLLECTIVES else None)
+        if len(self._selected) > 4096:
+            self._selected.clear()
+        self._selected[(coll, nbytes, tag is None)] = name
+        return name
+
+    def selected(self, coll: str, nbytes: int, tagged: bool = False) -> Optional[str]:
+        """The algorithm the last untagged (or tagged) call of ``coll`` with ``nbytes`` selected."""
+        return self._selected.get((coll, nbytes, not tagged))
+
+    def args(self, call: Call, key: tuple, name: str, options: dict) -> CollArgs:
+        """What algorithm ``name`` gets for ``call`` (keyed by message key ``key``)."""
+        team = self.team
+        layout, rlayout = call.layout, call.rlayout
+        if layout is None:
+            layout = rlayout = block_layout(call, team.size)
+        hier = team.hierarchical or name in HIERARCHICAL  # a hierarchical algorithm on one node too
+        return CollArgs(call.coll, team.rank, team.size, team.transport.channel(key), call.src, call.dst,
+                        call.op, call.root, name=f"{call.coll}:{name}@{team.rank}", options=options,
+                        shared=team.shared, layout=layout, rlayout=rlayout,
+                        tag=key if key[0] == "u" else None, topology=team.topology,
+                        node_team=team.node_team() if hier else None,
+                        rail_team=team.rail_team() if hier else None,
+                        leaders_team=team.leaders_team() if hier else None)
+
+    def credit_unit(self, task: Task, key: tuple) -> Task:
+        """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes
+        while in progress, and starts whatever the credit once a peer has started it.
+
+        Only a rank whose first move is a send takes credit: one that starts by waiting for a
+        peer (a bcast or scatter receiver, a reduce or gather root) injects nothing until that
+        peer's data arrives, and must not hold credit meanwhile, or two ranks could each hold the
+        credit the other needs. A rank that sends first makes its peers start (their transports
+        report the message), so the collective always finishes."""
+        team = self.team
+        task.credit = task.nbytes if getattr(task, "sends_first", True) else 0
+        if task.credit and team.ctx.credit_bytes:
+            team.ctx.watch_demand(task, team.transport, key)
+        return task
+
+    def partitioned(self, build: Any, call: Call, key: tuple, part_bytes: int, name: str,
+                    options: dict, credit: bool = True) -> Task:
+        """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
+        the part index): large work split so that urgent collectives can go in between."""
+        src, dst = call.src, call.dst
+        per = max(1, part_bytes // dst.itemsize)
+        sched = Schedule(name=f"{call.coll}#{key[1]}/parts@{self.team.rank}")
+        for i, lo in enumerate(range(0, dst.size, per)):
+            sl = slice(lo, lo + per)
+            part_key = (*key, "part", i)
+            part = call._replace(src=src[sl], dst=dst[sl])
+            task = build(self.args(part, part_key, name, options))
+            if credit:
+                self.credit_unit(task, part_key)
+            else:
+                task.credit = 0
+            sched.add(task)
+        return sched
+
+    # ------------------------------------------------------------------ the pool
+    def recycle(self, req: Request) -> None:
+        """A collective finished and its request was collected: keep its task for reuse (the
+        next call of the same shape rebinds it to its buffers and key)."""
+        task = req.task
+        shape = task.plan_shape
+        if task.state is not COMPLETED or not hasattr(task, "rebind"):
+            task.finalize()
+            return
+        pool = self._plans.get(shape)
+        if pool is None:
+            if len(self._plans) >= MAX_PLAN_SHAPES:  # forget the oldest shape
+                for old in self._plans.pop(next(iter(self._plans))):
+                    old.finalize()
+            pool = self._plans[shape] = []
+        if len(pool) < MAX_PLANS_PER_SHAPE:
+            pool.append(task)
+        else:
+            task.finalize()
+
+    def close(self) -> None:
+        """Release every pooled task's scratch (the team is closing)."""
+        for task in (t for pool in self._plans.values() for t in pool):
+            task.finalize()
+        self._plans.clear()

@@ -1,0 +1,28 @@
+"""The collective matrix (tests/reference.py): every collective x every registered algorithm x
+dtype x op x counts {0, 1, odd, large} x in place x persistent (3 starts) x roots {first,
+middle, last}, against numpy; on in-process teams of 1..8 and 16, 33, 64 ranks, and on 1..8
+real processes (where the shared-memory algorithms run too)."""
+
+import pytest
+
+import pycoll
+from pycoll.algorithms import ALGORITHMS
+from tests.reference import run_matrix
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_matrix_local(n):
+    done = run_matrix(pycoll.local_teams(n), n, False, 1000)
+    assert len(done) == len(ALGORITHMS) and min(done.values()) > 0
+
+
+@pytest.mark.parametrize("n", [16, 33, 64])
+def test_matrix_large_local_teams(n):
+    run_matrix(pycoll.local_teams(n), n, False, 200, dtypes=False, thin=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_matrix_processes(n, mpirun):
+    # every dtype x op on 2 and 3 processes; a buffer beyond one shm chunk (1 MiB) on <= 4
+    mpirun(n, "tests/coll/scripts/matrix.py", "1" if n in (2, 3) else "0", "300000" if n <= 4 else "20000",
+           timeout=240)

@@ -1,0 +1,37 @@
+"""Allreduce over the MPI transport in real processes (mpiexec, oversubscribing the 2 cores)."""
+
+import pytest
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_allreduce_quick(n, mpirun):
+    mpirun(n, "tests/coll/scripts/allreduce_matrix.py", "quick", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_matrix(n, mpirun):
+    mpirun(n, "tests/coll/scripts/allreduce_matrix.py", "matrix", timeout=300)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_split_and_concurrent_teams(n, mpirun):
+    mpirun(n, "tests/coll/scripts/allreduce_matrix.py", "split", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_tagged_different_orders_small_credit(n, mpirun):
+    mpirun(n, "tests/coll/scripts/allreduce_matrix.py", "tagged", timeout=180)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_comm_lookalike(n, mpirun):
+    mpirun(n, "tests/coll/scripts/comm_lookalike.py", timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["tagged", "untagged"])
+@pytest.mark.parametrize("tls", ["mpi", "shm,mpi"])
+def test_thousand_mixed_collectives_small_credit(mode, tls, mpirun):
+    """1,000 collectives of every kind with random priorities on 4 processes under a credit of
+    4 KiB: tagged ones posted in a different order on every rank, untagged ones in one order."""
+    mpirun(4, "tests/coll/scripts/many_in_flight.py", mode, "1000", "4096", timeout=180,
+           env={"PYCOLL_TLS": tls})

@@ -1,0 +1,28 @@
+"""The shared-memory collectives in real processes (mpiexec) against numpy, and the same
+collectives without the segment."""
+
+import pytest
+
+native = pytest.importorskip("pycoll.native", reason="the native module is not built")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_shm_collectives_matrix(n, mpirun):
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "matrix" if n in (2, 3) else "quick", timeout=300)
+
+
+@pytest.mark.parametrize("n", [3])
+def test_same_collectives_without_shm(n, mpirun):
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "quick", timeout=180, env={"PYCOLL_TLS": "mpi"})
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_shm_reduce_allgather_reduce_scatter(n, mpirun):
+    """reduce (every root), allgather(v), reduce_scatter(v) on small slots: many chunks, unequal
+    and empty blocks, in place, mixed with the other segment collectives."""
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "blocks", timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_shm_block_collectives_default_slot(n, mpirun):
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "blocks-default-slot", timeout=180)

@@ -1,0 +1,173 @@
+"""Run under mpiexec by tests/procs/test_ucx.py with PYCOLL_TLS=ucx: every collective of Team over the
+UCX transport vs numpy, on a team from MPI and a team from a TCPStore sharing one UCX worker, plus
+tagged collectives in different orders per rank under a small credit, send/recv (from any source)
+and a too-large message.
+
+Argument: ``mpi-first`` (mpi4py imported before pycoll loads UCX: MPICH's UCX copy is used) or
+``ucx-first`` (pycoll's loader first: the wheel's UCX, which MPICH then shares).
+"""
+
+import sys
+
+ORDER = sys.argv[1] if len(sys.argv) > 1 else "mpi-first"
+if ORDER == "ucx-first":
+    from pycoll.tl.ucx import loader
+
+    loader.load()
+    assert loader.source == "wheel", loader.source
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import pycoll  # noqa: E402
+from pycoll import ReduceOp, Team, TransportError  # noqa: E402
+from pycoll.store import TCPStore  # noqa: E402
+from pycoll.tl.ucx import loader  # noqa: E402
+from pycoll.tl.ucx.transport import context_worker  # noqa: E402
+from tests.rank import run_rank  # noqa: E402
+from tests.reference import (  # noqa: E402
+    MIXED_KINDS,
+    assert_same,
+    check_mixed,
+    expected,
+    make_input,
+    mixed_plan,
+    post_mixed,
+)
+
+
+def every_collective(team, counts=(1, 100, 3000)):
+    n = team.size
+    for tagged in (False, True):
+        bufs = {}
+        k = 0
+        for count in counts:
+            for kind in MIXED_KINDS:
+                req = post_mixed(team, kind, k, count, bufs, tagged=tagged, priority=0)
+                req.wait()
+                check_mixed(team, kind, k, count, bufs[k])
+                k += 1
+    for dtype, op in (("float32", ReduceOp.SUM), ("float64", ReduceOp.AVG), ("int32", ReduceOp.PROD),
+                      ("int64", ReduceOp.MIN), ("float32", ReduceOp.MAX), ("uint8", ReduceOp.BAND),
+                      ("int16", ReduceOp.BOR), ("int32", ReduceOp.BXOR), ("bool", ReduceOp.LAND),
+                      ("bool", ReduceOp.LOR), ("bool", ReduceOp.LXOR), ("bfloat16", ReduceOp.SUM)):
+        for count in (7, 5000):
+            ins = [make_input(dtype, op, r, count, seed=count) for r in range(n)]
+            out = np.empty_like(ins[team.rank])
+            team.allreduce(ins[team.rank], out, op).wait()
+            assert_same([out], expected(ins, op), f"allreduce {dtype} {op.name} {count}")
+            for alg in ("ring", "rd"):
+                out = np.empty_like(ins[team.rank])
+                team.allreduce(ins[team.rank], out, op, algorithm=alg, tag=("alg", alg, count)).wait()
+                assert_same([out], expected(ins, op), f"allreduce {alg} {dtype} {op.name} {count}")
+
+
+def point_to_point(team):
+    n, r = team.size, team.rank
+    if n == 1:
+        return
+    right, left = (r + 1) % n, (r - 1) % n
+    for count in (0, 10, 100_000):
+        out = np.full(count, -1.0)
+        rq = team.recv(out, left, tag=("ring", count))
+        team.send(np.full(count, float(r)), right, tag=("ring", count)).wait()
+        rq.wait()
+        assert (out == left).all()
+    # rank 0 receives one message from every other rank, from any source
+    if r == 0:
+        seen = set()
+        for _ in range(n - 1):
+            out = np.zeros(4)
+            req = team.recv(out, None, tag="any")
+            req.wait()
+            src = req.task.source
+            assert (out == src).all() and src not in seen, (out, src)
+            seen.add(src)
+        assert seen == set(range(1, n))
+    else:
+        team.send(np.full(4, float(r)), 0, tag="any").wait()
+    team.barrier().wait()
+
+
+def too_large(team):
+    """A message larger than its receive buffer: a TransportError, both on the checked path
+    (point to point) and on UCP's own (an untagged key: UCS_ERR_MESSAGE_TRUNCATED)."""
+    if team.size == 1:
+        return
+    r = team.rank
+    if r == 1:
+        team.send(np.arange(100, dtype=np.uint8), 0, tag="big").wait()
+        req = team.transport.isend(np.arange(5000, dtype=np.uint8), 0, ("c", 10**9, 0))
+        while not req.test():
+            team.ctx.progress()
+    elif r == 0:
+        small = np.zeros(10, np.uint8)
+        try:
+            team.recv(small, 1, tag="big").wait()
+        except TransportError as exc:
+            assert "larger than the receive buffer" in str(exc), exc
+        else:
+            raise AssertionError("a too-large message was received")
+        req = team.transport.irecv(np.zeros(100, np.uint8), 1, ("c", 10**9, 0))
+        try:
+            while not req.test():
+                team.ctx.progress()
+        except TransportError as exc:
+            assert "larger than the receive buffer" in str(exc), exc
+        else:
+            raise AssertionError("a truncated message was received")
+    team.barrier().wait()
+
+
+def credit_orders(comm):
+    """Tagged mixed collectives, each rank in its own order, under a credit of 4 KiB."""
+    ctx = pycoll.Context(credit_bytes=4096, partition_bytes=0, timeout=120)
+    team = Team.from_mpi(comm, ctx)
+    work = mixed_plan(150, seed=3)
+    order = np.random.default_rng(team.rank).permutation(len(work))
+    bufs = {}
+    reqs = [post_mixed(team, work[k][0], int(k), work[k][1], bufs, tagged=True) for k in order]
+    pycoll.wait_all(reqs)
+    for k, (kind, count) in enumerate(work):
+        check_mixed(team, kind, k, count, bufs[k])
+    if team.size > 1:
+        assert ctx.stats["credit_waits"] > 0, ctx.stats
+    team.close()
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    n, rank = comm.size, comm.rank
+    if ORDER == "mpi-first":
+        loader.load()
+        assert loader.source in ("process", "wheel"), loader.source
+    ctx = pycoll.get_context()
+    team = Team.from_mpi(comm)
+    port = comm.bcast(TCPStore(port=0, is_master=True, timeout=60).port if rank == 0 else None)
+    store = TCPStore("127.0.0.1", port, timeout=60)
+    steam = Team.from_store(store, rank, n, prefix="ucxtest")
+    if n > 1:
+        assert team.transport.name == "ucx" and steam.transport.name == "ucx", (team, steam)
+        # one worker per context
+        assert team.transport.worker is steam.transport.worker is context_worker(ctx)
+        assert team.transport.team_id != steam.transport.team_id
+    for t in (team, steam):
+        every_collective(t, counts=(1, 3000) if t is steam else (1, 100, 3000))
+        point_to_point(t)
+    # both teams at once: the same tags on two teams sharing the worker never mix
+    a, b = np.full(1000, float(rank)), np.full(1000, 10.0 * rank)
+    ra, rb = steam.allreduce(a, tag="same"), team.allreduce(b, tag="same")
+    ra.wait()
+    rb.wait()
+    assert (a == sum(range(n))).all() and (b == 10 * sum(range(n))).all()
+    too_large(team)
+    credit_orders(comm)
+    steam.close()
+    team.close()
+    if n > 1:
+        assert context_worker(ctx) is None  # the last team released the worker
+    print(f"rank {rank}: UCX {'.'.join(map(str, loader.version()))} from {loader.source}", flush=True)
+
+
+if __name__ == "__main__":
+    run_rank(main)

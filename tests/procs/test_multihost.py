@@ -1,0 +1,19 @@
+"""Two hosts on one machine (network namespaces joined by a veth pair): hierarchical collectives
+with the node level on each host's shared segment and the leader level across the veth link."""
+
+
+from tests.launch import need_ucx
+
+
+def test_two_hosts_tcp(hosts):
+    """3 ranks on host A, 2 on host B (uneven); between hosts the store-bootstrapped TCP transport."""
+    hosts("tests/procs/scripts/two_hosts.py", [3, 2], "tcp", timeout=150)
+
+
+def test_two_hosts_ucx_tcp(hosts):
+    """The same with every team on UCX, forced onto TCP (UCX_TLS=tcp: namespaces do not separate
+    shared memory, and UCX would otherwise use it between them); the node level keeps each host's
+    shared segment for its collectives."""
+    need_ucx()
+    hosts("tests/procs/scripts/two_hosts.py", [3, 2], "ucx", timeout=150,
+          env={"PYCOLL_TLS": "ucx,shm", "UCX_TLS": "tcp"})

@@ -1,0 +1,92 @@
+"""A rank of a shared-memory team killed or exiting mid-collective (ranks bootstrapped through a
+TCP store): errors on the others, not a hang, and nothing left behind."""
+
+import signal
+import textwrap
+
+import pytest
+
+from tests.launch import shm_entries
+
+native = pytest.importorskip("pycoll.native", reason="the native module is not built")
+
+
+@pytest.mark.parametrize("coll", ["reduce", "allgather", "reduce_scatter"])
+def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        rank, size, port, coll = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        assert team.shared is not None
+        m = 4 << 20  # elements per block: several chunks
+        def post(timeout=None):
+            if coll == "reduce":
+                return team.reduce(np.ones(m, np.float32), np.zeros(m, np.float32), root=0,
+                                   algorithm="shm", timeout=timeout)
+            if coll == "allgather":
+                return team.allgather(np.ones(m, np.float32), np.zeros(size * m, np.float32),
+                                      algorithm="shm", timeout=timeout)
+            return team.reduce_scatter(np.ones(size * m, np.float32), np.zeros(m, np.float32),
+                                       algorithm="shm", timeout=timeout)
+        team.barrier().wait()
+        if rank == size - 1:
+            req = post()  # posted, its first chunk in the segment: then the rank exits
+            req.test()
+            os._exit(3)
+        t0 = time.monotonic()
+        try:
+            post(timeout=20).wait()
+            print(f"RANK {rank} NO ERROR", flush=True)
+        except pycoll.PycollError as exc:
+            print(f"RANK {rank} ERROR {type(exc).__name__} after {time.monotonic() - t0:.1f} s: {exc}",
+                  flush=True)
+        try:  # the segment is unusable now: later collectives on it fail at once
+            team.allreduce(np.ones(10), algorithm="shm", timeout=20).wait()
+            print(f"RANK {rank} LATER NO ERROR", flush=True)
+        except pycoll.PycollError as exc:
+            print(f"RANK {rank} LATER ERROR {exc}", flush=True)
+    """)
+    size = 3
+    codes, outs = store_ranks(script, size, coll)
+    assert codes[-1] == 3, outs[-1]
+    for r in range(size - 1):
+        assert f"RANK {r} ERROR" in outs[r], outs[r]
+        assert "has died" in outs[r], outs[r]  # the dead peer is named (exited: no timeout needed)
+        assert f"RANK {r} LATER ERROR" in outs[r], outs[r]
+
+
+def test_killed_rank_gives_errors_and_leaves_nothing_behind(store_ranks):
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        import numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        assert team.shared is not None
+        for _ in range(3):
+            team.allreduce(np.ones(1000)).wait()
+        big = np.ones(16 << 20, np.float32)
+        if rank == size - 1:
+            req = team.allreduce(big)  # posted, partly done: then the rank dies
+            req.test()
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            team.allreduce(big, timeout=20).wait()
+            print(f"RANK {rank} NO ERROR", flush=True)
+        except pycoll.PycollError as exc:
+            print(f"RANK {rank} ERROR {type(exc).__name__}: {exc}", flush=True)
+    """)
+    before = shm_entries()
+    size = 3
+    codes, outs = store_ranks(script, size, timeout=60)
+    assert codes[-1] == -signal.SIGKILL
+    for r in range(size - 1):
+        assert f"RANK {r} ERROR" in outs[r], outs[r]
+        assert "has died" in outs[r] or "TimeoutError" in outs[r], outs[r]
+    assert shm_entries() == before  # segments are memfds: never in /dev/shm

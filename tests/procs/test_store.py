@@ -1,0 +1,63 @@
+"""Teams bootstrapped from the TCP store (TCP transport and shared memory) in real processes, and a
+peer that vanishes. The store itself: tests/unit/test_store.py."""
+
+import textwrap
+
+import pytest
+
+WORKER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import pycoll
+    from pycoll import ReduceOp, Team
+    from pycoll.store import TCPStore
+    from tests.reference import expected, make_input, assert_same
+
+    rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    store = TCPStore("127.0.0.1", port, timeout=60)
+    team = Team.from_store(store, rank, size)
+    assert team.transport.name == ("self" if size == 1 else sys.argv[4])
+    for alg in ("rd", "ring", "knomial"):
+        for dtype, op in (("float32", ReduceOp.SUM), ("int64", ReduceOp.BXOR), ("bfloat16", ReduceOp.MAX)):
+            for count in (0, 1, size + 1, 300_000):
+                ins = [make_input(dtype, op, r, count) for r in range(size)]
+                got = team.allreduce(ins[rank].copy(), op=op, algorithm=alg).wait()
+                assert_same([got], expected(ins, op), f"{alg} {dtype} {count}")
+    # tagged, posted in different orders, and a second team on the same store
+    team2 = Team.from_store(store, rank, size)
+    bufs = {t: np.full(1000 + t, float(rank + t)) for t in range(10)}
+    order = np.random.default_rng(rank).permutation(10)
+    pycoll.wait_all([team2.allreduce(bufs[t], tag=("t", int(t))) for t in order])
+    for t in range(10):
+        assert (bufs[t] == sum(r + t for r in range(size))).all()
+    print(f"RANK {rank} OK", flush=True)
+""")
+
+
+@pytest.mark.parametrize("size,tls", [(1, "tcp"), (2, "tcp"), (3, "tcp"), (3, "shm")])
+def test_team_from_store_processes(size, tls, store_ranks):
+    env = {"PYCOLL_TIMEOUT": "60", "PYCOLL_TLS": "shm,tcp" if tls == "shm" else tls}
+    _, outs = store_ranks(WORKER, size, tls, timeout=120, env=env, store_timeout=60)
+    failed = [r for r, out in enumerate(outs) if f"RANK {r} OK" not in out]
+    assert not failed, f"ranks {failed} failed:\n" + "\n".join(outs[r][-3000:] for r in failed)
+
+
+def test_peer_that_vanishes_gives_an_error_not_a_hang(store_ranks):
+    script = textwrap.dedent("""
+        import os, sys, numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        rank, port = int(sys.argv[1]), int(sys.argv[3])  # argv: rank, size, port
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, 2)
+        team.allreduce(np.ones(4)).wait()
+        if rank == 1:
+            os._exit(0)  # vanish
+        try:
+            team.allreduce(np.ones(1 << 20), timeout=20).wait()
+        except pycoll.PycollError as exc:
+            print("RANK 0 ERROR", type(exc).__name__, exc, flush=True)
+    """)
+    _, outs = store_ranks(script, 2, timeout=60, env={"PYCOLL_TLS": "tcp"})
+    out = outs[0]
+    assert "RANK 0 ERROR TransportError tcp: lost rank 1" in out, out

@@ -1,0 +1,86 @@
+"""The UCX transport (PYCOLL_TLS=ucx) in real processes: every collective on 1-8 ranks (teams from
+MPI and from a store sharing one worker, both loading orders against mpi4py, UCX_TLS=tcp), a missing
+library and a dying rank. In one process (the tag layout's collisions, too-large messages):
+tests/unit/test_ucx.py."""
+
+import sys
+import textwrap
+
+import pytest
+
+from tests.launch import child_env, need_ucx
+
+need_ucx(allow_module_level=True)
+
+
+@pytest.mark.parametrize("n,order,env", [
+    (1, "mpi-first", {}),
+    (2, "mpi-first", {"UCX_TLS": "tcp"}),
+    (3, "ucx-first", {}),
+    (4, "mpi-first", {}),
+    (5, "ucx-first", {}),
+    (6, "mpi-first", {}),
+    (7, "ucx-first", {}),
+    (8, "ucx-first", {}),
+])
+def test_collectives_over_ucx(n, order, env, mpirun):
+    mpirun(n, "tests/procs/scripts/ucx_colls.py", order, timeout=240, env={"PYCOLL_TLS": "ucx", **env})
+
+
+# ------------------------------------------------------------------ failures
+def test_missing_library_is_a_transport_error(run_cmd):
+    code = """
+        import pycoll
+        from pycoll.errors import TransportError
+        from pycoll.tl.ucx import UCXTransport, info
+        for make in (info, lambda: UCXTransport(0, 2, lambda b: [b, b], pycoll.Context())):
+            try:
+                make()
+            except TransportError as exc:
+                assert "cannot load libucp" in str(exc) and "nowhere" in str(exc), exc
+            else:
+                raise AssertionError("no error")
+        print("OK")
+    """
+    rc, out, err = run_cmd([sys.executable, "-c", textwrap.dedent(code)], timeout=60,
+                           env=child_env({"PYCOLL_UCX_LIB": "/nowhere/libucp.so.0"}))
+    assert rc == 0 and "OK" in out, out + err
+
+
+@pytest.mark.parametrize("peer_errors", ["auto", "1"])
+def test_dying_rank_is_an_error_not_a_hang(peer_errors, store_ranks):
+    """auto (same node: no peer error mode, so shared memory): the collective's timeout; 1: UCP's
+    peer error mode (TCP between local ranks) may report the loss first. Either way a pycoll
+    error in time."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        rank, size, port = map(int, sys.argv[1:4])
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        team = Team.from_store(store, rank, size)
+        assert team.transport.name == "ucx", team
+        x = np.ones(1 << 16)
+        team.allreduce(x).wait()
+        if rank == 1:
+            # a send complete here may not have reached rank 0 yet: die only once it has
+            store.wait(["rank0-done"])
+            os._exit(3)
+        store.set("rank0-done", "1")
+        t0 = time.monotonic()
+        try:
+            team.allreduce(np.ones(1 << 20), algorithm="ring", timeout=5).wait()
+        except pycoll.PycollError as exc:
+            print("ERROR", type(exc).__name__, round(time.monotonic() - t0, 1), exc, flush=True)
+            os._exit(0)
+        print("NO ERROR", flush=True)
+    """)
+    codes, outs = store_ranks(script, 2, timeout=60,
+                              env={"PYCOLL_TLS": "ucx", "PYCOLL_UCX_PEER_ERRORS": peer_errors})
+    assert codes[1] == 3, outs[1]
+    assert codes[0] == 0 and "ERROR" in outs[0], outs[0]
+    took = float(outs[0].split("ERROR", 1)[1].split()[1])
+    print(outs[0])
+    assert took < 15, outs[0]

@@ -1,0 +1,365 @@
+"""Every torch.distributed call on backend ``pycoll`` against ``gloo`` and a local reference.
+
+The default group is ``pycoll``; a ``gloo`` group over the same ranks runs the same calls. Inputs
+are small integers (exact in every dtype, so sums agree bit for bit whatever the order), built
+from a seed per rank so that every rank can compute the reference result of any call itself.
+"""
+
+import datetime
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import pycoll
+import pycoll.torch  # noqa: F401 - registers the backend
+from tests.rank import run_torch_rank
+
+RED = dist.ReduceOp
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INTS = [torch.int32, torch.int64, torch.uint8, torch.int8]
+FLOAT_OPS = [RED.SUM, RED.PRODUCT, RED.MIN, RED.MAX, RED.AVG]
+INT_OPS = FLOAT_OPS + [RED.BAND, RED.BOR, RED.BXOR]
+
+
+def data(rank, shape, dtype, salt=0):
+    """Rank ``rank``'s input: small integers (1..3 for products, 0..7 otherwise)."""
+    g = torch.Generator().manual_seed(1000 * salt + rank)
+    return torch.randint(1, 4, shape, generator=g).to(dtype)
+
+
+def reference(op, xs, n):
+    acc = xs[0].to(torch.float64) if xs[0].is_floating_point() else xs[0].clone()
+    if acc.is_complex():
+        acc = acc.to(torch.complex128)
+    for x in xs[1:]:
+        x = x.to(acc.dtype)
+        if op in (RED.SUM, RED.AVG):
+            acc = acc + x
+        elif op == RED.PRODUCT:
+            acc = acc * x
+        elif op == RED.MIN:
+            acc = torch.minimum(acc, x)
+        elif op == RED.MAX:
+            acc = torch.maximum(acc, x)
+        elif op == RED.BAND:
+            acc = acc & x
+        elif op == RED.BOR:
+            acc = acc | x
+        elif op == RED.BXOR:
+            acc = acc ^ x
+    if op == RED.AVG:
+        acc = acc / n if acc.is_floating_point() else torch.div(acc, n, rounding_mode="trunc")
+    return acc.to(xs[0].dtype)
+
+
+def check(got, want, what):
+    tol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(want.dtype, 1e-6)
+    if want.is_floating_point():
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{what}: {m}")
+    elif not torch.equal(got, want):
+        raise AssertionError(f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+
+def gloo_ok(op, dtype):
+    """Whether gloo implements ``op`` on ``dtype`` (it has no AVG, and no bitwise ops on floats)."""
+    return op != RED.AVG and dtype not in (torch.bfloat16,)
+
+
+def test_allreduce(r, n, gloo):
+    for dtype in FLOATS + INTS:
+        for op in (INT_OPS if dtype in INTS else FLOAT_OPS):
+            if dtype in (torch.uint8, torch.int8) and op == RED.PRODUCT:
+                continue  # 3^n overflows a byte differently per backend
+            xs = [data(q, (5, 3), dtype, salt=op.value if hasattr(op, "value") else 1) for q in range(n)]
+            want = reference(op, xs, n)
+            t = xs[r].clone()
+            dist.all_reduce(t, op=op)
+            check(t, want, f"all_reduce {op} {dtype}")
+            if gloo_ok(op, dtype):
+                g = xs[r].clone()
+                dist.all_reduce(g, op=op, group=gloo)
+                check(t, g, f"all_reduce {op} {dtype} vs gloo")
+    for dtype in (torch.complex64, torch.complex128):  # torch allows SUM (and AVG) on complex
+        for op in (RED.SUM,):
+            xs = [data(q, (4,), dtype, salt=9) * (1 + 1j) for q in range(n)]
+            t = xs[r].clone()
+            dist.all_reduce(t, op=op)
+            check(t, reference(op, xs, n), f"all_reduce {op} {dtype}")
+    # a non-contiguous tensor: reduced through a copy, written back in place
+    base = data(r, (6, 4), torch.float32) * 0 + (r + 1)
+    view = base.t()[:, ::2]
+    before = base.clone()
+    dist.all_reduce(view)
+    want_view = before.t()[:, ::2] * 0 + sum(range(1, n + 1))
+    check(view, want_view, "all_reduce non-contiguous")
+    check(base.t()[:, 1::2], before.t()[:, 1::2], "all_reduce non-contiguous: other elements untouched")
+    # zero elements, and a larger message (shared-memory path) against gloo
+    empty = torch.empty(0)
+    dist.all_reduce(empty)
+    big = data(r, (1 << 20,), torch.float32)
+    g = big.clone()
+    dist.all_reduce(big)
+    dist.all_reduce(g, group=gloo)
+    check(big, g, "all_reduce 4 MiB vs gloo")
+
+
+def test_async_future(r, n):
+    """An async all_reduce's future completes while the caller computes, without wait()."""
+    t = torch.ones(1 << 16)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    deadline = time.monotonic() + 20
+    x = torch.randn(64, 64)
+    while not fut.done():
+        x = x @ x.t() / 64  # the caller computes; pycoll's progress thread finishes the work
+        if time.monotonic() > deadline:
+            raise AssertionError("async all_reduce did not complete without wait()")
+    assert work.is_completed() and work.is_success()
+    check(fut.value()[0], torch.full((1 << 16,), float(n)), "async all_reduce future value")
+    # chained callbacks run on completion, as DDP's do
+    t2 = torch.ones(8)
+    fut2 = dist.all_reduce(t2, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    check(fut2.wait(), torch.full((8,), 2.0 * n), "future.then")
+    # wait() with timedelta(0) means no timeout
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    assert w.wait(datetime.timedelta(0))
+    # a wait that runs out raises pycoll's TimeoutError; the collective goes on and finishes once
+    # the late rank joins
+    late = torch.ones(4)
+    if r == 0:
+        w = dist.all_reduce(late, async_op=True)
+        try:
+            w.wait(datetime.timedelta(seconds=0.2))
+        except pycoll.TimeoutError as exc:
+            assert "did not finish within" in str(exc), exc
+        else:
+            raise AssertionError("wait() returned before the other ranks joined")
+        w.wait()
+    else:
+        time.sleep(1.0)  # join late (collectives still in the same order on every rank)
+        dist.all_reduce(late)
+    check(late, torch.full((4,), float(n)), "all_reduce after a timed-out wait")
+
+
+def test_coalesced(r, n, gloo):
+    ts = [data(r, (k + 1,), torch.float32) for k in range(3)]
+    want = [reference(RED.SUM, [data(q, (k + 1,), torch.float32) for q in range(n)], n) for k in range(3)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for k in range(3):
+        check(ts[k], want[k], f"coalesced all_reduce {k}")
+    outs = [torch.empty(n * (k + 1)) for k in range(2)]
+    with dist._coalescing_manager():
+        for k in range(2):
+            dist.all_gather_into_tensor(outs[k], data(r, (k + 1,), torch.float32))
+    for k in range(2):
+        want = torch.cat([data(q, (k + 1,), torch.float32) for q in range(n)])
+        check(outs[k], want, "coalesced all_gather")
+    rs = [torch.empty(k + 1) for k in range(2)]
+    with dist._coalescing_manager():
+        for k in range(2):
+            dist.reduce_scatter_tensor(rs[k], data(r, (n * (k + 1),), torch.float32))
+    for k in range(2):
+        full = reference(RED.SUM, [data(q, (n * (k + 1),), torch.float32) for q in range(n)], n)
+        check(rs[k], full[r * (k + 1):(r + 1) * (k + 1)], "coalesced reduce_scatter")
+    # start/end coalescing around point to point (the device path of the coalescing manager)
+    pg = dist.distributed_c10d._get_default_group()
+    pg._start_coalescing(torch.device("cpu"))
+    a = torch.full((3,), float(r))
+    b = torch.empty(3)
+    dist.isend(a, (r + 1) % n)
+    dist.irecv(b, (r - 1) % n)
+    pg._end_coalescing(torch.device("cpu")).wait()
+    check(b, torch.full((3,), float((r - 1) % n)), "coalesced send/recv")
+
+
+def test_data_movement(r, n, gloo):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+        for root in range(n):
+            t = data(r, (7,), dtype, salt=root)
+            g = t.clone()
+            dist.broadcast(t, root)
+            dist.broadcast(g, root, group=gloo) if dtype != torch.bfloat16 else None
+            check(t, data(root, (7,), dtype, salt=root), f"broadcast {dtype} root {root}")
+        x = data(r, (2, 3), dtype)
+        outs = [torch.empty(2, 3, dtype=dtype) for _ in range(n)]
+        dist.all_gather(outs, x)
+        for q in range(n):
+            check(outs[q], data(q, (2, 3), dtype), f"all_gather {dtype}")
+        out = torch.empty(2 * n, 3, dtype=dtype)
+        dist.all_gather_into_tensor(out, x)
+        check(out, torch.cat([data(q, (2, 3), dtype) for q in range(n)]), f"all_gather_into_tensor {dtype}")
+    # reductions to a root and reduce-scatter
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.float16):
+        for op in (RED.SUM, RED.MAX):
+            for root in range(n):
+                xs = [data(q, (4,), dtype, salt=root + 7) for q in range(n)]
+                t = xs[r].clone()
+                dist.reduce(t, root, op=op)
+                if r == root:
+                    check(t, reference(op, xs, n), f"reduce {op} {dtype} root {root}")
+            ins = [data(r, (3,), dtype, salt=q) for q in range(n)]
+            out = torch.empty(3, dtype=dtype)
+            dist.reduce_scatter(out, ins, op=op)
+            want = reference(op, [data(q, (3,), dtype, salt=r) for q in range(n)], n)
+            check(out, want, f"reduce_scatter {op} {dtype}")
+            if dtype != torch.float16:
+                g = torch.empty(3, dtype=dtype)
+                dist.reduce_scatter(g, [i.clone() for i in ins], op=op, group=gloo)
+                check(out, g, f"reduce_scatter {op} {dtype} vs gloo")
+            full = torch.cat(ins)
+            out2 = torch.empty(3, dtype=dtype)
+            dist.reduce_scatter_tensor(out2, full, op=op)
+            check(out2, want, f"reduce_scatter_tensor {op} {dtype}")
+    # gather and scatter from every root
+    for root in range(n):
+        x = data(r, (5,), torch.float32, salt=root)
+        outs = [torch.empty(5) for _ in range(n)] if r == root else None
+        dist.gather(x, outs, dst=root)
+        if r == root:
+            for q in range(n):
+                check(outs[q], data(q, (5,), torch.float32, salt=root), f"gather root {root}")
+        chunks = [data(q, (4,), torch.int64, salt=root + 50) for q in range(n)] if r == root else None
+        out = torch.empty(4, dtype=torch.int64)
+        dist.scatter(out, chunks, src=root)
+        check(out, data(r, (4,), torch.int64, salt=root + 50), f"scatter root {root}")
+    # all to all: lists of uneven tensors, and single tensors with and without split sizes
+    ins = [torch.full((r + q + 1,), float(10 * r + q)) for q in range(n)]
+    outs = [torch.empty(q + r + 1) for q in range(n)]
+    dist.all_to_all(outs, ins)
+    for q in range(n):
+        check(outs[q], torch.full((q + r + 1,), float(10 * q + r)), "all_to_all lists")
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    y = torch.empty(2 * n)
+    dist.all_to_all_single(y, x)
+    want = torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * q for q in range(n)])
+    check(y, want, "all_to_all_single")
+    insplit = [q + 1 for q in range(n)]  # rank r sends q+1 rows to rank q
+    outsplit = [r + 1] * n
+    x = torch.full((sum(insplit), 2), float(r))
+    y = torch.empty(sum(outsplit), 2)
+    dist.all_to_all_single(y, x, outsplit, insplit)
+    want = torch.cat([torch.full((r + 1, 2), float(q)) for q in range(n)])
+    check(y, want, "all_to_all_single with splits")
+    g = torch.empty(sum(outsplit), 2)
+    dist.all_to_all_single(g, x, outsplit, insplit, group=gloo)
+    check(y, g, "all_to_all_single with splits vs gloo")
+    dist.barrier()
+
+
+def test_point_to_point(r, n):
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    out = torch.empty(4)
+    if r % 2 == 0:
+        dist.send(torch.full((4,), float(r)), nxt)
+        dist.recv(out, prv)
+    else:
+        dist.recv(out, prv)
+        dist.send(torch.full((4,), float(r)), nxt)
+    check(out, torch.full((4,), float(prv)), "send/recv")
+    reqs = [dist.isend(torch.full((2,), float(r), dtype=torch.float64), nxt, tag=7),
+            dist.irecv(buf := torch.empty(2, dtype=torch.float64), prv, tag=7)]
+    for q in reqs:
+        q.wait()
+    check(buf, torch.full((2,), float(prv), dtype=torch.float64), "isend/irecv with tag")
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(r)), nxt),
+           dist.P2POp(dist.irecv, b2 := torch.empty(3), prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check(b2, torch.full((3,), float(prv)), "batch_isend_irecv")
+    # any source: rank 0 receives one message from every other rank, in whatever order they come
+    if r == 0:
+        seen = set()
+        for _ in range(n - 1):
+            buf = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(buf, tag=3)
+            assert int(buf) == 100 + src, (int(buf), src)
+            seen.add(src)
+        assert seen == set(range(1, n)), seen
+    else:
+        dist.send(torch.tensor([100 + r]), 0, tag=3)
+    dist.barrier()
+
+
+def test_groups(r, n):
+    """Sub-groups map to their own pycoll teams, made only on their members."""
+    sub = dist.new_group([0, n - 1])
+    if r in (0, n - 1):
+        t = torch.tensor([float(r)])
+        dist.all_reduce(t, group=sub)
+        check(t, torch.tensor([float(n - 1)]), "sub-group all_reduce")
+        assert dist.get_backend(sub) == "pycoll"
+    odd = dist.new_group([q for q in range(n) if q % 2])
+    if r % 2:
+        t = torch.ones(3)
+        dist.all_reduce(t, group=odd)
+        check(t, torch.full((3,), float(len(range(1, n, 2)))), "odd-ranks group")
+    from torch.distributed import _functional_collectives as fc
+
+    out = fc.all_reduce(torch.ones(2) * r, "sum", dist.group.WORLD)
+    check(out, torch.full((2,), float(sum(range(n)))), "functional all_reduce (group by name)")
+    dist.barrier()
+
+
+def test_errors(r, n):
+    try:
+        dist.all_reduce(torch.ones(2), op=RED.BAND)
+    except (ValueError, RuntimeError) as exc:
+        assert "BAND" in str(exc), exc
+    else:
+        raise AssertionError("BAND on float32 did not raise")
+    dist.barrier()
+
+
+def test_vanished_peer(r, n):
+    """The last rank dies after a barrier: the others' next all_reduce fails with a pycoll error
+    naming a lost rank (the dead one, or one that already failed and left), long before the group's
+    timeout."""
+    dist.barrier()
+    if r == n - 1:
+        print(f"RANK {r} OK", flush=True)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 12))
+        dist.all_reduce(torch.ones(1 << 12))
+    except Exception as exc:  # noqa: BLE001 - checked below
+        assert isinstance(exc, pycoll.PycollError), f"{type(exc).__name__}: {exc}"
+        assert "has died" in str(exc) or "lost rank" in str(exc), exc
+        assert time.monotonic() - start < 20, "the error came only at the timeout"
+    else:
+        raise AssertionError("all_reduce with a dead peer did not fail")
+    print(f"RANK {r} OK", flush=True)
+    os._exit(0)  # no clean shutdown with a dead peer
+
+
+def main(mode):
+    if mode == "vanish":
+        dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
+        test_vanished_peer(dist.get_rank(), dist.get_world_size())
+    dist.init_process_group("pycoll")
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "pycoll"
+    gloo = dist.new_group(backend="gloo")
+    if mode in ("all", "reduce"):
+        test_allreduce(r, n, gloo)
+        test_async_future(r, n)
+    if mode in ("all", "move"):
+        test_coalesced(r, n, gloo)
+        test_data_movement(r, n, gloo)
+        test_point_to_point(r, n)
+        test_groups(r, n)
+        test_errors(r, n)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed *_into_tensor calls
+    torch.set_num_threads(1)
+    run_torch_rank(main, sys.argv[1] if len(sys.argv) > 1 else "all")

@@ -1,0 +1,20 @@
+"""The ``pycoll`` torch.distributed backend against gloo: every collective, op and dtype, in real
+processes started torchrun-style (env:// and its store) and by mpiexec."""
+
+import pytest
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_env(n, torchrun):
+    torchrun(n, "tests/procs/torch/scripts/collectives.py", "all", launcher="env", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_mpiexec(n, torchrun):
+    torchrun(n, "tests/procs/torch/scripts/collectives.py", "all", launcher="mpiexec", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_vanished_peer_fails_fast(n, torchrun):
+    """A rank that dies makes the others' collectives raise a pycoll error, not hang."""
+    torchrun(n, "tests/procs/torch/scripts/collectives.py", "vanish", launcher="env", timeout=60)

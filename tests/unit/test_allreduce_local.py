@@ -1,0 +1,222 @@
+"""Allreduce algorithms on in-process teams: the correctness matrix against numpy."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp
+from pycoll.ops import DTYPES
+from tests.reference import ALL_DTYPES, assert_same, expected, make_input, valid_ops
+
+ALGS = ["rd", "ring", "knomial"]
+
+
+def run_allreduce(n, dtype, op, count, alg, in_place, **kw):
+    teams = pycoll.local_teams(n)
+    inputs = [make_input(dtype, op, r, count) for r in range(n)]
+    want = expected(inputs, op)
+    bufs = [x.copy() for x in inputs]
+    outs = [np.zeros(count, DTYPES[dtype]) for _ in range(n)]
+    reqs = [team.allreduce(bufs[r], None if in_place else outs[r], op, algorithm=alg, **kw)
+            for r, team in enumerate(teams)]
+    results = pycoll.wait_all(reqs)
+    got = bufs if in_place else outs
+    assert all(res is g for res, g in zip(results, got))
+    assert_same(got, want, f"{alg} n={n} {dtype} {op.name} count={count} in_place={in_place}")
+    if not in_place:
+        for r in range(n):
+            np.testing.assert_array_equal(bufs[r], inputs[r])  # input untouched
+    assert teams[0].transport.fabric.pending_messages() == 0
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_and_op(alg, dtype):
+    for op in valid_ops(dtype):
+        for n in (3, 4):
+            for count in (0, 1, n - 1, n + 1, 1000):
+                run_allreduce(n, dtype, op, count, alg, in_place=(count % 2 == 0))
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 31, 32, 33, 64])
+def test_team_sizes(alg, n):
+    for count in (0, 1, n - 1, n + 1, 100):
+        run_allreduce(n, "int64", ReduceOp.SUM, count, alg, in_place=False)
+    run_allreduce(n, "float32", ReduceOp.MAX, 37, alg, in_place=True)
+
+
+@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("dtype,op", [("float32", ReduceOp.SUM), ("bfloat16", ReduceOp.SUM),
+                                      ("int32", ReduceOp.BXOR), ("float64", ReduceOp.AVG)])
+def test_large_counts(alg, dtype, op):
+    for n, in_place in ((2, False), (3, True), (5, False)):
+        run_allreduce(n, dtype, op, (1 << 20) + 3, alg, in_place)
+
+
+@pytest.mark.parametrize("radix", [2, 3, 4, 8])
+def test_knomial_radix(radix):
+    for n in (2, 5, 9, 16, 27):
+        run_allreduce(n, "int32", ReduceOp.SUM, 50, "knomial", False, radix=radix)
+
+
+def test_ring_pipelines_many_fragments():
+    from pycoll.algorithms import allreduce_ring
+
+    teams = pycoll.local_teams(3)
+    data = [np.arange(100_000, dtype=np.float64) + r for r in range(3)]
+    tasks = []
+    for r, team in enumerate(teams):
+        planner = team.planner
+        call = team.call("allreduce", data[r], None, ReduceOp.SUM)
+        args = planner.args(call, planner.coll_key(None), "ring", {"fragment_bytes": 30_000, "depth": 3})
+        tasks.append(allreduce_ring.build(args))
+    reqs = [teams[0].ctx.submit(t) for t in tasks]
+    pycoll.wait_all(reqs)
+    assert tasks[0].n_fragments > 20 and len(tasks[0].tasks) == 3
+    want = sum(np.arange(100_000, dtype=np.float64) + r for r in range(3))
+    assert_same(data, want, "ring fragments")
+
+
+def test_invalid_arguments_raise_before_anything_is_sent():
+    a, b = pycoll.local_teams(2)
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="BAND is not defined for float32"):
+        a.allreduce(x, op=ReduceOp.BAND)
+    with pytest.raises(ValueError, match="must match"):
+        a.allreduce(x, np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="must match"):
+        a.allreduce(x, np.ones(4, np.float64))
+    with pytest.raises(ValueError, match="not contiguous"):
+        a.allreduce(np.ones(8, np.float32)[::2])
+    with pytest.raises(ValueError, match="read-only"):
+        a.allreduce(np.frombuffer(b"\0" * 16, np.float32))
+    with pytest.raises(ValueError, match="unknown allreduce algorithm 'nope'"):
+        a.allreduce(x, algorithm="nope")
+    with pytest.raises(ValueError, match="unknown reduction"):
+        a.allreduce(x, op="median")
+    with pytest.raises(ValueError, match="not supported"):
+        a.allreduce(np.ones(2, np.float128) if hasattr(np, "float128") else np.array(["a"]))
+    assert a.next_sequence() == 0  # nothing above consumed a sequence number
+    assert a.transport.fabric.pending_messages() == 0
+
+
+def test_tagged_collectives_posted_in_different_orders_under_small_credit():
+    n, k = 4, 12
+    ctx = pycoll.Context(credit_bytes=4096, partition_bytes=0, timeout=30)
+    teams = pycoll.local_teams(n, ctx)
+    rng = np.random.default_rng(1)
+    data = {(r, t): np.full(2000 + 100 * t, float(r + t)) for r in range(n) for t in range(k)}
+    reqs = []
+    for r, team in enumerate(teams):
+        for t in rng.permutation(k):
+            reqs.append(team.allreduce(data[r, t], tag=f"grad{t}", priority=int(rng.integers(0, 3))))
+    pycoll.wait_all(reqs)
+    for t in range(k):
+        for r in range(n):
+            assert (data[r, t] == sum(rr + t for rr in range(n))).all()
+
+
+def test_tag_reuse_matches_by_occurrence():
+    teams = pycoll.local_teams(2)
+    bufs = [[np.full(3, float(10 * i + r)) for i in range(3)] for r in range(2)]
+    reqs = [team.allreduce(bufs[r][i], tag="w") for i in range(3) for r, team in enumerate(teams)]
+    pycoll.wait_all(reqs)
+    assert [b[0] for b in bufs[0]] == [1.0, 21.0, 41.0]
+
+
+def test_partitioned_allreduce_and_priority():
+    ctx = pycoll.Context(credit_bytes=0, partition_bytes=4096, timeout=30)
+    teams = pycoll.local_teams(3, ctx)
+    data = [np.arange(10_000, dtype=np.float32) * (r + 1) for r in range(3)]
+    want = sum(np.arange(10_000, dtype=np.float32) * (r + 1) for r in range(3))
+    pycoll.wait_all([t.allreduce(data[r], priority=3) for r, t in enumerate(teams)])
+    assert_same(data, want, "partitioned")
+    assert ctx.posted > 30
+
+
+def test_wait_returns_output_and_timeout_names_peer():
+    a, b = pycoll.local_teams(2)
+    x = np.ones(3)
+    req = a.allreduce(x, timeout=0.1)  # rank 1 never joins
+    with pytest.raises(pycoll.TimeoutError, match="rank 1"):
+        req.wait()
+
+
+def test_partitioned_tagged_collectives_in_different_orders_under_credit_of_one_part():
+    n = 3
+    ctx = pycoll.Context(credit_bytes=4096, partition_bytes=4096, timeout=30)
+    teams = pycoll.local_teams(n, ctx)
+    data = {(r, t): np.full(3000 + 7 * t, float(r + t), np.float32) for r in range(n) for t in range(5)}
+    reqs = []
+    for r, team in enumerate(teams):
+        for t in np.random.default_rng(r).permutation(5):
+            reqs.append(team.allreduce(data[r, int(t)], tag=("big", int(t))))
+    pycoll.wait_all(reqs)
+    for (_r, t), buf in data.items():
+        assert (buf == sum(rr + t for rr in range(n))).all()
+    assert ctx.stats["credit_waits"] > 0
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_large_count_every_dtype_and_op(alg):
+    count = (1 << 20) + 3
+    for i, dtype in enumerate(ALL_DTYPES):
+        for j, op in enumerate(valid_ops(dtype)):
+            run_allreduce(3, dtype, op, count, alg, in_place=(i + j) % 2 == 0)
+
+
+def test_plans_are_reused_and_finalized_when_dropped(monkeypatch):
+    import pycoll.planner as planner
+
+    monkeypatch.setattr(planner, "MAX_PLAN_SHAPES", 2)
+    teams = pycoll.local_teams(2)
+    finalized = []
+    first = None
+    for count in (10, 10, 20, 30):
+        bufs = [np.ones(count) for _ in teams]
+        reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
+        pycoll.wait_all(reqs)
+        if first is None:
+            first = reqs[0].task
+            first.finalize = lambda: finalized.append("first")
+        elif count == 10:
+            assert reqs[0].task is first  # same shape: the finished task was reused
+    assert finalized == ["first"]  # dropped when a third shape came
+
+
+@pytest.mark.parametrize("alg", ALGS + [None])
+def test_persistent_allreduce_started_three_times_with_refilled_buffers(alg):
+    n = 3
+    teams = pycoll.local_teams(n)
+    bufs = [np.zeros(5000, np.float32) for _ in range(n)]
+    outs = [np.zeros(5000, np.float32) for _ in range(n)]
+    pers = [t.allreduce_init(bufs[r], outs[r], algorithm=alg) for r, t in enumerate(teams)]
+    tasks = set()
+    for run in range(3):
+        for r in range(n):
+            bufs[r][:] = r + 10 * run  # refill between starts
+        reqs = [p.start() for p in pers]
+        pycoll.wait_all(reqs)
+        tasks.add(id(pers[0].task))
+        assert all((o == sum(r + 10 * run for r in range(n))).all() for o in outs)
+    assert len(tasks) == 1  # built once
+    with pytest.raises(RuntimeError, match="wait\\(\\) before start"):
+        teams[0].allreduce_init(bufs[0]).wait()
+    p = teams[0].allreduce_init(bufs[0], timeout=5)
+    p.start()
+    with pytest.raises(RuntimeError, match="in progress"):
+        p.start()
+    for q in pers:
+        q.free()
+
+
+def test_persistent_bcast_and_barrier():
+    teams = pycoll.local_teams(4)
+    bufs = [np.zeros(100, np.int64) for _ in teams]
+    pb = [t.bcast_init(b, root=2) for t, b in zip(teams, bufs)]
+    pbar = [t.barrier_init() for t in teams]
+    for run in range(3):
+        bufs[2][:] = run + 1
+        pycoll.wait_all([p.start() for p in pb] + [p.start() for p in pbar])
+        assert all((b == run + 1).all() for b in bufs)

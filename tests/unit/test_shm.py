@@ -1,0 +1,123 @@
+"""The shared-memory segment in one process: the native header checks, corrupted segments and
+block layouts are errors, never a crash or an out-of-bounds access."""
+
+import threading
+
+import numpy as np
+import pytest
+
+native = pytest.importorskip("pycoll.native", reason="the native module is not built")
+
+
+def test_native_header_validation():
+    from pycoll.native import ffi, lib
+
+    layout = ffi.new("pc_shm_header_t *")
+    total = lib.pycoll_shm_layout(3, 4096, layout)
+    buf = bytearray(total)
+    base = ffi.from_buffer(buf)
+    assert lib.pycoll_shm_init(base, total, layout) == 0
+    assert lib.pycoll_shm_check(base, total, 3) == 0
+    assert lib.pycoll_shm_check(base, total, 4) == -2  # wrong team size
+    assert lib.pycoll_shm_check(base, total - 4096, 3) == -3  # mapping too small
+    header = np.frombuffer(buf, np.uint64, count=9)
+    for field, value in ((0, 0x1234), (4, 1 << 60), (5, 8), (6, total), (3, 100)):  # magic, offsets, slot
+        saved = header[field]
+        header[field] = value
+        assert lib.pycoll_shm_check(base, total, 3) == -2, field
+        header[field] = saved
+    assert lib.pycoll_shm_layout(0, 4096, layout) == 0 and lib.pycoll_shm_layout(2, 100, layout) == 0
+
+
+def two_rank_segments(slot_bytes=4096):
+    """Two ShmSegments of one team in this process (ranks in threads)."""
+    from pycoll.tl.shm import ShmSegment
+
+    box, lock, barrier = {}, threading.Lock(), threading.Barrier(2)
+    rounds = [0, 0]
+
+    def allgather(rank):
+        def ag(value):
+            k = rounds[rank]
+            rounds[rank] += 1
+            with lock:
+                box[(k, rank)] = value
+            barrier.wait()
+            return [box[(k, 0)], box[(k, 1)]]
+        return ag
+
+    segs = [None, None]
+
+    def make(rank):
+        segs[rank] = ShmSegment(rank, 2, allgather(rank), slot_bytes=slot_bytes)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return segs
+
+
+def test_corrupted_segment_is_an_error_not_a_crash():
+    import pycoll
+    from pycoll.native import DTYPE_CODES, OP_CODES
+
+    segs = two_rank_segments()
+    dst = np.zeros(10, np.float32)
+    src = np.ones(10, np.float32)
+    st = segs[0].new_state(0, OP_CODES[pycoll.ReduceOp.SUM], DTYPE_CODES[np.dtype(np.float32)])
+    segs[0].start(st, src, dst, True)
+    # a peer's flag far ahead of anything possible
+    ctrl = np.frombuffer(segs[0].mm, np.uint64, count=(4096 + 256 * 2) // 8)
+    ctrl[(4096 + 256) // 8] = 1 << 40  # rank 1's arrive flag
+    with pytest.raises(pycoll.TransportError, match="impossible value"):
+        for _ in range(10):
+            segs[0].progress(st, 0.0)
+    # a corrupted header: every later call says so
+    np.frombuffer(segs[1].mm, np.uint64, count=1)[0] = 0xDEADBEEF
+    st1 = segs[1].new_state(0, OP_CODES[pycoll.ReduceOp.SUM], DTYPE_CODES[np.dtype(np.float32)])
+    segs[1].start(st1, src, dst, True)
+    with pytest.raises(pycoll.TransportError, match="header is not valid"):
+        segs[1].progress(st1, 0.0)
+    for s in segs:
+        s.close()
+
+
+def test_block_collective_layouts_are_checked():
+    """allgather(v)/reduce_scatter(v) layouts: a bad one is a ValueError before the collective takes
+    its place on the segment (Python), and an error code, never an access, in native code."""
+    import pycoll
+    from pycoll.algorithms import get
+    from pycoll.algorithms.base import CollArgs
+    from pycoll.native import DTYPE_CODES, ffi, lib
+    from pycoll.tl.shm.segment import COLL_ALLGATHER, COLL_REDUCE_SCATTER
+
+    segs = two_rank_segments()
+    seg = segs[0]
+    dst = np.zeros(10, np.float32)
+    for coll, src, layout in (("allgatherv", np.ones(4, np.float32), [(0, 4), (4, 7)]),  # past the end
+                              ("allgatherv", np.ones(4, np.float32), [(0, 3), (3, 3)]),  # not my size
+                              ("reduce_scatterv", np.ones(10, np.float32), [(0, 5)])):  # one block
+        a, b = (src, dst) if coll == "allgatherv" else (dst, src[:5])
+        args = CollArgs(coll, 0, 2, None, a, b, pycoll.ReduceOp.SUM, layout=layout, shared=seg, name=coll)
+        before = seg.tickets
+        with pytest.raises(ValueError, match="layout"):
+            get(coll, "shm")(args)
+        assert seg.tickets == before
+    f32 = DTYPE_CODES[np.dtype(np.float32)]
+    for kind, count, src_count, lay in ((COLL_ALLGATHER, 10, 4, [0, 4, 8, 4]),  # block 1 past dst
+                                        (COLL_ALLGATHER, 10, 4, [0, 3, 4, 4]),  # block 0 is not src
+                                        (COLL_REDUCE_SCATTER, 5, 10, [0, 5, 2**63, 5]),  # overflow
+                                        (COLL_REDUCE_SCATTER, 5, 10, None)):  # no layout
+        st = seg.new_state(kind, 0, f32)
+        keep = np.array(lay or [0], np.uint64)
+        st.layout = ffi.cast("const uint64_t *", ffi.from_buffer(keep)) if lay else ffi.NULL
+        src = np.zeros(src_count, np.float32)
+        src_c, dst_c = ffi.from_buffer(src), ffi.from_buffer(dst)  # alive until the call returns
+        st.src, st.dst = ffi.cast("const char *", src_c), ffi.cast("char *", dst_c)
+        st.count, st.src_count, st.gen = count, src_count, seg.next_gen
+        st.nchunks = lib.pycoll_shm_chunks(st)
+        assert lib.pycoll_shm_progress(st, 10) in (-1, -3), (kind, lay)
+    for s in segs:
+        s.close()

@@ -1,0 +1,46 @@
+"""The TCP store and the TCP transport in one process. Teams bootstrapped from the store in real
+processes: tests/procs/test_store.py."""
+
+import numpy as np
+import pytest
+
+from pycoll.store import TCPStore
+
+
+def test_store_basics():
+    server = TCPStore(port=0, is_master=True, timeout=1)
+    client = TCPStore("127.0.0.1", server.port, timeout=1)
+    client.set("a", b"1")
+    assert server.get("a") == b"1"
+    assert client.add("n", 2) == 2 and server.add("n", 3) == 5
+    assert client.check(["a", "n"]) and not client.check(["a", "zz"])
+    client.wait(["a"])
+    assert client.delete_key("a") and not client.check(["a"])
+    import pycoll
+
+    with pytest.raises(pycoll.TimeoutError, match="'missing'"):
+        client.get("missing")
+    client.close()
+    server.close()
+
+
+def test_tcp_rejects_malformed_header():
+    import socket
+
+    from pycoll.tl.tcp import TCPTransport
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    b = socket.create_connection(listener.getsockname())
+    a, _ = listener.accept()
+    listener.close()
+    t = TCPTransport(0, 2, {1: a})
+    req = t.irecv(np.zeros(4, np.uint8), 1, ("p", 0))
+    b.sendall(b"\xff" * 32)
+    for _ in range(100):
+        t.progress()
+        if req.error is not None:
+            break
+    with pytest.raises(Exception, match="malformed header"):
+        req.test()
+    b.close()
+    t.close()
