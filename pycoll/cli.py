@@ -121,8 +121,16 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def pycoll_version() -> str:
+    """The installed pycoll's version."""
+    import pycoll
+
+    return pycoll.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pycoll", description="pycoll: collective task/schedule engine")
+    parser.add_argument("--version", action="version", version=f"pycoll {pycoll_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="version, transports, algorithms and settings")

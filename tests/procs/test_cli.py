@@ -1,7 +1,17 @@
 """The command line: info, run and perf (launching real ranks)."""
 
 import json
+import os
 import sys
+
+
+def test_version_and_python_dash_m(run_cmd):
+    import pycoll
+
+    script = os.path.join(os.path.dirname(sys.executable), "pycoll")  # the installed entry point
+    for argv in ([sys.executable, "-m", "pycoll", "--version"], [script, "--version"]):
+        rc, out, err = run_cmd(argv, timeout=60)
+        assert rc == 0 and f"pycoll {pycoll.__version__}" in out, (argv, out, err)
 
 
 def test_info_lists_transports_algorithms_and_every_setting(cli):
