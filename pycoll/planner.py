@@ -51,6 +51,7 @@ class Planner:
 
     def __init__(self, team: Team) -> None:
         self.team = team
+        self.ctx = team.ctx  # a team's engine never changes
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
@@ -77,7 +78,7 @@ class Planner:
         """Build (or reuse) the collective's task and submit it. Everything the caller passed has
         been checked: nothing here fails after the message key is taken. Under the engine's lock:
         a progress thread may be returning finished collectives to the pool meanwhile."""
-        with self.team.ctx.lock:
+        with self.ctx.lock:
             task, key, shape = self.build(call, tag, algorithm, options, reuse=True)
             if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
                 return self.submit(task, priority, timeout, call.out)
@@ -87,7 +88,7 @@ class Planner:
                    timeout: Optional[float], name: Optional[str], credit: bool) -> Request:
         """:meth:`post` for the scheduling layer: ``name`` labels the task in traces and errors;
         ``credit=False`` makes a collective that takes no credit (started by priority alone)."""
-        with self.team.ctx.lock:
+        with self.ctx.lock:
             if not credit:
                 task, key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
                 task.credit = 0
@@ -102,7 +103,7 @@ class Planner:
 
     def task(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str]) -> Task:
         """The collective as a task to add to a schedule, taking no credit (see ``Team.task``)."""
-        with self.team.ctx.lock:
+        with self.ctx.lock:
             task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
             if shape is not None:
                 task.credit = 0
@@ -112,7 +113,7 @@ class Planner:
                shape: Optional[tuple] = None) -> Request:
         """Submit ``task`` to the team's engine with its priority and timeout (``None``: the
         context's); a task with a ``shape`` returns to the pool when its request is collected."""
-        ctx = self.team.ctx
+        ctx = self.ctx
         t = ctx.timeout if timeout is None else timeout
         task.timeout = None if (t is None or t == math.inf or t <= 0) else t
         task.priority = priority
@@ -127,7 +128,6 @@ class Planner:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused)."""
-        team = self.team
         coll, src, dst = call.coll, call.src, call.dst
         if algorithm is None:
             nbytes = call.nbytes
@@ -145,13 +145,10 @@ class Planner:
             task.rebind(src, dst, key)
             return task, key, shape
         build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
-        if name == "shm" and (team.shared is None or tag is not None):
-            raise ValueError(f"{coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
-                             "share a host (and PYCOLL_TLS allowing shm)")
-        pb = team.ctx.partition_bytes
-        if coll == "allreduce" and pb and dst.nbytes > pb and team.size > 1:
-            key = self.coll_key(tag)
-            return self.partitioned(build, call, key, pb, name, options, credit), key, None
+        pb = self.ctx.partition_bytes
+        if coll == "allreduce" and pb and dst.nbytes > pb and self.team.size > 1:
+            sched = self.partitioned(build, call, tag, pb, name, options, credit)
+            return sched, sched.key, None
         args = self.args(call, _UNKEYED, name, options)
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
@@ -200,24 +197,33 @@ class Planner:
         peer's data arrives, and must not hold credit meanwhile, or two ranks could each hold the
         credit the other needs. A rank that sends first makes its peers start (their transports
         report the message), so the collective always finishes."""
-        team = self.team
         task.credit = task.nbytes if getattr(task, "sends_first", True) else 0
-        if task.credit and team.ctx.credit_bytes:
-            team.ctx.watch_demand(task, team.transport, key)
+        if task.credit and self.ctx.credit_bytes:
+            self.ctx.watch_demand(task, self.team.transport, key)
         return task
 
-    def partitioned(self, build: Any, call: Call, key: tuple, part_bytes: int, name: str,
-                    options: dict, credit: bool = True) -> Task:
-        """An elementwise collective as independent parts of at most ``part_bytes`` (same key plus
-        the part index): large work split so that urgent collectives can go in between."""
+    def partitioned(self, build: Any, call: Call, tag: Optional[Hashable], part_bytes: int, name: str,
+                    options: dict, credit: bool = True) -> Schedule:
+        """An elementwise collective as independent parts of at most ``part_bytes`` (the
+        collective's key plus the part index): large work split so that urgent collectives can go
+        in between. Every part is built before the key is taken (a builder that rejects its
+        arguments leaves the sequence untouched); the schedule's ``key`` is the collective's."""
         src, dst = call.src, call.dst
         per = max(1, part_bytes // dst.itemsize)
-        sched = Schedule(name=f"{call.coll}#{key[1]}/parts@{self.team.rank}")
+        tagged = None if tag is None else ("u", tag, self._tag_uses.get(tag, 0))
+        built = []
         for i, lo in enumerate(range(0, dst.size, per)):
             sl = slice(lo, lo + per)
+            args = self.args(call._replace(src=src[sl], dst=dst[sl]), _UNKEYED, name, options)
+            if tagged is not None:
+                args.tag = (*tagged, "part", i)
+            built.append((build(args), args))
+        key = self.coll_key(tag)
+        sched = Schedule(name=f"{call.coll}#{key[1]}/parts@{self.team.rank}")
+        sched.key = key
+        for i, (task, args) in enumerate(built):
             part_key = (*key, "part", i)
-            part = call._replace(src=src[sl], dst=dst[sl])
-            task = build(self.args(part, part_key, name, options))
+            args.channel.rekey(part_key)
             if credit:
                 self.credit_unit(task, part_key)
             else:

@@ -297,64 +297,50 @@ class Team:
 
 
 # ---------------------------------------------------------------------- methods from the table
-_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-             for name, default in (("priority", 0), ("tag", None), ("algorithm", None), ("timeout", None))]
-_OPTIONS = inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)
+# Each row gets two real methods with the collective's own parameters (made from source text, as
+# dataclasses and namedtuple make theirs: no *args/**kwargs repacking on the hot path, a true
+# signature for help() and IDEs). Keywords that are not parameters are the algorithm's options.
+_START = """
+def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
+    call = check(self.rank, self.size, {args})
+    if algorithm is not None and algorithm == "push_pull":
+        return self.ps.allreduce(call, priority, tag, timeout)
+    return self.planner.post(call, priority, tag, algorithm, timeout, options)
+"""
+_INIT = """
+def {name}_init(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
+    call = check(self.rank, self.size, {args})
+    return Persistent(self.planner, call, priority, tag, algorithm, timeout, options)
+"""
 
 
-def _split_options(kwargs: Dict[str, Any], params: frozenset) -> Dict[str, Any]:
-    """Take the algorithm options (keywords that are not the collective's parameters) out of
-    ``kwargs``."""
-    if not kwargs:
-        return {}
-    return {k: kwargs.pop(k) for k in [k for k in kwargs if k not in params]}
-
-
-def _collective(row: Collective) -> Callable[..., Request]:
-    """``team.<row.name>(...)``: check, then post."""
-    check, params = row.check, frozenset(row.params)
-
-    def start(self: Team, *args: Any, priority: int = 0, tag: Optional[Hashable] = None,
-              algorithm: Optional[str] = None, timeout: Optional[float] = None, **kwargs: Any) -> Request:
-        options = _split_options(kwargs, params)
-        call = check(self.rank, self.size, *args, **kwargs)
-        if algorithm == "push_pull":
-            return self.ps.allreduce(call, priority, tag, timeout)
-        return self.planner.post(call, priority, tag, algorithm, timeout, options)
-
-    return _named(start, row, row.name, docstring(row), "Request")
-
-
-def _persistent(row: Collective) -> Callable[..., Persistent]:
-    """``team.<row.name>_init(...)``: check once, return a persistent collective."""
-    check, params = row.check, frozenset(row.params)
-
-    def init(self: Team, *args: Any, priority: int = 0, tag: Optional[Hashable] = None,
-             algorithm: Optional[str] = None, timeout: Optional[float] = None, **kwargs: Any) -> Persistent:
-        options = _split_options(kwargs, params)
-        call = check(self.rank, self.size, *args, **kwargs)
-        return Persistent(self.planner, call, priority, tag, algorithm, timeout, options)
-
-    return _named(init, row, f"{row.name}_init", f"A persistent {row.name}: built once, run by each "
-                  "``start()``; the buffers may be refilled between starts.", "Persistent")
-
-
-def _named(fn: Callable[..., Any], row: Collective, name: str, doc: str, returns: str) -> Callable[..., Any]:
-    """Give a generated method its name, docstring and signature (for ``help()`` and IDEs)."""
-    fn.__name__ = name
-    fn.__qualname__ = f"Team.{name}"
-    fn.__doc__ = doc
-    own = row.signature()
-    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    fn.__signature__ = own.replace(parameters=[self_param, *own.parameters.values(), *_KEYWORDS, _OPTIONS],
-                                   return_annotation=returns)
-    return fn
+def _methods(row: Collective) -> Dict[str, Callable[..., Any]]:
+    """``team.<name>(...)`` (check, then post) and ``team.<name>_init(...)`` (check once, return a
+    persistent collective) of one row."""
+    namespace: Dict[str, Any] = {"check": row.check, "Persistent": Persistent}
+    params = []
+    for p in row.signature().parameters.values():
+        if p.default is inspect.Parameter.empty:
+            params.append(f"{p.name}, ")
+        else:
+            namespace[f"_default_{p.name}"] = p.default
+            params.append(f"{p.name}=_default_{p.name}, ")
+    fields = {"name": row.name, "params": "".join(params), "args": ", ".join(row.params)}
+    exec(_START.format(**fields) + _INIT.format(**fields), namespace)  # our own template, our own names
+    start, init = namespace[row.name], namespace[f"{row.name}_init"]
+    start.__doc__ = docstring(row)
+    init.__doc__ = (f"A persistent {row.name}: built once, run by each ``start()``; the buffers may be "
+                    "refilled between starts.")
+    for fn in (start, init):
+        fn.__qualname__ = f"Team.{fn.__name__}"
+        fn.__module__ = __name__
+    return {row.name: start, f"{row.name}_init": init}
 
 
 for _row in TABLE:
-    setattr(Team, _row.name, _collective(_row))
-    setattr(Team, f"{_row.name}_init", _persistent(_row))
-del _row
+    for _name, _method in _methods(_row).items():
+        setattr(Team, _name, _method)
+del _row, _name, _method
 
 
 def local_teams(n: int, ctx: Optional[Context] = None) -> List[Team]:

@@ -8,3 +8,15 @@ use it, never at the top of a module: the registry (:mod:`pycoll.algorithms`) im
 these modules anyway, and only building one fails there (a team without the native build has no
 segment to run them on).
 """
+
+from typing import Any
+
+
+def segment_of(args: Any) -> Any:
+    """The team's shared segment for a ``*_shm`` algorithm; ValueError (before anything is sent)
+    when there is none, or when the call is tagged: segment collectives run in posting order, so
+    they cannot be matched by tag."""
+    if args.shared is None or args.tag is not None:
+        raise ValueError(f"{args.coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
+                         "share a host (and PYCOLL_TLS allowing shm)")
+    return args.shared

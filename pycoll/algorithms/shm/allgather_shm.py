@@ -15,6 +15,7 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, SegmentTask, equal_layout
 from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.shm import segment_of
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.tasks.task import Task
 
@@ -86,6 +87,5 @@ class ShmAllgather(BlockSegmentTask):
 
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
-    if args.shared is None:
-        raise ValueError("allgather algorithm 'shm' needs a team whose ranks share a host")
+    segment_of(args)
     return ShmAllgather(args, KIND, args.name)

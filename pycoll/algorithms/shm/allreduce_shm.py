@@ -14,6 +14,7 @@ from typing import Dict
 
 from pycoll.algorithms.base import CollArgs, SegmentTask, finish
 from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.shm import segment_of
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.ops import OP_CODES, ReduceOp
 from pycoll.tasks.task import Task
@@ -35,6 +36,5 @@ class ShmAllreduce(SegmentTask):
 
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
-    if args.shared is None:
-        raise ValueError("allreduce algorithm 'shm' needs a team whose ranks share a host")
+    segment_of(args)
     return ShmAllreduce(args, KIND, args.name)

@@ -6,6 +6,7 @@ from typing import Dict
 
 from pycoll.algorithms.base import CollArgs, SegmentTask
 from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.shm import segment_of
 from pycoll.tasks.task import Task
 
 NAME = "shm"
@@ -21,6 +22,5 @@ class ShmBarrier(SegmentTask):
 
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
-    if args.shared is None:
-        raise ValueError("barrier algorithm 'shm' needs a team whose ranks share a host")
+    segment_of(args)
     return ShmBarrier(args, KIND, args.name)

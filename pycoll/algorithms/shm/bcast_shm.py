@@ -7,6 +7,7 @@ from typing import Dict
 
 from pycoll.algorithms.base import CollArgs, SegmentTask
 from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.shm import segment_of
 from pycoll.tasks.task import Task
 
 NAME = "shm"
@@ -23,6 +24,5 @@ class ShmBcast(SegmentTask):
 
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
-    if args.shared is None:
-        raise ValueError("bcast algorithm 'shm' needs a team whose ranks share a host")
+    segment_of(args)
     return ShmBcast(args, KIND, args.name)  # the team passes the buffer as bytes

@@ -13,6 +13,7 @@ from typing import Dict
 
 from pycoll.algorithms.base import CollArgs, finish
 from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.shm import segment_of
 from pycoll.algorithms.shm.allgather_shm import BlockSegmentTask
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.ops import OP_CODES, ReduceOp
@@ -37,6 +38,5 @@ class ShmReduceScatter(BlockSegmentTask):
 
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
-    if args.shared is None:
-        raise ValueError("reduce_scatter algorithm 'shm' needs a team whose ranks share a host")
+    segment_of(args)
     return ShmReduceScatter(args, KIND, args.name)
