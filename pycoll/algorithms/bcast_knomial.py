@@ -4,19 +4,16 @@ a rank receives the buffer from its parent, then sends it to its children, farth
 
 from __future__ import annotations
 
-from typing import Dict, Generator
+from typing import Generator
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
-from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.options import TREE_OPTIONS, options
 from pycoll.algorithms.patterns import knomial_levels, knomial_parent
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
 COLLECTIVES = ("bcast",)
-DEFAULT_RADIX = 2
-OPTIONS: Dict[str, Option] = {
-    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
-}
+OPTIONS = TREE_OPTIONS
 
 
 class KnomialBcast(StepTask):

@@ -10,21 +10,18 @@ The v-form needs ``counts`` on every rank (an inner rank must know its subtree's
 
 from __future__ import annotations
 
-from typing import Dict, Generator, Optional, Sequence, Tuple
+from typing import Generator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
-from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.options import TREE_OPTIONS, options
 from pycoll.algorithms.patterns import knomial_tree
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
 COLLECTIVES = ("gather", "gatherv")
-DEFAULT_RADIX = 2
-OPTIONS: Dict[str, Option] = {
-    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
-}
+OPTIONS = TREE_OPTIONS
 
 
 def check_layout(args: CollArgs) -> Sequence[Tuple[int, int]]:

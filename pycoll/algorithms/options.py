@@ -50,3 +50,9 @@ def options(args: CollArgs, known: Mapping[str, Option]) -> Dict[str, int]:
             raise ValueError(f"{algorithm}: option {name}={value!r} must be an integer >= {opt.minimum}")
         values[name] = number
     return values
+
+
+#: The option of the k-nomial trees (bcast, reduce, gather, scatter ``knomial``).
+TREE_OPTIONS: Dict[str, Option] = {
+    "radix": Option(2, "children per level of the tree (k): log_k(n) rounds", minimum=2),
+}

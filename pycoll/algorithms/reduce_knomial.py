@@ -6,22 +6,19 @@ root's output is written. The tree: :func:`~pycoll.algorithms.patterns.knomial_p
 
 from __future__ import annotations
 
-from typing import Dict, Generator, List, Optional, Tuple
+from typing import Generator, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
-from pycoll.algorithms.options import Option, options
+from pycoll.algorithms.options import TREE_OPTIONS, options
 from pycoll.algorithms.patterns import knomial_levels, knomial_parent
 from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
 COLLECTIVES = ("reduce",)
-DEFAULT_RADIX = 2
-OPTIONS: Dict[str, Option] = {
-    "radix": Option(DEFAULT_RADIX, "children per level of the tree (k): log_k(n) rounds", minimum=2),
-}
+OPTIONS = TREE_OPTIONS
 
 
 class KnomialReduce(StepTask):
