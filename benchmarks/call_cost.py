@@ -1,0 +1,160 @@
+"""Where the microseconds of one small collective go: a per-stage breakdown, rerunnable.
+
+Each rank times ``iters`` blocking calls of a collective (8 B by default) without a profiler (the
+real cost per call, next to MPI's own collective in the same run), then runs the same loop under
+cProfile and splits the profiled time into stages by the function that spent it:
+
+    checks      argument checks (pycoll.calls, buffers, ops.check_op/as_op)
+    front end   the team's collective method and the planner's post/build (selection is cached)
+    selection   algorithm selection when the cache misses (planner.select, algorithms.select)
+    task        rebinding the pooled task to the new buffers and key (rebind, rekey)
+    engine      submit and start (engine.context: submit, _start, progress; task states)
+    algorithm   the algorithm's own Python (post/progress/run of its task)
+    native      the compiled calls (pycoll._native: segment progress, reductions)
+    transport   the transport's Python (pycoll.tl: channels, requests, MPI/UCX/TCP calls)
+    completion  completion and the request (task.complete, Request.wait, planner.recycle)
+    waiting     back-off while the peer is not there yet (sleep, sched_yield, spin passes)
+
+The profile inflates Python calls more than C calls, so the shares are scaled to the unprofiled
+time per call: read them as where the time goes, not to the nanosecond.
+
+    mpiexec -n 2 python benchmarks/call_cost.py [--colls allreduce,bcast,gather,alltoall]
+        [--bytes 8] [--iters 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from pycoll import Team
+
+STAGES = ("checks", "front end", "selection", "task", "engine", "algorithm", "native", "transport",
+          "completion", "waiting", "other")
+
+
+def stage_of(filename: str, function: str) -> str:
+    """The stage a profiled function belongs to (see the module docstring)."""
+    f = filename.replace("\\", "/")
+    if function in ("sleep", "sched_yield") or function in ("idle", "reset") and "engine/context" in f:
+        return "waiting"
+    if "pycoll/calls.py" in f or "pycoll/buffers.py" in f or function in ("check_op", "as_op"):
+        return "checks"
+    if function in ("select", "choose", "rules") or "algorithms/tuning.py" in f:
+        return "selection"
+    if "pycoll/team.py" in f or "<string>" in f or (
+            "pycoll/planner.py" in f and function in ("post", "build")):
+        return "front end"
+    if function in ("rebind", "rekey", "ticket", "credit_unit"):
+        return "task"
+    if "pycoll/planner.py" in f or "engine/request.py" in f or function == "complete" or function == "notify":
+        return "completion"
+    if "engine/context.py" in f or "tasks/task.py" in f or "tasks/schedule.py" in f:
+        return "engine"
+    if "pycoll/algorithms/" in f:
+        return "algorithm"
+    if "_native" in function or "_native" in f or "tl/shm/segment.py" in f:
+        return "native"
+    if "pycoll/tl/" in f or "mpi4py" in f or "MPI" in function:
+        return "transport"
+    return "other"
+
+
+def call_of(coll: str, team: Team, nbytes: int) -> Tuple[Callable[[], Any], Callable[[], Any]]:
+    """(pycoll call, MPI call) of ``coll`` with ``nbytes`` per rank's block (float32)."""
+    n, comm = team.size, team.comm
+    count = max(1, nbytes // 4)
+    x = np.ones(count, np.float32)
+    whole = np.ones(count * n, np.float32)
+    out = np.empty(count * n, np.float32)
+    if coll == "allreduce":
+        y = np.empty(count, np.float32)
+        return (lambda: team.allreduce(x, y).wait()), (lambda: comm.Allreduce(x, y))
+    if coll == "bcast":
+        return (lambda: team.bcast(x, 0).wait()), (lambda: comm.Bcast(x, root=0))
+    if coll == "gather":
+        return (lambda: team.gather(x, out, 0).wait()), (lambda: comm.Gather(x, out, root=0))
+    if coll == "alltoall":
+        return (lambda: team.alltoall(whole, out).wait()), (lambda: comm.Alltoall(whole, out))
+    if coll == "barrier":
+        return (lambda: team.barrier().wait()), (lambda: comm.Barrier())
+    raise SystemExit(f"call_cost: no case for {coll!r}")
+
+
+def timed(call: Callable[[], Any], iters: int, comm: Any) -> float:
+    """Seconds per call, best of 3 loops (max over ranks)."""
+    best = float("inf")
+    for _ in range(3):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        best = min(best, (time.perf_counter() - t0) / iters)
+    return comm.allreduce(best, op=MPI.MAX)
+
+
+def breakdown(call: Callable[[], Any], iters: int, comm: Any) -> Dict[str, float]:
+    """Profiled seconds per stage (this rank), per call."""
+    prof = cProfile.Profile()
+    comm.Barrier()
+    prof.enable()
+    for _ in range(iters):
+        call()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, function): (cc, nc, tottime, cumtime, callers)}
+    out = dict.fromkeys(STAGES, 0.0)
+    for (filename, _, function), (_, _, tottime, _, callers) in stats.items():
+        if filename == __file__ or "_lsprof" in function:
+            continue  # this benchmark's own loop
+        if filename == "~" and callers:  # a builtin (dict.get, heappush, ...): its callers' stage
+            for (cfile, _, cfunction), (_, _, ctime, _) in callers.items():
+                if function in ("sleep", "sched_yield"):
+                    out["waiting"] += ctime / iters
+                elif cfile != __file__:
+                    out[stage_of(cfile, cfunction)] += ctime / iters
+            continue
+        out[stage_of(filename, function)] += tottime / iters
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--colls", default="allreduce,bcast,gather,alltoall")
+    parser.add_argument("--bytes", type=int, default=8, help="bytes per rank's block")
+    parser.add_argument("--iters", type=int, default=20000)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    team = Team.from_mpi(comm)
+    rank, n = team.rank, team.size
+    if rank == 0:
+        transport = f"shm+{team.transport.name}" if team.shared is not None else team.transport.name
+        print(f"# call_cost: {n} ranks, {args.bytes} B per block, float32, transport {transport}; "
+              "us per call; stages from cProfile (rank 0) scaled to the unprofiled time")
+    rows: List[Tuple[str, float, float, Dict[str, float]]] = []
+    for coll in args.colls.split(","):
+        py, mp = call_of(coll, team, args.bytes)
+        for _ in range(2000):  # warm up: the task pool, the segment, MPI
+            py()
+            mp()
+        t_py = timed(py, args.iters, comm)
+        t_mpi = timed(mp, args.iters, comm)
+        stages = breakdown(py, args.iters // 4, comm)
+        rows.append((coll, t_py, t_mpi, stages))
+    if rank == 0:
+        print(f"{'collective':<11} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
+        for coll, t_py, t_mpi, stages in rows:
+            total = sum(stages.values()) or 1.0
+            scaled = [stages[s] / total * t_py * 1e6 for s in STAGES]
+            cells = " ".join(f"{v:>10.2f}" for v in scaled)
+            print(f"{coll:<11} {t_py * 1e6:>7.2f} {t_mpi * 1e6:>6.2f} {cells}")
+    team.close()
+
+
+if __name__ == "__main__":
+    main()
