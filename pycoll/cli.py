@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--compare", choices=["mpi", "none"], default="none",
                       help="also time MPI's own collective in the same run")
     perf.add_argument("--json", default=None, help="write the results to this file")
+    perf.add_argument("--plot", default=None, metavar="FILE.png",
+                      help="draw time and busbw against size, pycoll next to MPI (one picture per "
+                           "collective: FILE_<coll>.png when there are several; needs matplotlib)")
     perf.add_argument("--timeout", type=float, default=1800, help="kill the ranks after this many seconds")
     perf.set_defaults(func=None)
 

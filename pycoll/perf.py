@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pycoll import algorithms, calls
+from pycoll import algorithms, calls, perfplot
 from pycoll.collectives import COLLECTIVES, FACTORS, Collective
 from pycoll.config import parse_bytes
 from pycoll.dtypes import BFLOAT16, KINDS, as_dtype
@@ -363,6 +363,9 @@ def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4
             meta["colls"] = {m["coll"]: {k: m[k] for k in _PER_COLL if k != "coll" and k in m} for m in metas}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if rank == 0 and getattr(args, "plot", None):
+        for path in perfplot.plot(rows, metas, args.plot):
+            print(f"# plot: {path}", flush=True)
     failed = any(r.get("check") == "WRONG" or r.get("mpi_check") == "WRONG" for r in rows)
     return status or (1 if failed else 0)
 

@@ -83,3 +83,14 @@ def test_a_type_mpi_rejects_is_a_clear_error(cli):
     rc, out, err = cli("perf", "allreduce", "-n", "2", "--dtype", "bool", "--op", "max", "--compare",
                        "mpi", "--max-bytes", "16", "--iters", "2", timeout=60)
     assert rc == 2 and "MPI's Allreduce rejects bool with op max" in err and "without --compare mpi" in err
+
+
+def test_plot_draws_one_picture_per_collective(tmp_path, cli):
+    out = tmp_path / "perf.png"
+    rc, text, err = cli("perf", "allreduce", "barrier", "-n", "2", "--compare", "mpi", "--max-bytes", "1K",
+                        "--iters", "20", "--plot", str(out), timeout=180)
+    assert rc == 0, err
+    for coll in ("allreduce", "barrier"):
+        png = tmp_path / f"perf_{coll}.png"
+        assert f"# plot: {png}" in text
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
