@@ -124,6 +124,21 @@ def launched(what: str) -> Iterator[Dict[str, str]]:
         pytest.fail(f"{what} left /dev/shm entries behind (now removed): {left}")
 
 
+def communicate(proc: subprocess.Popen, timeout: float) -> Tuple[str, bool]:
+    """The merged output of ``proc`` (started in its own session) and whether it timed out; its
+    whole process group is killed either way, so nothing it started outlives the call."""
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        out, _ = proc.communicate()
+    finally:
+        kill_group(proc)
+    return out, timed_out
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group (session) ``proc`` leads, whatever is still in it, reap it, and
     wait (up to 5 s) until every member is gone (their mappings of /dev/shm with them)."""
@@ -250,15 +265,7 @@ def run_ranks(n: int, script: str, *args: str, timeout: float = 120, env: Option
     with launched(f"{script} on {n} ranks") as tag:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**full_env, **tag}, start_new_session=True, cwd=str(ROOT))
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
-            out, _ = proc.communicate()
-        finally:
-            kill_group(proc)
+        out, timed_out = communicate(proc, timeout)
     check_ranks(script, n, out, [proc.returncode], timed_out, timeout)
     return out
 
@@ -320,14 +327,7 @@ def run_torch(n: int, script: str, *args: str, launcher: str = "env", timeout: f
                 raise ValueError(f"unknown launcher {launcher!r}")
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env=base, start_new_session=True, cwd=str(ROOT))
-            try:
-                out, _ = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill_group(proc)
-                out, _ = proc.communicate()
-            finally:
-                kill_group(proc)
+            out, timed_out = communicate(proc, timeout)
             codes = [proc.returncode]
     check_ranks(what, n, out, codes, timed_out, timeout)
     return out
