@@ -26,6 +26,7 @@ typedef struct {
     const char *src; char *dst; uint64_t count;
     uint64_t gen; uint64_t chunk; uint64_t nchunks; int phase; uint64_t spins;
     const uint64_t *layout; uint64_t src_count;
+    const uint64_t *rlayout; uint32_t wait_rank; int wait_which; uint64_t wait_gen;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
@@ -35,6 +36,7 @@ void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
+int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                     uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);

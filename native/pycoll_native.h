@@ -23,6 +23,7 @@ enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LO
 #define PC_EHEADER -2     /* the segment header is not valid */
 #define PC_ERANGE -3      /* an offset or size read from the segment is out of bounds */
 #define PC_ESTATE -4      /* a peer's control block holds an impossible value */
+#define PC_EDISAGREE -5   /* the ranks disagree on the blocks of a collective (their sizes) */
 
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
@@ -30,7 +31,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 1
+#define PC_SHM_VERSION 2
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -69,12 +70,18 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
 #define PC_CTRL_BYTES 256
 typedef struct {
     uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
-    char pad0[PC_LINE - 8];
+    uint32_t arrive_sleepers;  /* ranks asleep in the kernel on arrive (futex; atomic) */
+    char pad0[PC_LINE - 12];
     uint64_t reduced;       /* generation whose result part this rank has written (atomic) */
-    char pad1[PC_LINE - 8];
+    uint32_t reduced_sleepers; /* ranks asleep on reduced */
+    char pad1[PC_LINE - 12];
     uint64_t pid;           /* process id, for liveness checks */
     uint64_t attached;      /* 1 once the rank mapped the segment (atomic) */
-    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16];
+    /* what this rank says of the collective whose first generation has parity p, written before
+     * it publishes that generation's arrive flag: the chunks it needs and its block's elements
+     * (gather, scatter, alltoall: the ranks agree on the number of chunks from these) */
+    uint64_t info[2][2];
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32];
 } pc_shm_ctrl_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
@@ -92,7 +99,7 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive,
  * result). Every collective publishes both for each of its generations, and a rank writes its
  * slot of generation g only once every rank's reduced flag is at g - 2 (the same slot). */
 enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COLL_ALLGATHER,
-       PC_COLL_REDUCE_SCATTER, PC_NCOLLS };
+       PC_COLL_REDUCE_SCATTER, PC_COLL_GATHER, PC_COLL_SCATTER, PC_COLL_ALLTOALL, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;
@@ -106,16 +113,28 @@ typedef struct {
     uint64_t nchunks;
     int phase;
     uint64_t spins;         /* polls of flags that found them not ready (statistics) */
-    /* allgather(v), reduce_scatter(v): block r is layout[2r] (offset) and layout[2r+1] (count),
-     * in elements, of the whole buffer (allgather: dst, count elements; reduce_scatter: src,
-     * src_count elements); this rank's block has the size of its src (allgather, src_count) or
-     * dst (reduce_scatter, count) */
+    /* Blocks of the block collectives: block r is layout[2r] (offset) and layout[2r+1] (count),
+     * in elements, of the whole buffer: allgather(v) and gather(v) (root only: NULL elsewhere)
+     * blocks of dst (count elements), this rank's block the size of src (src_count elements);
+     * reduce_scatter(v) and scatter(v) (root only) blocks of src (src_count elements), this
+     * rank's block the size of dst (count); alltoall(v) sends blocks of src (layout) and receives
+     * blocks of dst (rlayout). */
     const uint64_t *layout;
     uint64_t src_count;
+    const uint64_t *rlayout;
+    /* the flag the last call found not ready: rank wait_rank's arrive (0) or reduced (1) flag, to
+     * reach generation wait_gen (for pycoll_shm_sleep); wait_rank >= nranks: none */
+    uint32_t wait_rank;
+    int wait_which;
+    uint64_t wait_gen;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls); /* 1 done, 0 waiting, <0 error */
+/* Sleep in the kernel (futex) until the flag the last progress call waited for changes, or
+ * timeout_ns pass: 1 it is ready now, 0 not yet, < 0 error. The rank that sets a flag wakes its
+ * sleepers. */
+int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 
 /* ------------------------------------------------------------------ cross-memory attach */
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);

@@ -1,5 +1,11 @@
 /* The shared-memory segment of a node-local team and the collectives that run on it.
  *
+ * Waiting: a rank that finds a flag not ready spins a little (in pycoll_shm_progress), and then
+ * the engine may put it to sleep in the kernel on that flag (pycoll_shm_sleep: a futex on the
+ * flag's low 32 bits, which change with every generation); the rank that publishes a flag wakes
+ * the sleepers it finds counted next to it. So ranks that outnumber the cores, or share them with
+ * other work, give the core up while they wait and come back as soon as the peer is there.
+ *
  * Layout (all offsets from the start of the mapping, recomputed from nranks and slot_bytes and
  * compared with the header on every check, so a corrupted header is an error, never a wild
  * access):
@@ -16,9 +22,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "pycoll_native.h"
 
@@ -86,8 +97,43 @@ static inline void relax(void) {
 #endif
 }
 
-static inline void publish(uint64_t *flag, uint64_t gen) {
-    atomic_store_explicit((_Atomic uint64_t *)flag, gen, memory_order_release);
+static uint32_t *low_word(uint64_t *flag) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)flag + 1;
+#else
+    return (uint32_t *)flag;
+#endif
+}
+
+/* Set a flag to gen (release) and wake whoever sleeps on it. The store and the load of the
+ * sleeper count are sequentially consistent, as are the sleeper's increment and re-check in
+ * pycoll_shm_sleep: either the sleeper sees the new value or the waker sees the sleeper. */
+static void publish(uint64_t *flag, uint32_t *sleepers, uint64_t gen) {
+    atomic_store_explicit((_Atomic uint64_t *)flag, gen, memory_order_seq_cst);
+    if (atomic_load_explicit((_Atomic uint32_t *)sleepers, memory_order_seq_cst))
+        syscall(SYS_futex, low_word(flag), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void arrive(pc_shm_ctrl_t *me, uint64_t gen) { publish(&me->arrive, &me->arrive_sleepers, gen); }
+static void reduced(pc_shm_ctrl_t *me, uint64_t gen) { publish(&me->reduced, &me->reduced_sleepers, gen); }
+
+int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns) {
+    int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
+    if (rc) return rc;
+    if (c->wait_rank >= c->nranks) return 1; /* waits for nothing: go on */
+    pc_shm_ctrl_t *b = ctrl(c->base, c->wait_rank);
+    uint64_t *flag = c->wait_which ? &b->reduced : &b->arrive;
+    uint32_t *sleepers = c->wait_which ? &b->reduced_sleepers : &b->arrive_sleepers;
+    atomic_fetch_add_explicit((_Atomic uint32_t *)sleepers, 1, memory_order_seq_cst);
+    uint64_t v = atomic_load_explicit((_Atomic uint64_t *)flag, memory_order_seq_cst);
+    if (v < c->wait_gen) {
+        struct timespec ts = {(time_t)(timeout_ns / 1000000000ULL), (long)(timeout_ns % 1000000000ULL)};
+        syscall(SYS_futex, low_word(flag), FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0); /* woken, timed out,
+                                                    changed already (EAGAIN) or a signal: look again */
+        v = atomic_load_explicit((_Atomic uint64_t *)flag, memory_order_acquire);
+    }
+    atomic_fetch_sub_explicit((_Atomic uint32_t *)sleepers, 1, memory_order_seq_cst);
+    return v >= c->wait_gen;
 }
 
 /* Wait (up to max_polls polls) until every rank's flag (0 arrive, 1 reduced) reaches gen, or only
@@ -107,9 +153,18 @@ static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint6
             uint64_t v = atomic_load_explicit((_Atomic uint64_t *)(which ? &b->reduced : &b->arrive),
                                               memory_order_acquire);
             if (v > c->gen + 3) return PC_ESTATE; /* see below: nobody gets further ahead */
-            if (v < gen) { ready = 0; break; }
+            if (v < gen) {
+                ready = 0;
+                c->wait_rank = r;
+                c->wait_which = which;
+                c->wait_gen = gen;
+                break;
+            }
         }
-        if (ready) return 1;
+        if (ready) {
+            c->wait_rank = UINT32_MAX;
+            return 1;
+        }
         c->spins++;
         if (++polls >= max_polls) return 0;
         relax();
@@ -139,47 +194,127 @@ static uint64_t rs_per(uint64_t slot_bytes, uint32_t nranks, size_t es) {
     return bytes / es;
 }
 
-/* The layout of a block collective: every block inside the whole buffer, this rank's block the
- * size of its own buffer. */
-static int check_layout(const pc_shm_coll_t *c, size_t es) {
-    if (!c->layout) return PC_EINVAL;
-    uint64_t whole = c->coll == PC_COLL_ALLGATHER ? c->count : c->src_count;
-    uint64_t mine = c->coll == PC_COLL_ALLGATHER ? c->src_count : c->count;
-    if (whole > UINT64_MAX / es || mine > UINT64_MAX / es) return PC_EINVAL;
-    for (uint32_t r = 0; r < c->nranks; r++) {
-        uint64_t off = c->layout[2 * r], cnt = c->layout[2 * r + 1];
+/* Every block of a layout inside a buffer of whole elements (of es bytes). */
+static int check_blocks(const uint64_t *layout, uint32_t n, uint64_t whole, size_t es) {
+    if (!layout) return PC_EINVAL;
+    if (whole > UINT64_MAX / es) return PC_EINVAL;
+    for (uint32_t r = 0; r < n; r++) {
+        uint64_t off = layout[2 * r], cnt = layout[2 * r + 1];
         if (cnt > whole || off > whole - cnt) return PC_ERANGE;
     }
-    return c->layout[2 * c->rank + 1] == mine ? PC_OK : PC_EINVAL;
+    return PC_OK;
 }
 
-static uint64_t max_block(const pc_shm_coll_t *c) {
+static uint64_t max_block(const uint64_t *layout, uint32_t n) {
     uint64_t most = 0;
-    for (uint32_t r = 0; r < c->nranks; r++) most = c->layout[2 * r + 1] > most ? c->layout[2 * r + 1] : most;
+    for (uint32_t r = 0; r < n; r++) most = layout[2 * r + 1] > most ? layout[2 * r + 1] : most;
     return most;
 }
 
 /* reduce: up to this many ranks the root reduces every chunk alone (it reads n chunks, nothing
  * else moves twice); more ranks share the reduction of each chunk as the allreduce does */
 #define PC_REDUCE_AT_ROOT 4
+/* the most chunks a rank may say a collective needs (a larger number is a corrupted segment) */
+#define PC_MAX_CHUNKS (1ULL << 40)
 
-static int rooted(int coll) { return coll == PC_COLL_BCAST || coll == PC_COLL_REDUCE; }
-static int blocks(int coll) { return coll == PC_COLL_ALLGATHER || coll == PC_COLL_REDUCE_SCATTER; }
+static int rooted(int coll) {
+    return coll == PC_COLL_BCAST || coll == PC_COLL_REDUCE || coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER;
+}
+static int blocks(int coll) {
+    return coll == PC_COLL_ALLGATHER || coll == PC_COLL_REDUCE_SCATTER || coll == PC_COLL_GATHER ||
+           coll == PC_COLL_SCATTER || coll == PC_COLL_ALLTOALL;
+}
+/* collectives whose ranks need not know every block: they agree on the number of chunks at the
+ * first one (ctrl info) */
+static int agreed(int coll) { return coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER || coll == PC_COLL_ALLTOALL; }
+/* collectives whose slots carry a header of nranks block sizes (scatter, alltoall: the readers
+ * check the size of what they read against what they expect) */
+static uint64_t header_bytes(const pc_shm_coll_t *c) {
+    return c->coll == PC_COLL_SCATTER || c->coll == PC_COLL_ALLTOALL
+               ? round_up((uint64_t)c->nranks * sizeof(uint64_t), PC_LINE) : 0;
+}
+
+/* How collective c is cut into chunks: *per elements of each block (or of the buffer) per chunk,
+ * and *need chunks for what this rank knows of the blocks (agreed collectives: at least one).
+ * Checks the layouts against the buffers. */
+static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *need) {
+    const pc_shm_header_t *h = c->base;
+    uint64_t hdr = header_bytes(c);
+    if (!es || h->slot_bytes < hdr + es) return PC_EINVAL;
+    uint64_t room = h->slot_bytes - hdr, n = c->count;
+    int me_root = (int)c->rank == c->root;
+    int rc = PC_OK;
+    *per = room / es;
+    switch (c->coll) {
+    case PC_COLL_ALLGATHER: /* blocks of dst, mine the size of src */
+        rc = check_blocks(c->layout, c->nranks, c->count, es);
+        if (!rc && c->layout[2 * c->rank + 1] != c->src_count) rc = PC_EINVAL;
+        if (!rc) n = max_block(c->layout, c->nranks);
+        break;
+    case PC_COLL_REDUCE_SCATTER: /* blocks of src, mine the size of dst; a piece of each per slot */
+    case PC_COLL_SCATTER:
+    case PC_COLL_ALLTOALL:
+        *per = rs_per(room, c->nranks, es);
+        if (c->coll == PC_COLL_SCATTER && !me_root) { /* only the root knows the blocks */
+            n = c->count;
+            break;
+        }
+        rc = check_blocks(c->layout, c->nranks, c->src_count, es);
+        if (rc) break;
+        n = max_block(c->layout, c->nranks);
+        if (c->coll == PC_COLL_ALLTOALL) {
+            rc = check_blocks(c->rlayout, c->nranks, c->count, es);
+            if (!rc && c->rlayout[2 * c->rank + 1] != c->layout[2 * c->rank + 1]) rc = PC_EINVAL;
+            if (!rc && max_block(c->rlayout, c->nranks) > n) n = max_block(c->rlayout, c->nranks);
+        } else if (c->layout[2 * (c->coll == PC_COLL_SCATTER ? c->root : (int)c->rank) + 1] != c->count) {
+            rc = PC_EINVAL;
+        }
+        break;
+    case PC_COLL_GATHER: /* the root: blocks of dst; every rank: its block is src */
+        n = c->src_count;
+        if (!me_root) break;
+        rc = check_blocks(c->layout, c->nranks, c->count, es);
+        if (!rc && c->layout[2 * c->root + 1] != c->src_count) rc = PC_EINVAL;
+        if (!rc) n = max_block(c->layout, c->nranks);
+        break;
+    default:
+        break;
+    }
+    if (rc) return rc;
+    if (!*per) return PC_EINVAL; /* slots too small for a piece of every block */
+    *need = n / *per + (n % *per != 0);
+    if (agreed(c->coll) && !*need) *need = 1;
+    return PC_OK;
+}
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
-    const pc_shm_header_t *h = c->base;
-    size_t es = pycoll_dtype_size(c->dtype);
     if (c->coll == PC_COLL_BARRIER) return 1;
-    if (!es || h->slot_bytes < es || c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks)
+    if (c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks ||
+        pycoll_shm_check(c->base, c->mapped, c->nranks))
         return 0;
-    uint64_t per = h->slot_bytes / es, n = c->count;
-    if (blocks(c->coll)) {
-        if (check_layout(c, es)) return 0; /* pycoll_shm_progress() says why */
-        if (c->coll == PC_COLL_REDUCE_SCATTER) per = rs_per(h->slot_bytes, c->nranks, es);
-        if (!per) return 0;
-        n = max_block(c);
+    uint64_t per, need;
+    return geometry(c, pycoll_dtype_size(c->dtype), &per, &need) ? 0 : need; /* progress() says why */
+}
+
+/* The number of chunks every rank agrees on, once the ranks in `from` (-1: all) have published
+ * the first generation: the largest any of them needs. */
+static int agree(pc_shm_coll_t *c, int from, uint64_t gen0) {
+    uint64_t most = c->nchunks;
+    for (uint32_t r = 0; r < c->nranks; r++) {
+        if (from >= 0 && r != (uint32_t)from) continue;
+        uint64_t want = atomic_load_explicit((_Atomic uint64_t *)&ctrl(c->base, r)->info[gen0 & 1][0],
+                                             memory_order_relaxed);
+        if (want > PC_MAX_CHUNKS) return PC_ESTATE;
+        if (from >= 0 && want < c->nchunks) return PC_EDISAGREE; /* the root's blocks are not ours */
+        if (want > most) most = want;
     }
-    return n / per + (n % per != 0);
+    c->nchunks = most;
+    return PC_OK;
+}
+
+static void tell(pc_shm_ctrl_t *me, uint64_t gen0, uint64_t chunks, uint64_t count) {
+    me->info[gen0 & 1][0] = chunks;
+    me->info[gen0 & 1][1] = count;
 }
 
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
@@ -193,8 +328,8 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
     if (c->coll == PC_COLL_BARRIER) {
         if (c->phase == 0) {
-            publish(&me->arrive, c->gen);
-            publish(&me->reduced, c->gen); /* reads no slot: done with this generation */
+            arrive(me, c->gen);
+            reduced(me, c->gen); /* reads no slot: done with this generation */
             c->phase = 1;
         }
         rc = wait_flags(c, 0, c->gen, -1, max_polls);
@@ -204,15 +339,14 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
         return 1;
     }
     size_t es = pycoll_dtype_size(c->dtype);
-    if (!es || h->slot_bytes < es) return PC_EINVAL;
-    uint64_t per = h->slot_bytes / es;
-    if (blocks(c->coll)) {
-        rc = check_layout(c, es);
-        if (rc) return rc;
-        if (c->coll == PC_COLL_REDUCE_SCATTER) per = rs_per(h->slot_bytes, c->nranks, es);
-        if (!per) return PC_EINVAL; /* slots too small for a piece of every block */
-    }
-    if (c->nchunks != pycoll_shm_chunks(c)) return PC_EINVAL; /* the state was not set up */
+    uint64_t per, need;
+    rc = geometry(c, es, &per, &need);
+    if (rc) return rc;
+    /* the state was not set up (agreed collectives: only more chunks than this rank needs) */
+    if (agreed(c->coll) ? c->nchunks < need || c->nchunks > PC_MAX_CHUNKS : c->nchunks != need) return PC_EINVAL;
+    if (agreed(c->coll) && c->chunk == 0 && c->phase == 0) c->nchunks = need; /* until they agree */
+    uint64_t hdr = header_bytes(c);
+    uint64_t gen0 = c->gen - c->chunk; /* the collective's first generation */
     const void *ins[PC_SHM_MAX_RANKS];
     while (c->chunk < c->nchunks) {
         uint64_t off = c->chunk * per;
@@ -230,8 +364,8 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if ((int)c->rank != c->root || c->src == c->dst) /* in place: dst is an input */
                     memcpy(mine, c->src + off * es, m * es);
                 if ((int)c->rank != c->root) {
-                    publish(&me->arrive, c->gen);
-                    publish(&me->reduced, c->gen); /* reads no slot */
+                    arrive(me, c->gen);
+                    reduced(me, c->gen); /* reads no slot */
                 }
                 c->phase = 1;
             }
@@ -245,8 +379,8 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if (c->src != c->dst) ins[c->rank] = c->src + off * es;
                 rc = pycoll_reduce_n(c->op, c->dtype, c->dst + off * es, ins, (int)c->nranks, m);
                 if (rc) return rc;
-                publish(&me->arrive, c->gen);
-                publish(&me->reduced, c->gen);
+                arrive(me, c->gen);
+                reduced(me, c->gen);
             }
         } else if (c->coll == PC_COLL_ALLREDUCE || c->coll == PC_COLL_REDUCE) {
             /* this rank reduces [lo, hi) of the chunk: the peers read the rest of its slot, it
@@ -257,7 +391,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if (rc <= 0) return rc;
                 memcpy(mine, c->src + off * es, lo * es);
                 memcpy(mine + hi * es, c->src + (off + hi) * es, (m - hi) * es);
-                publish(&me->arrive, c->gen);
+                arrive(me, c->gen);
                 c->phase = 1;
             }
             if (c->phase == 1) {
@@ -270,7 +404,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                     rc = pycoll_reduce_n(c->op, c->dtype, result + lo * es, ins, (int)c->nranks, hi - lo);
                     if (rc) return rc;
                 }
-                publish(&me->reduced, c->gen);
+                reduced(me, c->gen);
                 c->phase = 2;
             }
             if (c->coll == PC_COLL_ALLREDUCE || (int)c->rank == c->root) {
@@ -286,7 +420,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 uint64_t mm = piece(c->src_count, c->chunk, per);
                 const char *from = mm ? c->src + off * es : NULL;
                 if (mm) memcpy(mine, from, mm * es);
-                publish(&me->arrive, c->gen);
+                arrive(me, c->gen);
                 if (mm) { /* its own block while the peers copy theirs; in place: already there */
                     char *to = c->dst + (c->layout[2 * c->rank] + off) * es;
                     if (to != from) memmove(to, from, mm * es);
@@ -300,7 +434,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if (r != c->rank && mr)
                     memcpy(c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
             }
-            publish(&me->reduced, c->gen);
+            reduced(me, c->gen);
         } else if (c->coll == PC_COLL_REDUCE_SCATTER) {
             /* every rank's piece of every block in its slot (block b at b * per); each rank
              * reduces the pieces of its own block in rank order straight into its dst, reading
@@ -316,7 +450,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                     if (mb && (b != c->rank || !direct))
                         memcpy(mine + b * per * es, c->src + (c->layout[2 * b] + off) * es, mb * es);
                 }
-                publish(&me->arrive, c->gen);
+                arrive(me, c->gen);
                 c->phase = 1;
             }
             rc = wait_flags(c, 0, c->gen, -1, max_polls);
@@ -329,7 +463,116 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 rc = pycoll_reduce_n(c->op, c->dtype, c->dst + off * es, ins, (int)c->nranks, mm);
                 if (rc) return rc;
             }
-            publish(&me->reduced, c->gen);
+            reduced(me, c->gen);
+        } else if (c->coll == PC_COLL_GATHER) {
+            /* every rank but the root copies its piece into its slot and is done with it; the
+             * root copies the pieces out into their blocks of dst. The root says at the first
+             * chunk how many there are (the others may not know the other blocks) and checks
+             * every rank's block size against its layout. */
+            int root = c->root;
+            if (c->phase == 0) {
+                if ((int)c->rank != root && c->chunk == 0) { /* the root's word on the chunks */
+                    rc = wait_flags(c, 0, gen0, root, max_polls);
+                    if (rc <= 0) return rc;
+                    rc = agree(c, root, gen0);
+                    if (rc) return rc;
+                }
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                uint64_t mm = piece(c->src_count, c->chunk, per);
+                if (c->chunk == 0) tell(me, gen0, c->nchunks, c->src_count);
+                if ((int)c->rank != root) {
+                    if (mm) memcpy(mine, c->src + off * es, mm * es);
+                    arrive(me, c->gen);
+                    reduced(me, c->gen); /* reads no slot */
+                } else {
+                    arrive(me, c->gen);
+                    char *to = c->dst + (c->layout[2 * root] + off) * es;
+                    if (mm && to != c->src + off * es) memmove(to, c->src + off * es, mm * es);
+                }
+                c->phase = 1;
+            }
+            if ((int)c->rank == root) {
+                rc = wait_flags(c, 0, c->gen, -1, max_polls);
+                if (rc <= 0) return rc;
+                for (uint32_t r = 0; c->chunk == 0 && r < c->nranks; r++) {
+                    uint64_t said = atomic_load_explicit(
+                        (_Atomic uint64_t *)&ctrl(c->base, r)->info[gen0 & 1][1], memory_order_relaxed);
+                    if (said != c->layout[2 * r + 1]) return PC_EDISAGREE;
+                }
+                for (uint32_t r = 0; r < c->nranks; r++) {
+                    uint64_t mr = piece(c->layout[2 * r + 1], c->chunk, per);
+                    if ((int)r != root && mr)
+                        memcpy(c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
+                }
+                reduced(me, c->gen);
+            }
+        } else if (c->coll == PC_COLL_SCATTER) {
+            /* the root's slot: a header of every block's size, then a piece of each block
+             * (block b's at b * per); each rank copies its piece out */
+            int root = c->root;
+            char *slot = slots + (uint64_t)root * h->slot_bytes;
+            uint64_t *sizes = (uint64_t *)slot;
+            if ((int)c->rank == root) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                for (uint32_t b = 0; b < c->nranks; b++) {
+                    uint64_t cnt = c->layout[2 * b + 1], mb = piece(cnt, c->chunk, per);
+                    const char *from = c->src + (c->layout[2 * b] + off) * es;
+                    sizes[b] = cnt;
+                    if ((int)b == root) {
+                        if (mb && c->dst + off * es != from) memmove(c->dst + off * es, from, mb * es);
+                    } else if (mb) {
+                        memcpy(slot + hdr + b * per * es, from, mb * es);
+                    }
+                }
+                if (c->chunk == 0) tell(me, gen0, c->nchunks, c->count);
+                arrive(me, c->gen);
+                reduced(me, c->gen);
+            } else {
+                rc = wait_flags(c, 0, c->gen, root, max_polls);
+                if (rc <= 0) return rc;
+                if (c->chunk == 0) {
+                    rc = agree(c, root, gen0);
+                    if (rc) return rc;
+                }
+                if (sizes[c->rank] != c->count) return PC_EDISAGREE; /* the root sends another size */
+                uint64_t mm = piece(c->count, c->chunk, per);
+                if (mm) memcpy(c->dst + off * es, slot + hdr + (uint64_t)c->rank * per * es, mm * es);
+                arrive(me, c->gen);
+                reduced(me, c->gen);
+            }
+        } else if (c->coll == PC_COLL_ALLTOALL) {
+            /* every rank's slot: a header of the sizes of its blocks, then a piece of each (the
+             * one for rank b at b * per); every rank copies its piece out of every slot. The
+             * ranks agree on the number of chunks at the first (the largest any needs). */
+            if (c->phase == 0) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                uint64_t *sizes = (uint64_t *)mine;
+                for (uint32_t b = 0; b < c->nranks; b++) {
+                    uint64_t cnt = c->layout[2 * b + 1], mb = piece(cnt, c->chunk, per);
+                    sizes[b] = cnt;
+                    if (mb) memcpy(mine + hdr + b * per * es, c->src + (c->layout[2 * b] + off) * es, mb * es);
+                }
+                if (c->chunk == 0) tell(me, gen0, c->nchunks, 0);
+                arrive(me, c->gen);
+                c->phase = 1;
+            }
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            if (c->chunk == 0) {
+                rc = agree(c, -1, gen0);
+                if (rc) return rc;
+            }
+            for (uint32_t r = 0; r < c->nranks; r++) {
+                const char *slot = slots + r * h->slot_bytes;
+                uint64_t cnt = c->rlayout[2 * r + 1], mr = piece(cnt, c->chunk, per);
+                if (((const uint64_t *)slot)[c->rank] != cnt) return PC_EDISAGREE; /* r sends another size */
+                if (mr) memcpy(c->dst + (c->rlayout[2 * r] + off) * es, slot + hdr + (uint64_t)c->rank * per * es,
+                               mr * es);
+            }
+            reduced(me, c->gen);
         } else { /* bcast: the root's slot carries the chunk */
             char *slot = slots + (uint64_t)c->root * h->slot_bytes;
             if ((int)c->rank == c->root) {
@@ -337,16 +580,16 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                     rc = slot_free(c, max_polls); /* the readers of generation gen-2 (same slot) */
                     if (rc <= 0) return rc;
                     memcpy(slot, c->dst + off * es, m * es);
-                    publish(&me->arrive, c->gen);
-                    publish(&me->reduced, c->gen);
+                    arrive(me, c->gen);
+                    reduced(me, c->gen);
                     c->phase = 1;
                 }
             } else {
                 rc = wait_flags(c, 0, c->gen, c->root, max_polls);
                 if (rc <= 0) return rc;
                 memcpy(c->dst + off * es, slot, m * es);
-                publish(&me->arrive, c->gen);
-                publish(&me->reduced, c->gen);
+                arrive(me, c->gen);
+                reduced(me, c->gen);
             }
             if (c->chunk + 1 == c->nchunks && (int)c->rank == c->root) {
                 /* the root returns (and may reuse its slot) once every rank has its copy */

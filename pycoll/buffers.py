@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+_UINT8 = np.dtype(np.uint8)
+
 
 class BufferError(ValueError):  # noqa: A001 - pycoll.buffers.BufferError, a ValueError
     """A buffer cannot be used as given (non-contiguous, read-only where written, ...)."""
@@ -48,6 +50,6 @@ def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
 def as_bytes(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:
     """A 1-D ``uint8`` numpy view of the bytes of ``obj`` (no copy)."""
     arr = as_array(obj, writable=writable, what=what)
-    if arr.dtype == np.uint8:
+    if arr.dtype is _UINT8 or arr.dtype == _UINT8:  # (identity first: comparing costs more)
         return arr
-    return arr.view(np.uint8)
+    return arr.view(_UINT8)

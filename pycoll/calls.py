@@ -18,6 +18,7 @@ from pycoll.ops import ReduceOp, as_op, check_op
 
 Layout = Tuple[Tuple[int, int], ...]
 _EMPTY = np.empty(0, np.uint8)
+_ndarray = np.ndarray
 
 
 class Call(NamedTuple):
@@ -37,6 +38,9 @@ class Call(NamedTuple):
 
 
 BARRIER = Call("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, 0)
+#: ``_new(Call, (fields...))``: a Call without the NamedTuple's Python-level ``__new__`` (a
+#: quarter of a microsecond), for the checks of the small collectives called most (all nine fields).
+_new = tuple.__new__
 
 
 def equal_layout(m: int, n: int) -> List[Tuple[int, int]]:
@@ -63,15 +67,21 @@ def block_layout(call: Call, n: int) -> Optional[List[Tuple[int, int]]]:
 def allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM) -> Call:
     if type(op) is not ReduceOp:
         op = as_op(op)
-    src, dst, out = elementwise(sendbuf, recvbuf, "allreduce")
+    if (type(sendbuf) is _ndarray and type(recvbuf) is _ndarray and sendbuf.ndim == 1 and recvbuf.ndim == 1
+            and sendbuf.dtype == recvbuf.dtype and sendbuf.size == recvbuf.size
+            and sendbuf.flags.c_contiguous and (flags := recvbuf.flags).c_contiguous and flags.writeable):
+        src, dst, out = sendbuf, recvbuf, recvbuf  # the common case, checked inline (as elementwise)
+    else:
+        src, dst, out = elementwise(sendbuf, recvbuf, "allreduce")
     check_op(op, src.dtype)
-    return Call("allreduce", src, dst, op, 0, out, dst.nbytes)
+    return _new(Call, ("allreduce", src, dst, op, 0, out, dst.nbytes, None, None))
 
 
 def bcast(rank: int, size: int, buf: Any, root: int = 0) -> Call:
     arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
-    check_root(root, size, "bcast")
-    return Call("bcast", arr, arr, ReduceOp.SUM, root, buf, arr.nbytes)
+    if type(root) is not int or not 0 <= root < size:
+        check_root(root, size, "bcast")
+    return _new(Call, ("bcast", arr, arr, ReduceOp.SUM, root, buf, arr.nbytes, None, None))
 
 
 def barrier(rank: int, size: int) -> Call:

@@ -166,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="reduction of allreduce, reduce, reduce_scatter(v) (default sum)")
     perf.add_argument("--root", type=int, default=None,
                       help="root of bcast, reduce, gather(v), scatter(v) (default 0)")
-    perf.add_argument("--algorithm", default="auto", help="auto or one of the collective's algorithms")
+    perf.add_argument("--algorithm", default="auto",
+                      help="auto, one of the collective's algorithms, or all (each that can run here, "
+                           "one table each)")
     perf.add_argument("--iters", type=int, default=0, help="calls per size (default: by size)")
     perf.add_argument("--warmup", type=int, default=None, help="warm-up calls per size")
     perf.add_argument("--check", action="store_true", help="verify every size against numpy (pycoll and MPI)")

@@ -222,10 +222,10 @@ TABLE: Tuple[Collective, ...] = (
         "gatherv", calls.gatherv,
         "Gatherv: rank r's ``sendbuf`` (``counts[r]`` elements) lands at ``displs[r]`` of ``recvbuf`` on "
         "``root``. ``counts`` is needed at the root; tree algorithms (``knomial``) need it on every "
-        "rank, ``linear`` (the default) only at the root.",
+        "rank, ``shm`` (the default on one host) and ``linear`` (elsewhere) only at the root.",
         _gather, mpi="Gatherv", mpi_params=("sendbuf", "recvbuf", "root"),
         mpi_vector={"recvbuf": ("counts", "displs")}, mpi_in_place="sendbuf", root_only=("recvbuf",),
-        mpi_algorithm="linear", factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS} (equal counts)",
+        factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS} (equal counts)",
         send="block", recv="blocks", rooted=True, vector=True),
     Collective(
         "scatter", calls.scatter,
@@ -240,7 +240,7 @@ TABLE: Tuple[Collective, ...] = (
         "``recvbuf``. ``counts`` as for gatherv.",
         _scatter, mpi="Scatterv", mpi_params=("sendbuf", "recvbuf", "root"),
         mpi_vector={"sendbuf": ("counts", "displs")}, mpi_in_place="recvbuf", root_only=("sendbuf",),
-        mpi_algorithm="linear", factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS} (equal counts)",
+        factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS} (equal counts)",
         send="blocks", recv="block", rooted=True, vector=True),
     Collective(
         "barrier", calls.barrier, "Barrier: the request completes once every rank of the team entered it.",

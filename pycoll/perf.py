@@ -67,6 +67,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from pycoll import algorithms, calls, perfplot
+from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.collectives import COLLECTIVES, FACTORS, Collective
 from pycoll.config import parse_bytes
 from pycoll.dtypes import BFLOAT16, KINDS, as_dtype
@@ -138,7 +139,7 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
     if "push_pull" in colls:
         if op not in PUSH_PULL_OPS:
             raise ValueError(f"--op {op.name.lower()}: push_pull sums (--op sum, or avg for the mean)")
-        if args.algorithm != "auto":
+        if args.algorithm not in ("auto", "all"):
             raise ValueError(f"--algorithm {args.algorithm}: push_pull has no algorithms to choose "
                              f"(BytePS's placement decides where each part is summed)")
     root = getattr(args, "root", None)
@@ -154,7 +155,7 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
     if args.iters < 0 or (args.warmup is not None and args.warmup < 0):
         raise ValueError("--iters and --warmup must be >= 0")
     for s in specs:
-        if args.algorithm != "auto" and s.name != "push_pull":
+        if args.algorithm not in ("auto", "all") and s.name != "push_pull":
             algorithms.get(algorithms_of(s, algorithms.ALGORITHMS), args.algorithm)
         if not callable(getattr(Team, s.name, None)):
             raise ValueError(f"{s.name}: this pycoll's Team has no {s.name}() method")
@@ -325,6 +326,23 @@ def run(args: Any) -> int:
             team.close()  # says goodbye: the servers exit
 
 
+def usable_algorithms(team: Any, spec: Collective) -> List[str]:
+    """``auto`` and every algorithm of ``spec`` that can run on ``team`` (``--algorithm all``):
+    ``shm`` needs the team's segment, ``cma`` one whose ranks may read each other's memory, the
+    hierarchical ones a team spanning nodes; push_pull has none to choose."""
+    if spec.name == "push_pull":
+        return ["auto"]
+    seg = team.shared
+    names = ["auto"]
+    for name in algorithms.ALGORITHMS[algorithms_of(spec, algorithms.ALGORITHMS)]:
+        if (name == "shm" and seg is None) or (name == "cma" and (seg is None or not seg.cma)):
+            continue
+        if name in HIERARCHICAL and not team.hierarchical:
+            continue
+        names.append(name)
+    return names
+
+
 def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4py's name
     n, rank = team.size, team.rank
     try:
@@ -340,21 +358,23 @@ def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4
         from mpi4py.util.dtlib import from_numpy_dtype  # noqa: PLC0415 - imports mpi4py.MPI
 
         mpi_type = from_numpy_dtype(dtype)
-    env = SimpleNamespace(team=team, comm=comm, n=n, rank=rank, dtype=dtype, op=op,
-                          mpi_op=getattr(MPI, "SUM" if op is ReduceOp.AVG else op.name),
-                          root=args.root or 0, mpi_mod=MPI, mpi_type=mpi_type,
-                          algorithm=None if args.algorithm == "auto" else args.algorithm)
     counts = sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dtype.itemsize)
     rows: List[Dict[str, Any]] = []
     metas: List[Dict[str, Any]] = []
     status = 0
     for coll in colls:
         spec = COLLS[coll]
-        got, meta = _run_one(spec, env, args, counts)
-        rows.extend(got)
-        metas.append(meta)
-        if got and "error" in got[-1]:
-            status = 2
+        names = usable_algorithms(team, spec) if args.algorithm == "all" else [args.algorithm]
+        for name in names:
+            env = SimpleNamespace(team=team, comm=comm, n=n, rank=rank, dtype=dtype, op=op,
+                                  mpi_op=getattr(MPI, "SUM" if op is ReduceOp.AVG else op.name),
+                                  root=args.root or 0, mpi_mod=MPI, mpi_type=mpi_type,
+                                  algorithm=None if name == "auto" else name)
+            got, meta = _run_one(spec, env, SimpleNamespace(**{**vars(args), "algorithm": name}), counts)
+            rows.extend(got)
+            metas.append(meta)
+            if got and "error" in got[-1]:
+                status = 2
     if rank == 0 and args.json:
         meta = dict(metas[0])
         if len(metas) > 1:  # what differs by collective goes under "colls"
@@ -520,7 +540,8 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
         warmup = args.warmup if args.warmup is not None else max(1, min(10, iters // 10))
         if rank == 0 and (nbytes >= 1 << 20 or i % 8 == 0):
             print(f"pycoll perf: {spec.name} {nbytes} B ({i + 1}/{len(totals)})", file=sys.stderr, flush=True)
-        row: Dict[str, Any] = {"coll": spec.name, "count": case.count, "bytes": nbytes, "iters": iters}
+        row: Dict[str, Any] = {"coll": spec.name, "algorithm": args.algorithm, "count": case.count,
+                               "bytes": nbytes, "iters": iters}
         ok = ""
         if args.check:
             good = comm.allreduce(case.check_pycoll(), op=MPI.LAND)

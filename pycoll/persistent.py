@@ -36,19 +36,26 @@ class Persistent:
         return self._task
 
     def start(self) -> Request:
-        """Run the collective once more (collective: every rank starts it)."""
+        """Run the collective once more (collective: every rank starts it).
+
+        The short path: the task kept from the last run completed; the planner rebinds it (a new
+        message key, the same buffers) and submits it again."""
+        planner, call, tag = self.planner, self._call, self._tag
+        task = self._task
+        lock = planner.ctx.lock
+        if task is not None and task.state is COMPLETED:
+            lock.acquire()  # (not ``with``: this is the hot path)
+            try:
+                self.request = planner.restart(task, call, tag, self._priority, self._timeout)
+            finally:
+                lock.release()
+            return self.request
         if self.request is not None and not self.request.done:
             raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
-        planner, call, tag = self.planner, self._call, self._tag
-        with planner.team.ctx.lock:
-            task = self._task
-            if task is None or not hasattr(task, "rebind") or task.state is not COMPLETED:
-                task, key, shape = planner.build(call, tag, self._algorithm, self._options, reuse=False)
-                self._task = task if shape is not None else None
-            else:
-                key = planner.coll_key(tag)
-                task.rebind(call.src, call.dst, key)
-            if self._task is not None:
+        with lock:  # the first start, or the last run failed: build it (again)
+            task, key, shape = planner.build(call, tag, self._algorithm, self._options, reuse=False)
+            self._task = task if shape is not None and hasattr(task, "rebind") else None
+            if shape is not None:  # one collective (not partitioned): a unit of credit
                 planner.credit_unit(task, key)
             self.request = planner.submit(task, self._priority, self._timeout, call.out)
         return self.request

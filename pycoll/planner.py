@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_PLANS_PER_SHAPE = 4
 MAX_PLAN_SHAPES = 64
 
+_INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
 
 
@@ -77,12 +78,47 @@ class Planner:
              timeout: Optional[float], options: dict) -> Request:
         """Build (or reuse) the collective's task and submit it. Everything the caller passed has
         been checked: nothing here fails after the message key is taken. Under the engine's lock:
-        a progress thread may be returning finished collectives to the pool meanwhile."""
-        with self.ctx.lock:
-            task, key, shape = self.build(call, tag, algorithm, options, reuse=True)
-            if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
-                return self.submit(task, priority, timeout, call.out)
-            return self.submit(self.credit_unit(task, key), priority, timeout, call.out, shape)
+        a progress thread may be returning finished collectives to the pool meanwhile.
+
+        The common case is the short path: a finished task of the same shape waits in the pool;
+        it is rebound to the new buffers and key and submitted, nothing built."""
+        ctx = self.ctx
+        lock = ctx.lock
+        lock.acquire()  # (not ``with``: this is the hot path of every collective)
+        try:
+            shape = self.shape(call, tag, algorithm, options)
+            pool = self._plans.get(shape)
+            if pool:
+                key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
+                task = pool.pop()
+                task.rebind(call.src, call.dst, key)
+                if task.credit and ctx.credit_bytes:  # its credit was set when it was built
+                    ctx.watch_demand(task, self.team.transport, key)
+            else:
+                task, key, shape = self.build(call, tag, algorithm, options, reuse=False)
+                if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
+                    return self.submit(task, priority, timeout, call.out)
+                self.credit_unit(task, key)
+            t = ctx.timeout if timeout is None else timeout
+            task.timeout = t if t is not None and 0 < t < _INF else None
+            task.plan_shape = shape
+            return ctx.submit(task, priority, call.out, self._recycle_done)
+        finally:
+            lock.release()
+
+    def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
+                timeout: Optional[float]) -> Request:
+        """Run the finished task of a persistent collective again on the call's buffers: a new
+        message key, its credit, submitted (it stays with its persistent collective, never
+        pooled). Under the engine's lock (the caller holds it)."""
+        ctx = self.ctx
+        key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
+        task.rebind(call.src, call.dst, key)
+        if task.credit and ctx.credit_bytes:
+            ctx.watch_demand(task, self.team.transport, key)
+        t = ctx.timeout if timeout is None else timeout
+        task.timeout = t if t is not None and 0 < t < _INF else None
+        return ctx.submit(task, priority, call.out)
 
     def post_named(self, call: Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
                    timeout: Optional[float], name: Optional[str], credit: bool) -> Request:
@@ -115,7 +151,7 @@ class Planner:
         context's); a task with a ``shape`` returns to the pool when its request is collected."""
         ctx = self.ctx
         t = ctx.timeout if timeout is None else timeout
-        task.timeout = None if (t is None or t == math.inf or t <= 0) else t
+        task.timeout = t if t is not None and 0 < t < _INF else None
         task.priority = priority
         if shape is None:
             return ctx.submit(task, result=out)
@@ -129,15 +165,10 @@ class Planner:
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused)."""
         coll, src, dst = call.coll, call.src, call.dst
-        if algorithm is None:
-            nbytes = call.nbytes
-            name = self._selected.get((coll, nbytes, tag is None)) or self.select(coll, nbytes, tag)
-        else:
-            name = algorithm
+        shape = self.shape(call, tag, algorithm, options)
+        name = shape[1]
         if options and algorithm is None:  # options go to the algorithms that declare them
-            options = declared_options(coll, name, options)
-        shape = (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
-                 call.rlayout, tuple(sorted(options.items())) if options else ())
+            options = dict(shape[-1])
         pool = self._plans.get(shape) if reuse else None
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
@@ -156,6 +187,22 @@ class Planner:
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
+
+    def shape(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict) -> tuple:
+        """The plan-cache key of a call: what a finished task must share with it to be rebound to
+        its buffers (collective, algorithm, sizes, dtype, op, in place, root, layouts, the options
+        the algorithm takes). (Measured: a memo of it by the identity of the buffers costs as much
+        as computing it.)"""
+        coll, src, dst = call.coll, call.src, call.dst
+        if algorithm is None:
+            nbytes = call.nbytes
+            name = self._selected.get((coll, nbytes, tag is None)) or self.select(coll, nbytes, tag)
+            if options:  # options go to the algorithms that declare them
+                options = declared_options(coll, name, options)
+        else:
+            name = algorithm
+        return (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
+                call.rlayout, tuple(sorted(options.items())) if options else ())
 
     def select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         """The default algorithm of ``coll`` for ``nbytes`` on this team (cached)."""
@@ -237,10 +284,13 @@ class Planner:
         next call of the same shape rebinds it to its buffers and key)."""
         task = req.task
         shape = task.plan_shape
+        pool = self._plans.get(shape)
+        if pool is not None and task.state is COMPLETED and len(pool) < MAX_PLANS_PER_SHAPE:
+            pool.append(task)  # the common case (a pool holds tasks that can be rebound)
+            return
         if task.state is not COMPLETED or not hasattr(task, "rebind"):
             task.finalize()
             return
-        pool = self._plans.get(shape)
         if pool is None:
             if len(self._plans) >= MAX_PLAN_SHAPES:  # forget the oldest shape
                 for old in self._plans.pop(next(iter(self._plans))):

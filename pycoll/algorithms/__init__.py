@@ -97,12 +97,17 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatter", "shm", team=(2, INF)),
     Rule("reduce_scatter", "rhalving", msg=(0, 1 << 20)),
     Rule("reduce_scatter", "ring"),
-    # alltoall: Bruck for small messages on 4+ ranks, else pairwise exchange.
+    # alltoall: the segment on one host below 256 KiB (above, the exchange's single copies win);
+    # Bruck for small messages on 4+ ranks, else pairwise exchange.
+    Rule("alltoall", "shm", msg=(0, 256 << 10), team=(2, INF)),
     Rule("alltoall", "bruck", msg=(0, 128 << 10), team=(4, INF)),
     Rule("alltoall", "pairwise"),
-    # gather and scatter: the k-nomial tree gathers 1-8 MiB on 3+ ranks; linear otherwise.
+    # gather and scatter: the segment on one host below 1 MiB (gather) and 512 KiB (scatter); the
+    # k-nomial tree gathers 1-8 MiB on 3+ ranks; linear otherwise.
+    Rule("gather", "shm", msg=(0, 1 << 20), team=(2, INF)),
     Rule("gather", "knomial", msg=(1 << 20, 8 << 20), team=(3, INF)),
     Rule("gather", "linear"),
+    Rule("scatter", "shm", msg=(0, 512 << 10), team=(2, INF)),
     Rule("scatter", "linear"),
     # The v-forms: as their block forms, except the trees (knomial needs counts on every rank).
     Rule("allgatherv", "cma", msg=(2 << 20, INF), team=(2, 2)),
@@ -112,8 +117,13 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatterv", "shm", team=(2, INF)),
     Rule("reduce_scatterv", "rhalving", msg=(0, 1 << 20)),
     Rule("reduce_scatterv", "ring"),
+    # alltoallv, gatherv, scatterv select by team size alone (the ranks do not all know the
+    # sizes): the segment on one host, where small blocks gain most and large ones lose least.
+    Rule("alltoallv", "shm", team=(2, INF)),
     Rule("alltoallv", "pairwise"),
+    Rule("gatherv", "shm", team=(2, INF)),
     Rule("gatherv", "linear"),
+    Rule("scatterv", "shm", team=(2, INF)),
     Rule("scatterv", "linear"),
 ]
 

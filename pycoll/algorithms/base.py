@@ -10,6 +10,7 @@ send/receive/reduce tasks, pipelined over fragments.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Generator, Hashable, List, Optional, Sequence, Tuple
@@ -234,6 +235,17 @@ class StepTask(Task):
         self._wait = ()
 
 
+def same_memory(old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether the 1-D contiguous view ``new`` sees exactly the memory ``old`` does: it is the same
+    array, or both view the whole of one array (a broadcast's ``buf.view(np.uint8)``, made anew for
+    every call). An array's memory cannot move while a view of it exists."""
+    if old is new:
+        return True
+    base = new.base
+    return (base is not None and base is old.base and type(base) is np.ndarray
+            and new.nbytes == old.nbytes == base.nbytes)
+
+
 class SegmentTask(Task):
     """A collective run by the native state machine of the team's shared segment (``args.shared``).
 
@@ -267,26 +279,44 @@ class SegmentTask(Task):
         self.progress()
 
     def progress(self) -> None:
+        """Start on the segment when its turn comes, then advance; a small collective whose peers
+        are there completes in the first call. ``since`` is when it first found its peers
+        missing (0.0 until then): the segment checks from then on that they are alive."""
         seg = self.seg
-        if not self.started:
+        if self.started:
+            done = seg.progress(self.native, self.since)
+        else:
             if seg.turn != self.ticket:  # an earlier collective on the segment is still running
                 if seg.broken is not None:
                     raise seg.broken
                 return
             a = self.args
+            src, dst = a.src, a.dst
             bound = self._bound
-            changed = bound is None or bound[0] is not a.src or bound[1] is not a.dst
+            changed = bound is None or not ((bound[0] is src or same_memory(bound[0], src))
+                                            and (bound[1] is dst or same_memory(bound[1], dst)))
             if changed:
-                self._bound = (a.src, a.dst)
-            seg.start(self.native, a.src, a.dst, changed)
+                self._bound = (src, dst)
+            seg.start(self.native, src, dst, changed)
             self.started = True
-            self.since = _monotonic()
-        if seg.progress(self.native, self.since):
+            self.since = 0.0
+            done = seg.progress(self.native, 0.0)
+        if done:
             self.finished()
             self.complete()
+        elif not self.since:
+            self.since = _monotonic()
 
     def finished(self) -> None:
         """Local work after the segment part (AVG's division)."""
+
+    def sleep(self, timeout_s: float) -> bool:
+        """Sleep in the kernel until the flag this collective waits for is set, or ``timeout_s``
+        pass (the engine's back-off calls it when this is all it waits on); True if it is set."""
+        if not self.started:  # waits for its turn on the segment, not for a flag: just yield
+            os.sched_yield()
+            return False
+        return self.seg.sleep(self.native, timeout_s)
 
     def on_cancel(self) -> None:
         # the other ranks will run this collective on the segment: its state is lost for all

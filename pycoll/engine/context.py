@@ -22,7 +22,8 @@ by the engine* in :class:`~pycoll.tasks.task.Task` (``effective_priority``, ``pe
 
 :meth:`Context.wait_for` drives ``progress`` until a task finishes, backing off when nothing moves
 (spin, then ``sched_yield``, then sleeps growing to 1 ms) so a waiting rank leaves the core to the
-others.
+others. When the one task in flight can sleep until its peer acts (a segment collective: a futex
+on the flag it waits for, set and woken by the peer), the back-off sleeps that way instead.
 """
 
 from __future__ import annotations
@@ -84,14 +85,21 @@ class Backoff:
         self._idle_since = 0.0
         self._sleep = self.sleep_min_s
 
-    def idle(self) -> None:
-        """Called after a progress pass that moved nothing."""
+    def idle(self, nap: Optional[Callable[[float], bool]] = None) -> None:
+        """Called after a progress pass that moved nothing. ``nap(timeout_s)``: a way to sleep
+        until the one thing the rank waits for happens (a segment collective's flag: see
+        ``ShmSegment.sleep``); past the spin it replaces yielding and sleeping, so the rank gives
+        its core away and is woken by the peer instead of polling for it."""
         now = _monotonic()
         if not self._idle_since:
             self._idle_since = now
             return
         idle = now - self._idle_since
         if idle < self.spin_s:
+            return
+        if nap is not None:
+            nap(self._sleep)
+            self._sleep = min(self._sleep * 2, self.sleep_max_s)
             return
         if idle < self.yield_s:
             os.sched_yield()
@@ -158,20 +166,38 @@ class Context:
             raise RuntimeError(f"{task!r} was already submitted; reset() it to run it again")
         if priority is not None:
             task.priority = priority
-        task.effective_priority = task.priority if task.priority is not None else 0
-        with self.lock:
-            limit, in_flight = self.credit_bytes, self.in_flight
-            if not self._ready and not self._free and task.pending == 1 and (
-                    not limit or not in_flight or in_flight + task.credit <= limit):
-                task.ctx = self  # nothing queued ahead of it and the credit fits: start it now
+        prio = task.priority
+        task.effective_priority = prio if prio is not None else 0
+        lock = self.lock
+        lock.acquire()  # (not ``with``: this is the hot path of every collective)
+        try:
+            limit, in_flight, need = self.credit_bytes, self.in_flight, task.credit
+            if self._ready or self._free or task.pending != 1 or (
+                    limit and in_flight and in_flight + need > limit):
+                task.activate(self)  # queued behind other work, waiting for dependencies or credit
+                self.start_ready()
+            elif (self.on_start is None and not self._demand_of
+                    and (task.subscriptions is None or not task.subscriptions[_STARTED])
+                    and not (self.partition_bytes and task.nbytes > self.partition_bytes)):
+                # The short path: nothing queued ahead of it, the credit fits, nobody traces, no
+                # one listens to its start and it is not split: start it here and now.
+                task.ctx = self
                 task.pending = 0
-                self._start(task, task.credit)
-                if self._ready or self._free:
+                task.state = IN_PROGRESS
+                self.posted += 1
+                self._post(task, need)
+                if self._ready or self._free:  # what it queued (a schedule's tasks)
                     self.start_ready()
             else:
-                task.activate(self)
-                self.start_ready()
-        return Request(task, self, result, on_done)
+                task.ctx = self  # nothing queued ahead of it and the credit fits: start it now
+                task.pending = 0
+                self._start(task, need)
+                if self._ready or self._free:
+                    self.start_ready()
+            # made under the lock: a request for a finished task runs ``on_done`` at once
+            return Request(task, self, result, on_done)
+        finally:
+            lock.release()
 
     def enqueue(self, task: Task) -> None:
         """Queue ``task``, whose dependencies are done, by its effective priority (called by tasks'
@@ -382,10 +408,6 @@ class Context:
             self._unwatch(task)
         task.state = IN_PROGRESS
         self.posted += 1
-        timeout = task.timeout
-        if timeout is not None and timeout != math.inf:
-            task.t_start = t = _monotonic()
-            _heappush(self._deadlines, (t + timeout, id(task), task, t))
         if self.on_start is not None:
             self.on_start(task)
         if task.subscriptions is not None and task.subscriptions[_STARTED]:
@@ -395,7 +417,15 @@ class Context:
             parts = task.split(pb)
             if parts:
                 self._start_partitioned(task, parts)
+                if task.state is IN_PROGRESS and task.timeout is not None:
+                    self._set_deadline(task)
                 return
+        self._post(task, need)
+
+    def _post(self, task: Task, need: int) -> None:
+        """Take the credit of a started task and call its ``post()``; if it is still in progress
+        after that, give it its deadline (a task that finished in ``post()`` cannot time out: it
+        gets none) and poll it (if it is polled)."""
         if need:
             self.in_flight += need
             task.held_credit = need
@@ -404,8 +434,18 @@ class Context:
         except Exception as exc:
             task.fail(exc)
             return
-        if task.polled and task.state is IN_PROGRESS:
-            self._active.append(task)
+        if task.state is IN_PROGRESS:
+            if task.timeout is not None:
+                self._set_deadline(task)
+            if task.polled:
+                self._active.append(task)
+
+    def _set_deadline(self, task: Task) -> None:
+        """Fail ``task`` with TimeoutError if it is still in progress ``task.timeout`` s from now."""
+        timeout = task.timeout
+        if timeout != math.inf:
+            task.t_start = t = _monotonic()
+            _heappush(self._deadlines, (t + timeout, id(task), task, t))
 
     def _start_partitioned(self, task: Task, parts: List[Task]) -> None:
         self.stats["partitioned"] += 1
@@ -444,7 +484,16 @@ class Context:
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
                 raise TimeoutError(f"wait: {task.name} did not finish within {timeout:g} s; "
                                    f"waiting on: {what}", task=task, waiting_on=waiting)
-            backoff.idle()
+            backoff.idle(self._nap())
+
+    def _nap(self) -> Optional[Callable[[float], bool]]:
+        """How to sleep until work moves, when the engine waits on one task and it can tell
+        (a task's ``sleep(timeout_s)``: segment collectives sleep on the flag they wait for);
+        else None (the back-off yields and sleeps)."""
+        active = self._active
+        if len(active) == 1 and not self._ready and not self._free:
+            return getattr(active[0], "sleep", None)
+        return None
 
     def run(self) -> None:
         """Progress until nothing is queued or in flight (for tests and simple drivers)."""

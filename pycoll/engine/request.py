@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional
 
 from pycoll.errors import CanceledError
-from pycoll.tasks.task import COMPLETED, ERROR, FINISHED, Task, TaskState
+from pycoll.tasks.task import CANCELED, COMPLETED, ERROR, FINISHED, Task, TaskState
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.engine.context import Context
@@ -17,6 +17,10 @@ class Request:
     ``wait()`` returns the result (the output buffer for collectives) or raises the task's error;
     ``test()`` makes one pass of the engine and says whether the task finished. Once finished,
     the outcome is kept in the request (the task may be reused by a later call).
+
+    A request made for a task that already finished (a small collective often completes inside
+    ``submit``) takes the outcome at once, so that ``wait()`` only returns what was kept;
+    ``on_done`` still runs when the outcome is collected (the task stays the request's until then).
     """
 
     __slots__ = ("task", "ctx", "_result", "_on_done", "_final", "__weakref__")
@@ -27,7 +31,10 @@ class Request:
         self.ctx = ctx
         self._result = result
         self._on_done = on_done
-        self._final: Optional[tuple] = None  # (state, error, result) once finished
+        state = task.state
+        self._final: Optional[tuple] = (  # (state, error, result) once finished
+            (state, task.error, result if result is not None else task.result)
+            if state is COMPLETED or state is ERROR or state is CANCELED else None)
 
     @property
     def state(self) -> TaskState:
@@ -56,7 +63,14 @@ class Request:
         """Progress until the task finishes and return its result; raise its error if it failed,
         :class:`pycoll.CanceledError` if it was canceled, and :class:`pycoll.TimeoutError` if
         ``timeout`` seconds pass first (the collective then keeps running)."""
-        if self._final is None and self.task.state not in FINISHED:
+        final = self._final
+        if final is not None and final[0] is COMPLETED:  # the common case: finished inside submit
+            on_done = self._on_done
+            if on_done is not None:
+                self._on_done = None
+                on_done(self)
+            return final[2]
+        if final is None and self.task.state not in FINISHED:
             self.ctx.wait_for(self.task, timeout)
         return self._outcome()
 
@@ -73,9 +87,9 @@ class Request:
             task = self.task
             result = self._result if self._result is not None else task.result
             final = self._final = (task.state, task.error, result)
-            if self._on_done is not None:
-                on_done, self._on_done = self._on_done, None
-                on_done(self)
+        if self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done(self)
         state, error, result = final
         if state is COMPLETED:
             return result

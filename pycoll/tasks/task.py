@@ -22,7 +22,7 @@ schedules and a task's own reset write them.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence, Union
 
 from pycoll.buffers import as_bytes
 from pycoll.events.manager import N_EVENTS, Event, EventManager
@@ -78,6 +78,10 @@ _DEFAULT_HANDLERS[Event.STARTED] = dependency_done
 _DEFAULT_HANDLERS[Event.COMPLETED] = dependency_done
 _DEFAULT_HANDLERS[Event.ERROR] = dependency_failed
 _DEFAULT_HANDLERS[Event.CANCELED] = dependency_failed
+#: Every task's handler table unless it is given its own: one tuple shared by all (a list per task
+#: costed an allocation, and garbage-collector work, per task built). A task that needs other
+#: handlers assigns a table of its own: ``task.handlers = [*task.handlers]`` then changes it.
+DEFAULT_HANDLERS = tuple(_DEFAULT_HANDLERS)
 
 TaskOrTasks = Union["Task", Iterable["Task"], None]
 
@@ -109,10 +113,13 @@ class Task(EventManager):
     * ``t_start``: when it started (only for tasks with a timeout: its deadline's stamp).
     """
 
-    __slots__ = ("name", "priority", "nbytes", "credit", "timeout", "state", "error", "handlers", "result",
+    __slots__ = ("name", "priority", "nbytes", "credit", "timeout", "state", "error", "result",
                  "pending", "_deps", "ctx", "effective_priority", "held_credit", "parent", "parts",
                  "t_ready", "t_start", "__dict__")
 
+    #: What the task does when a task it subscribed to (without a handler) publishes an event, by
+    #: event (see :mod:`pycoll.events`): the shared :data:`DEFAULT_HANDLERS` unless it assigns its own.
+    handlers: Sequence[Any] = DEFAULT_HANDLERS
     #: Whether a new task of this kind takes ``nbytes`` of credit (``task.credit``) while in
     #: progress. The unit of credit is a unit of communication: a collective (or one partition of
     #: it) takes credit as a whole, so the sends, receives and reductions inside it take none.
@@ -132,7 +139,6 @@ class Task(EventManager):
         self.timeout = timeout
         self.state = NOT_READY
         self.error: Optional[BaseException] = None
-        self.handlers = _DEFAULT_HANDLERS[:]
         self.result: Any = None
         self.pending = 1  # unfinished dependencies + 1 until the task is activated
         self._deps: Optional[list] = None
@@ -213,7 +219,8 @@ class Task(EventManager):
             self.result = result
         if self.held_credit:
             self.ctx.release_credit(self)
-        self.notify(_COMPLETED)
+        if self.subscriptions is not None:  # (most tasks submitted alone have no listener)
+            self.notify(_COMPLETED)
 
     def fail(self, error: BaseException) -> None:
         """Put the task in ERROR with ``error`` and notify listeners (dependants are canceled,

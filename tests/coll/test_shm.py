@@ -26,3 +26,14 @@ def test_shm_reduce_allgather_reduce_scatter(n, mpirun):
 @pytest.mark.parametrize("n", [2, 4])
 def test_shm_block_collectives_default_slot(n, mpirun):
     mpirun(n, "tests/coll/scripts/shm_colls.py", "blocks-default-slot", timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_shm_gather_scatter_alltoall(n, mpirun):
+    """gather(v), scatter(v), alltoall(v) on small slots: every root, many chunks, unequal, empty
+    and gapped blocks, counts only at the root, in place, persistent, mixed with the others."""
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "data", timeout=240)
+
+
+def test_shm_gather_scatter_alltoall_default_slot(mpirun):
+    mpirun(4, "tests/coll/scripts/shm_colls.py", "data-default-slot", timeout=240)

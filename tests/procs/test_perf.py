@@ -94,3 +94,19 @@ def test_plot_draws_one_picture_per_collective(tmp_path, cli):
         png = tmp_path / f"perf_{coll}.png"
         assert f"# plot: {png}" in text
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
+    """``--algorithm all``: a table per algorithm that can run here (shm on one host, no
+    hierarchical ones on one node), every size checked, rows saying their algorithm."""
+    out = tmp_path / "all.json"
+    rc, text, err = cli("perf", "bcast", "-n", "2", "--algorithm", "all", "--max-bytes", "64", "--iters",
+                        "5", "--check", "--json", str(out), timeout=180)
+    assert rc == 0, err
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    ran = list(dict.fromkeys(r["algorithm"] for r in rows))
+    assert ran == ["auto", "knomial", "scatter_allgather", "shm"], ran
+    assert all(r["check"] == "ok" for r in rows)
+    assert text.count("# pycoll perf bcast") == 4 and "algorithm hier" not in text

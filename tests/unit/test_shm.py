@@ -121,3 +121,79 @@ def test_block_collective_layouts_are_checked():
         assert lib.pycoll_shm_progress(st, 10) in (-1, -3), (kind, lay)
     for s in segs:
         s.close()
+
+
+def _run(seg, kind, src, dst, layout=None, rlayout=None, root=0, polls=1000):
+    """Start a collective of ``kind`` on ``seg`` and progress it once; (state, rc, keep-alive)."""
+    from pycoll.native import DTYPE_CODES, ffi, lib
+
+    st = seg.new_state(kind, 0, DTYPE_CODES[np.dtype(np.int32)], root)
+    keep = [src, dst]
+    for name, lay in (("layout", layout), ("rlayout", rlayout)):
+        if lay is None:
+            setattr(st, name, ffi.NULL)
+        else:
+            arr = np.array(lay, np.uint64)
+            keep.append(arr)
+            setattr(st, name, ffi.cast("const uint64_t *", ffi.from_buffer(arr)))
+    st.src_count = src.size
+    seg.start(st, src, dst, True)
+    keep.append(st)
+    return st, lib.pycoll_shm_progress(st, polls), keep
+
+
+def test_scatter_and_alltoall_headers_are_checked():
+    """The sizes a scatter root or an alltoall sender writes before its pieces: a reader whose
+    block has another size (ranks that disagree, or a corrupted header) gets an error, never a
+    short or a long copy."""
+    from pycoll.tl.shm.segment import COLL_ALLTOALL, COLL_SCATTER
+
+    segs = two_rank_segments()
+    # scatter: the root writes its slot (header + pieces) and is done
+    whole = np.arange(8, dtype=np.int32)
+    root_out = np.zeros(4, np.int32)
+    st0, rc, keep0 = _run(segs[0], COLL_SCATTER, whole, root_out, layout=[0, 4, 4, 4])
+    assert rc == 1 and (root_out == whole[:4]).all()
+    out = np.full(4, -1, np.int32)
+    slot = np.frombuffer(segs[1].mm, np.uint64, count=2, offset=segs[1].slot_offset(st0.gen - 1, 0))
+    assert list(slot) == [4, 4]
+    slot[1] = 5  # the header now says rank 1's block has 5 elements
+    st1, rc, keep1 = _run(segs[1], COLL_SCATTER, out, out)
+    assert rc == -5 and (out == -1).all()
+    # alltoall: both write, rank 1's header says 3 elements for rank 0, who expects 2
+    for s in segs:
+        s.close()
+    segs = two_rank_segments()
+    src0, dst0 = np.arange(4, dtype=np.int32), np.full(4, -1, np.int32)
+    src1, dst1 = np.arange(5, dtype=np.int32) + 10, np.full(4, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLTOALL, src1, dst1, layout=[0, 3, 3, 2], rlayout=[0, 2, 2, 2])
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLTOALL, src0, dst0, layout=[0, 2, 2, 2], rlayout=[0, 2, 2, 2])
+    assert rc0 == -5 and (dst0[2:] == -1).all()
+    for s in segs:
+        s.close()
+
+
+def test_gather_ranks_that_disagree():
+    """A gather whose root expects a block size another rank does not send: the root says the
+    ranks disagree (before copying anything); a root that says there are fewer chunks than a
+    rank needs: that rank says so."""
+    from pycoll.tl.shm.segment import COLL_GATHER
+
+    segs = two_rank_segments(slot_bytes=64)  # 16 int32 per chunk
+    out = np.full(8, -1, np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_GATHER, np.arange(4, dtype=np.int32), out, layout=[0, 4, 4, 4])
+    assert rc0 == 0  # waits for rank 1
+    st1, rc1, keep1 = _run(segs[1], COLL_GATHER, np.arange(3, dtype=np.int32), np.zeros(3, np.int32))
+    assert rc1 == 1  # eager: rank 1 is done
+    from pycoll.native import lib
+
+    assert lib.pycoll_shm_progress(st0, 1000) == -5 and (out[4:] == -1).all()
+    for s in segs:
+        s.close()
+    segs = two_rank_segments(slot_bytes=64)
+    st0, rc0, keep0 = _run(segs[0], COLL_GATHER, np.arange(4, dtype=np.int32), np.zeros(8, np.int32),
+                           layout=[0, 4, 4, 4])
+    st1, rc1, keep1 = _run(segs[1], COLL_GATHER, np.arange(40, dtype=np.int32), np.zeros(40, np.int32))
+    assert rc1 == -5  # it needs 3 chunks, the root says 1
+    for s in segs:
+        s.close()

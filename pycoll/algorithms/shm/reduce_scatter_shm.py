@@ -14,7 +14,7 @@ from typing import Dict
 from pycoll.algorithms.base import CollArgs, finish
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.shm import segment_of
-from pycoll.algorithms.shm.allgather_shm import BlockSegmentTask
+from pycoll.algorithms.shm.blocks import BlockSegmentTask, src_blocks
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.ops import OP_CODES, ReduceOp
 from pycoll.tasks.task import Task
@@ -26,7 +26,8 @@ KIND = 5  # PC_COLL_REDUCE_SCATTER
 
 
 class ShmReduceScatter(BlockSegmentTask):
-    blocks_in_dst = False
+    def layouts(self, a: CollArgs) -> tuple:
+        return src_blocks(a, self.name), None
 
     def codes(self) -> tuple:
         return OP_CODES[self.args.op], DTYPE_CODES[self.args.dst.dtype]

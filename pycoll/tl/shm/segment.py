@@ -5,11 +5,11 @@ through ``/proc/<pid>/fd/<fd>`` (allowed only to the same user) and map it. It n
 ``/dev/shm``, so nothing is left behind whatever happens to the ranks, SIGKILL included; the memory
 goes away when the last rank unmaps it.
 
-Collectives on the segment (allreduce, bcast, barrier, reduce, allgather(v), reduce_scatter(v))
-are native state machines (``native/shm.c``): each call advances one as far as it can without
-blocking and returns, so the engine keeps running other work. They run one at a time, in the
-order the team's ranks posted them (tickets handed out at call time), and every step re-validates
-the segment header. A rank that waits checks every ``LIVENESS_S`` that its peers' processes still
+Collectives on the segment (allreduce, bcast, barrier, reduce, allgather(v), reduce_scatter(v),
+gather(v), scatter(v), alltoall(v)) are native state machines (``native/shm.c``): each call
+advances one as far as it can without blocking and returns, so the engine keeps running other
+work. They run one at a time, in the order the team's ranks posted them (tickets handed out at call
+time), and every step re-validates the segment header. A rank that waits checks every ``LIVENESS_S`` that its peers' processes still
 exist.
 """
 
@@ -32,7 +32,8 @@ POLLS_PER_CALL = 4000
 #: The fewest a call halves down to while the peers keep it waiting (see ShmSegment.progress).
 MIN_POLLS_PER_CALL = 64
 
-COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER = range(6)
+(COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
+ COLL_SCATTER, COLL_ALLTOALL) = range(9)
 
 
 def shm_available() -> bool:
@@ -146,27 +147,35 @@ class ShmSegment:
         return st
 
     def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:
-        """Point ``st`` at a collective starting at the segment's next generation."""
+        """Point ``st`` at a collective starting at the segment's next generation (a field of the
+        native state is written only when it changes: each write costs a conversion)."""
         if buffers_changed:
             st.src = self.ffi.cast("const char *", self.ffi.from_buffer(src))
             st.dst = self.ffi.cast("char *", self.ffi.from_buffer(dst))
             st.count = dst.size
             st.nchunks = self.lib.pycoll_shm_chunks(st)
-        st.gen = self.next_gen
+        gen = self.next_gen
+        if st.gen != gen:  # the same state ran the segment's last collective: it ends there
+            st.gen = gen
         st.chunk = 0
-        st.phase = 0
+        if st.phase:  # a finished collective leaves phase 0, but for a barrier
+            st.phase = 0
 
     def progress(self, st: Any, waited_since: float) -> bool:
-        """Advance ``st``; True once done. Raises TransportError on a bad segment or a dead peer."""
+        """Advance ``st``; True once done. Raises TransportError on a bad segment or a dead peer.
+
+        ``waited_since``: when the collective first found its peers missing (``time.monotonic()``);
+        0.0 for the first call after :meth:`start` (it has not waited: no liveness check yet)."""
         if self.broken is not None:
             raise self.broken
-        budget = self._budget if self._budget < self.polls else self.polls
-        where = (st.chunk, st.phase)
+        polls = self.polls
+        budget = self._budget if self._budget < polls else polls
+        where = (st.chunk, st.phase) if waited_since else (0, 0)  # (0, 0): as start left it
         rc = self.lib.pycoll_shm_progress(st, budget)
         if rc == 1:
-            if budget < self.polls:
+            if budget < polls:
                 self._budget = budget * 2
-            self.next_gen = int(st.gen)
+            self.next_gen = st.gen
             self.turn += 1
             return True
         if rc < 0:
@@ -180,7 +189,7 @@ class ShmSegment:
             self._budget = self.polls
         elif budget > MIN_POLLS_PER_CALL:
             self._budget = budget // 2
-        if time.monotonic() - waited_since > LIVENESS_S:
+        if waited_since and time.monotonic() - waited_since > LIVENESS_S:
             self.check_peers()
         return False
 
@@ -215,6 +224,21 @@ class ShmSegment:
             if dead:
                 self.broken = TransportError(f"shm: rank {r} (pid {pid}) has died")
                 raise self.broken from None
+
+    def sleep(self, st: Any, timeout_s: float) -> bool:
+        """Sleep in the kernel until the flag ``st``'s last progress call waited for is set (the
+        rank that sets it wakes this one) or ``timeout_s`` pass; True if it is set now. A rank
+        that waits gives its core to the others this way and is back as soon as the peer is."""
+        rc = self.lib.pycoll_shm_sleep(st, int(timeout_s * 1e9))
+        if rc < 0:
+            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
+            raise self.broken
+        return bool(rc)
+
+    def slot_offset(self, gen: int, rank: int) -> int:
+        """Where rank ``rank``'s slot of generation ``gen`` starts in the mapping (diagnostics)."""
+        header = self.ffi.cast("pc_shm_header_t *", self.base)
+        return int(header.slots_off) + ((gen & 1) * self.size + rank) * self.slot_bytes
 
     def close(self) -> None:
         if getattr(self, "mm", None) is not None:

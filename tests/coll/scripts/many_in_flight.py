@@ -25,7 +25,8 @@ def main(mode: str, total: str, credit: str) -> None:
     pycoll.wait_all(reqs)
     for k, (kind, count) in enumerate(work):
         check_mixed(team, kind, k, count, bufs[k])
-    if int(credit):
+    if int(credit) and (mode == "tagged" or team.shared is None):
+        # (untagged on a shared segment: every collective runs there, and those take no credit)
         assert ctx.stats["credit_waits"] > 0, ctx.stats
     print(f"rank {team.rank}: {ctx.stats}", flush=True)
 

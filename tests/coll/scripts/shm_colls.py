@@ -140,6 +140,121 @@ def check_blocks(team, slot_bytes):
     assert (bc == n - 1).all() and (rsb == n).all()
 
 
+def check_data_moving(team, slot_bytes):
+    """gather(v), scatter(v), alltoall(v) on the segment (algorithm="shm") vs numpy: every root,
+    in place, unequal, empty and multi-chunk blocks, gaps between blocks, counts known only at
+    the root, mixed with the other segment collectives."""
+    n, r = team.size, team.rank
+    shm = {"algorithm": "shm"}
+    for dtype in ("float32", "int64", "bfloat16", "complex128", "bool"):
+        dt = DTYPES[dtype]
+        per_slot = slot_bytes // dt.itemsize
+        for count in (0, 1, 2 * n + 1, per_slot // n + 1, 2 * per_slot + 3):
+            what = f"n={n} {dtype} count={count}"
+            ins = [make_input(dtype, ReduceOp.SUM, rr, count, seed=11) for rr in range(n)]
+            whole = np.concatenate(ins) if count else np.zeros(0, dt)
+            for root in sorted({0, n - 1}):
+                in_place = (root + count) % 2 == 1
+                # gather
+                if r == root:
+                    g = np.full(n * count, 7, dt)
+                    if in_place:
+                        g[r * count:(r + 1) * count] = ins[r]
+                    team.gather(None if in_place else ins[r], g, root, **shm).wait()
+                    assert_same([g], whole, f"gather root={root} in_place={in_place} {what}")
+                else:
+                    team.gather(ins[r], None, root, **shm).wait()
+                # scatter
+                out = np.full(count, 7, dt)
+                if r == root:
+                    src = whole.copy()
+                    if in_place:
+                        team.scatter(src, None, root, **shm).wait()
+                        out = src[r * count:(r + 1) * count]
+                    else:
+                        team.scatter(src, out, root, **shm).wait()
+                    assert_same([src], whole, f"scatter: the root's sendbuf changed {what}")
+                else:
+                    team.scatter(None, out, root, **shm).wait()
+                assert_same([out], ins[r], f"scatter root={root} in_place={in_place} {what}")
+            # alltoall: block b of rank r's sendbuf goes to rank b
+            sends = [make_input(dtype, ReduceOp.SUM, rr, n * count, seed=13) for rr in range(n)]
+            want = (np.concatenate([s_[r * count:(r + 1) * count] for s_ in sends]) if count
+                    else np.zeros(0, dt))
+            a2a = np.full(n * count, 7, dt)
+            team.alltoall(sends[r].copy(), a2a, **shm).wait()
+            assert_same([a2a], want, f"alltoall {what}")
+            buf = sends[r].copy()
+            team.alltoall(buf, buf, **shm).wait()
+            assert_same([buf], want, f"alltoall in place {what}")
+        # the v-variants: unequal, empty, multi-chunk blocks; gaps; counts only at the root
+        for counts, displs in block_layouts(n, per_slot):
+            what = f"n={n} {dtype} counts={counts} displs={displs}"
+            offs = displs if displs is not None else [sum(counts[:k]) for k in range(n)]
+            total = max([o + c for o, c in zip(offs, counts)] + [0])
+            ins = [make_input(dtype, ReduceOp.SUM, rr, counts[rr], seed=17) for rr in range(n)]
+            whole = np.full(total, 7, dt)
+            for rr in range(n):
+                whole[offs[rr]:offs[rr] + counts[rr]] = ins[rr]
+            for root in sorted({0, n - 1}):
+                told = (root + len(what)) % 2 == 0  # the others pass counts too, or leave them to the root
+                if r == root:
+                    g = np.full(total, 7, dt)
+                    team.gatherv(ins[r], g, counts, displs, root, **shm).wait()
+                    assert_same([g], whole, f"gatherv root={root} {what}")
+                else:
+                    team.gatherv(ins[r], None, counts if told else None, displs if told else None, root,
+                                 **shm).wait()
+                out = np.full(counts[r], 7, dt)
+                if r == root:
+                    team.scatterv(whole, out, counts, displs, root, **shm).wait()
+                else:
+                    team.scatterv(None, out, counts if told else None, displs if told else None, root,
+                                  **shm).wait()
+                assert_same([out], ins[r], f"scatterv root={root} {what}")
+            # alltoallv: rank s sends rank d (s + 2 d) % 5 elements; one block larger than a slot
+            sc = [[(s_ + 2 * d) % 5 + (per_slot + 1 if (s_, d) == (n - 1, 0) else 0) for d in range(n)]
+                  for s_ in range(n)]
+            sendbuf = make_input(dtype, ReduceOp.SUM, r, sum(sc[r]), seed=19)
+            rcounts = [sc[s_][r] for s_ in range(n)]
+            rdispls = [sum(rcounts[:k]) + 3 * k for k in range(n)]  # gaps between received blocks
+            recv = np.full(sum(rcounts) + 3 * n, 7, dt)
+            team.alltoallv(sendbuf, recv, sc[r], rcounts, None, rdispls, **shm).wait()
+            for s_ in range(n):
+                theirs = make_input(dtype, ReduceOp.SUM, s_, sum(sc[s_]), seed=19)
+                lo = sum(sc[s_][:r])
+                assert_same([recv[rdispls[s_]:rdispls[s_] + rcounts[s_]]], theirs[lo:lo + sc[s_][r]],
+                            f"alltoallv from {s_} {what}")
+    # mixed with the other segment collectives, several in flight, completed in reverse order
+    g = np.zeros(3 * n, np.int32)
+    a2a = np.zeros(2 * n, np.float64)
+    sc = np.zeros(4, np.int16)
+    reqs = [team.gather(np.full(3, r, np.int32), g if r == 0 else None, 0, **shm),
+            team.barrier(),
+            team.alltoall(np.arange(2 * n, dtype=np.float64) + 100 * r, a2a, **shm),
+            team.scatter(np.repeat(np.arange(n, dtype=np.int16), 4) if r == n - 1 else None, sc, n - 1,
+                         **shm),
+            team.allreduce(np.ones(5))]
+    pycoll.wait_all(list(reversed(reqs)))
+    if r == 0:
+        assert (g == np.repeat(np.arange(n, dtype=np.int32), 3)).all()
+    assert (a2a == np.concatenate([100 * s_ + np.arange(2 * r, 2 * r + 2) for s_ in range(n)])).all(), a2a
+    assert (sc == r).all()
+    # persistent, refilled between starts
+    mine, gathered = np.zeros(2, np.int64), np.zeros(2 * n, np.int64)
+    pg = team.gather_init(mine, gathered if r == 0 else None, 0, **shm)
+    part, parts = np.zeros(3, np.int64), np.zeros(3 * n, np.int64)
+    ps = team.scatter_init(parts if r == 0 else None, part, 0, **shm)
+    for run in range(3):
+        mine[:] = r + run
+        pg.start().wait()
+        if r == 0:
+            assert (gathered == np.repeat(np.arange(n) + run, 2)).all()
+            parts[:] = np.repeat(np.arange(n), 3) * 10 + run
+        ps.start().wait()
+        assert (part == 10 * r + run).all(), part
+
+
 def check_blocks_default(team):
     """Sizes across the default slot (1 MiB per rank), with the team's own algorithm selection."""
     n, r = team.size, team.rank
@@ -167,7 +282,7 @@ def check_blocks_default(team):
 
 
 def main(mode):
-    if mode == "blocks":  # slots made small: every size above a few KiB takes several chunks
+    if mode in ("blocks", "data"):  # slots made small: every size above a few KiB takes several chunks
         shm_segment.DEFAULT_SLOT_BYTES = SMALL_SLOT_BYTES
     comm = MPI.COMM_WORLD
     team = Team.from_mpi(comm)
@@ -176,6 +291,14 @@ def main(mode):
     assert (team.shared is not None) == expect_shm, (team.shared, expect_shm)
     if mode == "blocks":
         check_blocks(team, SMALL_SLOT_BYTES)
+        return
+    if mode.startswith("data") and n == 1:
+        return  # one rank has no segment
+    if mode == "data":
+        check_data_moving(team, SMALL_SLOT_BYTES)
+        return
+    if mode == "data-default-slot":
+        check_data_moving(team, DEFAULT_SLOT_BYTES)
         return
     if mode == "blocks-default-slot":  # a few sizes across the default (1 MiB) slot
         check_blocks_default(team)

@@ -1,0 +1,22 @@
+"""The short path of small collectives on real ranks sharing a segment (under mpiexec): persistent
+and repeated collectives with refilled buffers, tagged collectives in per-rank orders under credit
+mixed with untagged short-path ones, and a timeout when the peer never calls. In one process:
+tests/unit/test_lean_path.py."""
+
+import pytest
+
+pytest.importorskip("pycoll.native", reason="the native module is not built")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_persistent_and_repeated_small_collectives_with_refilled_buffers(n, mpirun):
+    mpirun(n, "tests/procs/scripts/lean_path.py", "persistent", timeout=120)
+
+
+def test_tagged_in_per_rank_orders_mixed_with_short_path_untagged(mpirun):
+    mpirun(2, "tests/procs/scripts/lean_path.py", "mixed", timeout=120)
+
+
+def test_segment_collective_whose_peer_never_calls_times_out(mpirun):
+    out = mpirun(2, "tests/procs/scripts/lean_path.py", "timeout", timeout=120)
+    assert "timed out after" in out and "waiting on:" in out

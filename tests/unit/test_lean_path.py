@@ -1,0 +1,142 @@
+"""The short path of a small collective: a task submitted to an idle engine that nobody traces
+starts inside ``submit`` (and often finishes there), yet it is still a task of the one engine:
+ordered by priority, held by credit, failing with TimeoutError when its peer never comes, traced
+when PYCOLL_TRACE is set. Multi-rank checks on a shared segment: tests/procs/test_lean_path.py."""
+
+import time
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import Context, Task
+from pycoll.engine.request import Request
+from pycoll.tasks.task import COMPLETED
+from tests.conftest import Manual, Recorder
+from tests.unit.test_trace import spans, traced  # noqa: F401 - the fixture
+
+
+def test_idle_engine_starts_and_finishes_the_task_inside_submit():
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    log = []
+    req = ctx.submit(Recorder("quick", log, nbytes=50, timeout=30), priority=3)
+    assert log == ["quick"] and req.done and ctx.posted == 1
+    assert ctx._deadlines == []  # done in post(): it can never time out, so it got no deadline
+    assert req.wait() is None and ctx.in_flight == 0
+    slow = Manual("slow", log, nbytes=50, timeout=30)
+    sreq = ctx.submit(slow)
+    assert slow.state.name == "IN_PROGRESS" and len(ctx._deadlines) == 1  # still running: a deadline
+    slow.finish()
+    sreq.wait()
+
+
+def test_short_path_never_jumps_queued_work_nor_the_credit():
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    log = []
+    holder = Manual("holder", log, nbytes=100)
+    ctx.submit(holder)  # idle: started at once, holds all the credit
+    later = Manual("later", log, nbytes=100, priority=5)
+    ctx.submit(later)
+    assert log == ["holder"]  # no credit left: queued
+    urgent = Manual("urgent", log, nbytes=100, priority=1)
+    ctx.submit(urgent)  # more urgent than what is queued, but the credit holds it too
+    assert log == ["holder"]
+    ctx.submit(Recorder("free", log))  # takes no credit: never waits behind blocked work
+    assert log == ["holder", "free"]
+    holder.finish()
+    ctx.progress()
+    assert log == ["holder", "free", "urgent"]
+    urgent.finish()
+    ctx.progress()
+    assert log == ["holder", "free", "urgent", "later"]
+    later.finish()
+    ctx.progress()
+    # queue empty, credit free: the next one takes the short path again
+    req = ctx.submit(Recorder("after", log, nbytes=100))
+    assert req.done and log[-1] == "after"
+
+
+def test_start_order_under_priority_and_credit_read_back_from_the_trace(traced):  # noqa: F811
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    assert ctx.on_start is not None  # traced: every start goes through the hook
+    log = []
+    holder = Manual("holder", log, nbytes=100)
+    tasks = [holder] + [Manual(f"p{p}", log, nbytes=100, priority=p) for p in (4, 0, 2)]
+    for task in tasks:
+        ctx.submit(task)
+    while not all(t.done for t in tasks):
+        for t in tasks:
+            if t.state.name == "IN_PROGRESS":
+                t.finish()
+        ctx.progress()
+    doc = traced()
+    comm = sorted(spans(doc, "comm"), key=lambda e: e["ts"])
+    assert [e["name"] for e in comm] == ["holder", "p0", "p2", "p4"] == log
+    assert [e["args"]["start"] for e in comm] == ["submit", "queue", "queue", "queue"]
+    assert all(e["args"]["in_flight"] == 0 for e in comm)  # one at a time: the credit held the rest
+    # the short path is off while tracing: a task that finishes inside submit is still traced
+    ctx.submit(Recorder("quick", log))
+    assert [e["name"] for e in spans(traced(), "comm")][-1] == "quick"
+
+
+def test_timeout_on_the_short_path_is_an_error_not_a_hang():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    never = Manual("never-finishes", nbytes=8, timeout=0.2)
+    t0 = time.monotonic()
+    req = ctx.submit(never)  # idle engine: started inside submit, in progress after post()
+    with pytest.raises(pycoll.TimeoutError, match="never-finishes did not finish within 0.2 s"):
+        req.wait()
+    assert time.monotonic() - t0 < 5
+
+
+def test_collective_whose_peer_never_calls_times_out_naming_the_peer():
+    teams = pycoll.local_teams(2, Context(credit_bytes=0, partition_bytes=0, timeout=0))
+    t0 = time.monotonic()
+    req = teams[0].allreduce(np.ones(4), timeout=0.3)  # rank 1 never calls
+    with pytest.raises(pycoll.TimeoutError, match="from rank 1") as info:
+        req.wait()
+    assert time.monotonic() - t0 < 5
+    assert "did not finish within 0.3 s" in str(info.value)
+
+
+def test_request_of_a_task_finished_in_submit_keeps_its_task_until_collected():
+    teams = pycoll.local_teams(1)
+    x = np.ones(4)
+    first = teams[0].allreduce(x)  # a team of one: done inside submit
+    assert first.done
+    task = first.task
+    second = teams[0].allreduce(np.ones(4))  # same shape: the pool is empty, a new task
+    assert second.task is not task and first.task is task
+    first.wait()  # collected: the task goes back to the pool
+    third = teams[0].allreduce(np.ones(4))
+    assert third.task is task
+    second.wait(), third.wait()
+
+
+def test_persistent_short_path_reuses_its_task_and_sees_refilled_buffers():
+    n = 3
+    teams = pycoll.local_teams(n)
+    src = [np.zeros(64, np.float32) for _ in range(n)]
+    dst = [np.zeros(64, np.float32) for _ in range(n)]
+    pers = [t.allreduce_init(s, d) for t, s, d in zip(teams, src, dst)]
+    tasks = set()
+    for run in range(20):
+        for r in range(n):
+            src[r][:] = r * run + 1
+        reqs = [p.start() for p in pers]
+        pycoll.wait_all(reqs)
+        tasks.add(id(pers[0].task))
+        assert all(p.task.state is COMPLETED for p in pers)
+        for r in range(n):
+            assert (dst[r] == sum(q * run + 1 for q in range(n))).all(), (run, r, dst[r][:3])
+    assert len(tasks) == 1
+
+
+def test_plain_task_request_outcome_is_taken_at_submit():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    done = []
+    req = ctx.submit(Task("noop"), on_done=lambda r: done.append(r))
+    assert isinstance(req, Request) and req.done and done == []  # on_done waits for the collection
+    req.wait()
+    req.wait()
+    assert done == [req]
