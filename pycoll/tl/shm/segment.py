@@ -9,8 +9,9 @@ Collectives on the segment (allreduce, bcast, barrier, reduce, allgather(v), red
 gather(v), scatter(v), alltoall(v)) are native state machines (``native/shm.c``): each call
 advances one as far as it can without blocking and returns, so the engine keeps running other
 work. They run one at a time, in the order the team's ranks posted them (tickets handed out at call
-time), and every step re-validates the segment header. A rank that waits checks every ``LIVENESS_S`` that its peers' processes still
-exist.
+time), and every step re-validates the segment header. A rank that waits checks every
+``LIVENESS_S`` that its peers' processes still exist, and may sleep in the kernel on the flag it
+waits for (:meth:`ShmSegment.sleep`): the peer that sets it wakes it.
 """
 
 from __future__ import annotations
