@@ -58,9 +58,6 @@ class Collective:
     root_only: Tuple[str, ...] = ()
     #: MPI parameter names that differ from pycoll's (MPI name -> pycoll name).
     mpi_rename: Dict[str, str] = field(default_factory=dict)
-    #: The algorithm ``pycoll.mpi.Comm`` runs unless told otherwise (gatherv/scatterv: ``linear``,
-    #: as only the root knows the counts in MPI).
-    mpi_algorithm: Optional[str] = None
     #: The torch.distributed function this collective serves (None: none).
     torch: Optional[str] = None
     #: busbw factor (a key of FACTORS).

@@ -229,8 +229,6 @@ def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
             values[p] = _DEFAULTS[p]
         else:
             raise TypeError(f"{row.mpi}() missing required argument {p!r}")
-    if row.mpi_algorithm is not None and "algorithm" not in kw:
-        kw["algorithm"] = row.mpi_algorithm
     return values
 
 
