@@ -36,6 +36,7 @@ void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
+int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls);
 int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,

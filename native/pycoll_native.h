@@ -131,6 +131,10 @@ typedef struct {
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls); /* 1 done, 0 waiting, <0 error */
+/* Start c (bound to its buffers) at generation *next_gen and progress it, in one call: the express
+ * lane of a collective run again on the same buffers. As progress; when done, *next_gen is the
+ * generation after it. */
+int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls);
 /* Sleep in the kernel (futex) until the flag the last progress call waited for changes, or
  * timeout_ns pass: 1 it is ready now, 0 not yet, < 0 error. The rank that sets a flag wakes its
  * sleepers. */

@@ -604,6 +604,16 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     return 1;
 }
 
+int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls) {
+    if (!next_gen) return PC_EINVAL;
+    c->gen = *next_gen;
+    c->chunk = 0;
+    c->phase = 0;
+    int rc = pycoll_shm_progress(c, max_polls);
+    if (rc == 1) *next_gen = c->gen;
+    return rc;
+}
+
 /* ------------------------------------------------------------------ point to point */
 static pc_desc_t *desc(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                        int *rc) {

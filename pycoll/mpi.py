@@ -27,6 +27,7 @@ from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
+from pycoll.persistent import Repeated, buffer_dtype, remember, repeat_key
 from pycoll.team import Persistent, Team
 
 
@@ -165,6 +166,9 @@ class Comm:
     def __init__(self, comm: Any = None, ctx: Optional[Context] = None) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.team = Team.from_mpi(self.comm, ctx)
+        #: The last calls, by method and first argument: a call repeated with the same mpi4py
+        #: arguments runs as a persistent collective (see :class:`pycoll.persistent.Repeated`).
+        self.recent: Dict[tuple, Repeated] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -232,31 +236,86 @@ def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
     return values
 
 
+# The blocking and non-blocking forms are made from source text (as pycoll.team's methods): mpi4py's
+# parameters by name, and a call that repeats the last one's arguments (the same objects; ndarrays
+# of the same dtypes) checked inline and run as a start of its persistent form.
+_BLOCKING = """
+def {name}(self, {params}**kw):
+    entry = self.recent.get(({name!r}, {first}))
+    if entry is not None and not kw and {same}True:
+        req = entry.again()
+        if req is not None:
+            req.wait()
+            return
+    post(self, {name!r}, ({args}), kw).wait()
+"""
+_NONBLOCKING = """
+def {name}(self, {params}**kw):
+    entry = self.recent.get(({name!r}, {first}))
+    if entry is not None and not kw and {same}True:
+        req = entry.again()
+        if req is not None:
+            return Request(req)
+    return Request(post(self, {name!r}, ({args}), kw))
+"""
+#: Arguments that are the same whenever they are the same object (for the others, see
+#: :func:`pycoll.persistent.buffer_dtype`).
+_CONSTANT = (type(None), int, MPI.Op, MPI.Datatype, type(MPI.IN_PLACE))
+
+
+def argument_key(arg: Any) -> Any:
+    """What a repeated call is recognised by besides an argument's identity: None for constants
+    (ints, None, MPI ops, datatypes and IN_PLACE), else :func:`pycoll.persistent.buffer_dtype`."""
+    return None if type(arg) in _CONSTANT else buffer_dtype(arg)
+
+
 def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     """mpi4py's ``X``, ``IX`` and ``X_init`` of one collective."""
     coll, init = row.name, f"{row.name}_init"
 
-    def istart(self: Comm, *args: Any, **kw: Any) -> Request:
+    def post(self: Comm, method: str, args: tuple, kw: Dict[str, Any]) -> _PycollRequest:
+        """Convert mpi4py's arguments and post the call of ``method`` as a new one; remember it."""
         values = _bind(row, args, kw)
-        return Request(getattr(self.team, coll)(**self.arguments(row, values), **kw))
-
-    def blocking(self: Comm, *args: Any, **kw: Any) -> None:
-        values = _bind(row, args, kw)
-        getattr(self.team, coll)(**self.arguments(row, values), **kw).wait()
+        kwargs = self.arguments(row, values)
+        req = getattr(self.team, coll)(**kwargs, **kw)
+        # (counts given as None are gathered from every rank on every call: never a repeat)
+        if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")):
+            team = self.team
+            remember(self.recent, repeat_key(method, args), args, tuple(map(argument_key, args)),
+                     lambda: getattr(team, init)(**kwargs))
+        return req
 
     def persistent(self: Comm, *args: Any, **kw: Any) -> Prequest:
         values = _bind(row, args, kw)
         return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
 
-    params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default=_DEFAULTS.get(p, inspect.Parameter.empty)) for p in row.mpi_params]
-    sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params,
+    names = row.mpi_params
+    namespace: Dict[str, Any] = {"post": post, "Request": Request}
+    params = []
+    for p in names:
+        if p in _DEFAULTS:
+            namespace[f"_default_{p}"] = _DEFAULTS[p]
+            params.append(f"{p}=_default_{p}, ")
+        else:
+            params.append(f"{p}, ")
+    fields = {"params": "".join(params), "args": "".join(f"{p}, " for p in names),
+              "first": f"id({names[0]})" if names else "0",  # see persistent.repeat_key
+              "same": "".join(f"entry.args[{i}] is {p} and (entry.dtypes[{i}] is None or {p}.dtype is "
+                              f"entry.dtypes[{i}]) and " for i, p in enumerate(names))}
+    iname = f"I{row.mpi[0].lower()}{row.mpi[1:]}"
+    exec(_BLOCKING.format(name=row.mpi, **fields) + _NONBLOCKING.format(name=iname, **fields),
+         namespace)  # our own template, our own names
+    blocking, istart = namespace[row.mpi], namespace[iname]
+
+    sig_params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=_DEFAULTS.get(p, inspect.Parameter.empty)) for p in names]
+    sig = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *sig_params,
                              inspect.Parameter("kw", inspect.Parameter.VAR_KEYWORD)])
-    made = {row.mpi: (blocking, "blocking"), f"I{row.mpi[0].lower()}{row.mpi[1:]}": (istart, "non-blocking"),
+    made = {row.mpi: (blocking, "blocking"), iname: (istart, "non-blocking"),
             f"{row.mpi}_init": (persistent, "persistent")}
     out = {}
     for name, (fn, kind) in made.items():
-        fn.__name__, fn.__qualname__ = name, f"Comm.{name}"
+        fn.__name__, fn.__qualname__, fn.__module__ = name, f"Comm.{name}", __name__
         fn.__doc__ = f"mpi4py's ``{name}`` ({kind} {row.name}) on pycoll: {row.doc}"
         fn.__signature__ = sig
         out[name] = fn

@@ -33,8 +33,6 @@ MAX_PLAN_SHAPES = 64
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
-
-
 def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     """The ``options`` that algorithm ``name`` of ``coll`` declares. A call that names no
     algorithm may pass options meant for some of the algorithms selection can pick (the ring's
@@ -58,6 +56,8 @@ class Planner:
         self._plans: Dict[tuple, List[Task]] = {}
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._recycle_done = self.recycle  # one bound method for every request
+        #: The last calls, by collective and first argument (see :class:`pycoll.persistent.Repeated`).
+        self.recent: Dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ message keys
     def next_sequence(self) -> int:
@@ -103,6 +103,33 @@ class Planner:
             task.timeout = t if t is not None and 0 < t < _INF else None
             task.plan_shape = shape
             return ctx.submit(task, priority, call.out, self._recycle_done)
+        finally:
+            lock.release()
+
+    # ------------------------------------------------------------------ the express lane
+    def express(self, task: Task, entry: Any) -> Optional[Request]:
+        """Run the finished ``task`` of the persistent collective ``entry`` again, on the buffers
+        of its last run, through the engine's express lane (:meth:`Context.express
+        <pycoll.engine.context.Context.express>`), taking the next sequence number as any
+        untagged collective. ``entry.done`` is the finished request returned for every run that
+        finishes at once (made on the first), ``entry.request`` the last one handed out. None:
+        the lane is closed (nothing done)."""
+        ctx = self.ctx
+        lock = ctx.lock
+        lock.acquire()  # (not ``with``: this is the hot path)
+        try:
+            ran = ctx.express(task)
+            if ran is None:
+                return None
+            next(self._seq)  # the key of this collective (the segment needs none)
+            if ran:
+                done = entry.done
+                if done is None:
+                    done = entry.done = Request(task, ctx, entry.call.out)
+                entry.request = done
+                return done
+            entry.request = req = Request(task, ctx, entry.call.out)
+            return req
         finally:
             lock.release()
 
@@ -306,3 +333,6 @@ class Planner:
         for task in (t for pool in self._plans.values() for t in pool):
             task.finalize()
         self._plans.clear()
+        for entry in self.recent.values():
+            entry.free()
+        self.recent.clear()

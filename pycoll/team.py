@@ -28,7 +28,7 @@ from pycoll.collectives import get as collective
 from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Request
 from pycoll.ops import ReduceOp
-from pycoll.persistent import Persistent
+from pycoll.persistent import BUFFER_PARAMS, Persistent, buffer_dtype, remember
 from pycoll.planner import Planner
 from pycoll.ps.worker import PushPull
 from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask, SendTask
@@ -302,10 +302,19 @@ class Team:
 # signature for help() and IDEs). Keywords that are not parameters are the algorithm's options.
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
+    entry = self.planner.recent.get(({name!r}, {first}))
+    if entry is not None and {same}tag is None and algorithm is None and timeout is None and not options:
+        req = entry.again(priority)  # the same call as the last: a start of its persistent form
+        if req is not None:
+            return req
     call = check(self.rank, self.size, {args})
     if algorithm is not None and algorithm == "push_pull":
         return self.ps.allreduce(call, priority, tag, timeout)
-    return self.planner.post(call, priority, tag, algorithm, timeout, options)
+    req = self.planner.post(call, priority, tag, algorithm, timeout, options)
+    if tag is None and algorithm is None and timeout is None and not options:
+        remember(self.planner.recent, ({name!r}, {first}), ({tuple}), ({dtypes}),
+                 lambda: Persistent(self.planner, call, 0, None, None, None, {{}}))
+    return req
 """
 _INIT = """
 def {name}_init(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
@@ -317,7 +326,7 @@ def {name}_init(self, {params}*, priority=0, tag=None, algorithm=None, timeout=N
 def _methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     """``team.<name>(...)`` (check, then post) and ``team.<name>_init(...)`` (check once, return a
     persistent collective) of one row."""
-    namespace: Dict[str, Any] = {"check": row.check, "Persistent": Persistent}
+    namespace: Dict[str, Any] = {"check": row.check, "Persistent": Persistent, "remember": remember}
     params = []
     for p in row.signature().parameters.values():
         if p.default is inspect.Parameter.empty:
@@ -325,7 +334,16 @@ def _methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         else:
             namespace[f"_default_{p.name}"] = p.default
             params.append(f"{p.name}=_default_{p.name}, ")
-    fields = {"name": row.name, "params": "".join(params), "args": ", ".join(row.params)}
+    fields = {"name": row.name, "params": "".join(params), "args": ", ".join(row.params),
+              # the express lane: the same argument objects as the call it remembers
+              "same": "".join(f"entry.args[{i}] is {p} and " for i, p in enumerate(row.params)),
+              "tuple": "".join(f"{p}, " for p in row.params),
+              "first": f"id({row.params[0]})" if row.params else "0"}  # see persistent.repeat_key
+    # ... and the same dtypes (an ndarray's dtype may be reassigned in place)
+    buffers = [(i, p) for i, p in enumerate(row.params) if p in BUFFER_PARAMS]
+    fields["same"] += "".join(f"({p} is None or {p}.dtype is entry.dtypes[{i}]) and " for i, p in buffers)
+    fields["dtypes"] = "".join(f"dtype_of({p}), " if p in BUFFER_PARAMS else "None, " for p in row.params)
+    namespace["dtype_of"] = buffer_dtype
     exec(_START.format(**fields) + _INIT.format(**fields), namespace)  # our own template, our own names
     start, init = namespace[row.name], namespace[f"{row.name}_init"]
     start.__doc__ = docstring(row)

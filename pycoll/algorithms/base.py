@@ -19,7 +19,7 @@ import numpy as np
 
 from pycoll.errors import CanceledError
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
-from pycoll.tasks.task import COMPLETED, NOT_READY, Task
+from pycoll.tasks.task import COMPLETED, IN_PROGRESS, NOT_READY, Task
 from pycoll.tl.base import Channel
 
 
@@ -309,6 +309,30 @@ class SegmentTask(Task):
 
     def finished(self) -> None:
         """Local work after the segment part (AVG's division)."""
+
+    def express(self) -> Optional[bool]:
+        """The express lane (see :meth:`Context.express <pycoll.engine.context.Context.express>`):
+        run again, on the buffers of the last run, in one native call, if the segment is free.
+        None: not now (nothing done); True: finished; False: started and waiting for peers (in
+        progress now, where :meth:`progress` goes on), or failed."""
+        seg = self.seg
+        if seg.turn != seg.tickets or seg.broken is not None or self._bound is None:
+            return None
+        try:
+            if seg.run(self.native):
+                self.finished()
+                return True
+        except Exception as exc:
+            self.state = IN_PROGRESS
+            self.fail(exc)
+            return False
+        self.ticket = seg.turn
+        self.started = True
+        self.since = _monotonic()
+        self.result = None
+        self.pending = 0
+        self.state = IN_PROGRESS
+        return False
 
     def sleep(self, timeout_s: float) -> bool:
         """Sleep in the kernel until the flag this collective waits for is set, or ``timeout_s``

@@ -199,6 +199,33 @@ class Context:
         finally:
             lock.release()
 
+    def express(self, task: Task) -> Optional[bool]:
+        """The express lane: run ``task``, a finished task of a collective called again on the
+        same buffers (persistent, or repeated), here and now, through its ``express()`` (segment
+        collectives: one native call), when the engine holds no other work: nothing queued or
+        polled, no credit watched, nobody tracing, nobody listening to it. Priority and credit
+        have nothing to order then, and a task that does not finish at once is taken over as
+        any started task (polled, with its deadline).
+
+        Returns None when the lane is closed (nothing was done: submit the task as usual), True
+        when the task finished, False when it started (or failed) and the engine has it now.
+        The caller holds :attr:`lock`."""
+        if (self._ready or self._free or self._active or self._demand_of or self.on_start is not None
+                or task.credit or task.subscriptions is not None):
+            return None
+        done = task.express()  # type: ignore[attr-defined]
+        if done is None:
+            return None
+        self.posted += 1
+        if done:
+            return True
+        task.ctx = self
+        if task.state is IN_PROGRESS:
+            if task.timeout is not None:
+                self._set_deadline(task)
+            self._active.append(task)
+        return False
+
     def enqueue(self, task: Task) -> None:
         """Queue ``task``, whose dependencies are done, by its effective priority (called by tasks'
         dependency handlers and :meth:`Task.activate`; it starts when priority and credit allow, on

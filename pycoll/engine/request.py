@@ -49,6 +49,12 @@ class Request:
     def error(self) -> Optional[BaseException]:
         return self._final[1] if self._final is not None else self.task.error
 
+    @property
+    def collected(self) -> bool:
+        """Whether the outcome was taken (by ``wait``/``test``, or at once when the task had
+        finished when the request was made): the task may run again without changing it."""
+        return self._final is not None
+
     def test(self) -> bool:
         """Progress the engine once; True if the task finished. Raises its error if it failed."""
         if self._final is None:

@@ -1,6 +1,7 @@
 """The short path of small collectives on real ranks sharing a segment (under mpiexec): persistent
 and repeated collectives with refilled buffers, tagged collectives in per-rank orders under credit
-mixed with untagged short-path ones, and a timeout when the peer never calls. In one process:
+mixed with untagged short-path ones, calls repeated with the same arguments (the express lane),
+and a timeout when the peer never calls. In one process:
 tests/unit/test_lean_path.py."""
 
 import pytest
@@ -19,4 +20,14 @@ def test_tagged_in_per_rank_orders_mixed_with_short_path_untagged(mpirun):
 
 def test_segment_collective_whose_peer_never_calls_times_out(mpirun):
     out = mpirun(2, "tests/procs/scripts/lean_path.py", "timeout", timeout=120)
+    assert "timed out after" in out and "waiting on:" in out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_repeated_calls_run_as_persistent_collectives_in_the_express_lane(n, mpirun):
+    mpirun(n, "tests/procs/scripts/lean_path.py", "repeated", timeout=120)
+
+
+def test_express_lane_repeat_whose_peer_never_calls_times_out(mpirun):
+    out = mpirun(2, "tests/procs/scripts/lean_path.py", "repeat-timeout", timeout=120)
     assert "timed out after" in out and "waiting on:" in out

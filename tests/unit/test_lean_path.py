@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import Context, Task
+from pycoll import Context, Task, persistent
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED
 from tests.conftest import Manual, Recorder
@@ -140,3 +140,129 @@ def test_plain_task_request_outcome_is_taken_at_submit():
     req.wait()
     req.wait()
     assert done == [req]
+
+
+class Again(Manual):
+    """A task with an express lane: ``express()`` answers from ``answers`` (True: done at once;
+    False: started, in progress; None: not now), logging each run."""
+
+    takes_credit = False
+
+    def __init__(self, name, log, answers, **kw):
+        super().__init__(name, log, **kw)
+        self.answers = list(answers)
+
+    def express(self):
+        answer = self.answers.pop(0)
+        if answer is not None:
+            self.log.append(f"{self.name}!")
+        if answer is False:
+            self.state = pycoll.tasks.task.IN_PROGRESS
+            self.pending = 0
+            self.finish_now = False
+        return answer
+
+
+def _finished(task, ctx):
+    ctx.submit(task)
+    task.finish()
+    ctx.progress()
+    assert task.state is COMPLETED
+
+
+def test_express_lane_runs_a_task_again_only_on_an_idle_engine():
+    ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
+    log = []
+    again = Again("again", log, [True, None, True, False], timeout=0.2)
+    _finished(again, ctx)
+    posted = ctx.posted
+    assert ctx.express(again) is True and log[-1] == "again!" and ctx.posted == posted + 1
+    assert ctx.pending() == 0 and ctx._deadlines == []
+    assert ctx.express(again) is None  # the task said "not now": nothing done
+    # work in the engine closes the lane, whatever the task would say
+    holder = Manual("holder", log, nbytes=100)
+    ctx.submit(holder)  # in progress (polled): the lane is closed
+    blocked = Manual("blocked", log, nbytes=100, priority=0)
+    ctx.submit(blocked)  # queued behind the credit
+    n = len(again.answers)
+    assert ctx.express(again) is None and len(again.answers) == n  # not even asked
+    holder.finish()
+    ctx.progress()
+    blocked.finish()
+    ctx.progress()
+    assert ctx.pending() == 0
+    assert ctx.express(again) is True
+    # a task that starts but does not finish at once is the engine's: polled, with its deadline
+    assert ctx.express(again) is False and ctx.pending() == 1 and len(ctx._deadlines) == 1
+    t0 = time.monotonic()
+    with pytest.raises(pycoll.TimeoutError, match="again did not finish within 0.2 s"):
+        Request(again, ctx).wait()
+    assert time.monotonic() - t0 < 5
+
+
+def test_express_lane_is_closed_to_tasks_that_take_credit_or_have_listeners():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    log = []
+    credited = Again("credited", log, [True], nbytes=8)
+    credited.credit = 8
+    _finished(credited, ctx)
+    assert ctx.express(credited) is None
+    watched = Again("watched", log, [True])
+    _finished(watched, ctx)
+    watched.subscribe(pycoll.Event.COMPLETED, Task("listener"))
+    assert ctx.express(watched) is None
+    assert "credited!" not in log and "watched!" not in log
+
+
+def test_express_lane_is_closed_while_tracing(traced):  # noqa: F811
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    log = []
+    again = Again("again", log, [True])
+    _finished(again, ctx)
+    assert ctx.on_start is not None and ctx.express(again) is None and log == ["again"]
+
+
+def test_repeated_calls_become_one_persistent_collective_in_process():
+    n = 2
+    teams = pycoll.local_teams(n)
+    x = [np.zeros(4, np.float32) for _ in range(n)]
+    y = [np.zeros(4, np.float32) for _ in range(n)]
+    for i in range(6):
+        for r in range(n):
+            x[r][:] = r + i
+        reqs = [t.allreduce(a, b) for t, a, b in zip(teams, x, y)]
+        pycoll.wait_all(reqs)
+        assert all((b == sum(q + i for q in range(n))).all() for b in y), (i, y)
+    recent = teams[0].planner.recent
+    entry = recent[("allreduce", id(x[0]))]
+    assert entry.persistent is not None and entry.persistent.task is reqs[0].task
+    # calls on other buffers are remembered beside it ...
+    others = [[np.ones(4, np.float32) for _ in teams] for _ in range(70)]
+    for bufs in others:
+        pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
+    assert len(recent) == persistent.MAX_REPEATED and ("allreduce", id(others[-1][0])) in recent
+    assert entry.persistent is None  # the oldest were forgotten (their persistent collectives freed)
+    # ... and another call with the same first buffer replaces the entry
+    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
+    entry = recent[("allreduce", id(x[0]))]
+    pycoll.wait_all([t.allreduce(a, None) for t, a in zip(teams, x)])
+    assert recent[("allreduce", id(x[0]))] is not entry and entry.persistent is None
+    # a buffer that is not an ndarray is never taken as a repeat
+    buf = bytearray(8)
+    pycoll.wait_all([t.bcast(buf) for t in teams])
+    assert ("bcast", id(buf)) not in teams[0].planner.recent
+
+
+def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
+    teams = pycoll.local_teams(2)
+    bufs = [np.full(2, 1.5, np.float32) for _ in teams]
+    for _ in range(4):
+        for b in bufs:
+            b[:] = 1.5
+        pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
+        assert all((b == 3.0).all() for b in bufs)
+    for r, b in enumerate(bufs):
+        b.dtype = np.int32  # the same object, the same bytes, another element type
+        b[:] = r + 1
+    pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
+    assert all(b.dtype == np.int32 and (b == 3).all() for b in bufs), bufs

@@ -123,7 +123,8 @@ class ShmSegment:
         allgather(b"attached")
         self.pids = [int(lib.pycoll_shm_load(self.base, r, 3)) for r in range(size)]
         self.slot_bytes = slot_bytes
-        self.next_gen = 1  # generation of the next chunk (equal on every rank)
+        self._gen = ffi.new("uint64_t *", 1)  # generation of the next chunk (equal on every rank)
+        self._run = lib.pycoll_shm_run
         self.tickets = 0  # collectives handed out, in call order
         self.turn = 0  # the ticket that may run now
         self.broken: Optional[BaseException] = None
@@ -134,6 +135,11 @@ class ShmSegment:
         self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
 
     # ------------------------------------------------------------------ collectives
+    @property
+    def next_gen(self) -> int:
+        """The generation the next collective on the segment starts at (equal on every rank)."""
+        return int(self._gen[0])
+
     def ticket(self) -> int:
         """A place in the segment's order for a new collective (called when it is posted)."""
         t = self.tickets
@@ -155,7 +161,7 @@ class ShmSegment:
             st.dst = self.ffi.cast("char *", self.ffi.from_buffer(dst))
             st.count = dst.size
             st.nchunks = self.lib.pycoll_shm_chunks(st)
-        gen = self.next_gen
+        gen = self._gen[0]
         if st.gen != gen:  # the same state ran the segment's last collective: it ends there
             st.gen = gen
         st.chunk = 0
@@ -176,7 +182,7 @@ class ShmSegment:
         if rc == 1:
             if budget < polls:
                 self._budget = budget * 2
-            self.next_gen = st.gen
+            self._gen[0] = st.gen
             self.turn += 1
             return True
         if rc < 0:
@@ -192,6 +198,27 @@ class ShmSegment:
             self._budget = budget // 2
         if waited_since and time.monotonic() - waited_since > LIVENESS_S:
             self.check_peers()
+        return False
+
+    def free(self) -> bool:
+        """Whether every collective posted on the segment has finished (one posted now runs at
+        once) and the segment is usable."""
+        return self.turn == self.tickets and self.broken is None
+
+    def run(self, st: Any) -> bool:
+        """Post ``st`` (bound to its buffers by an earlier :meth:`start`) as the segment's next
+        collective and advance it, in one native call: the express lane of a collective run again
+        on the same buffers, for a caller that found the segment :meth:`free`. True when done;
+        False when it waits for peers: it holds its place (a ticket) and :meth:`progress` goes on
+        from where it stopped. Raises TransportError as :meth:`progress`."""
+        self.tickets += 1
+        rc = self._run(st, self._gen, self._budget)
+        if rc == 1:
+            self.turn += 1
+            return True
+        if rc < 0:
+            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
+            raise self.broken
         return False
 
     def fail(self, error: BaseException) -> None:

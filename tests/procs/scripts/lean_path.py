@@ -6,7 +6,14 @@ mode (argv[1]):
 * ``mixed``: tagged allreduces posted in a different order on each rank under a credit of one of
   them, with untagged segment collectives (the short path) posted in between, all correct;
 * ``timeout``: a segment collective whose peer never calls fails with TimeoutError naming what it
-  waited on, within its timeout, on the rank that called it (no hang).
+  waited on, within its timeout, on the rank that called it (no hang);
+* ``repeated``: calls repeated with the same arguments (team methods and ``pycoll.mpi.Comm``) run
+  as persistent collectives in the engine's express lane, with refilled buffers, priorities,
+  in-flight repeats, an ndarray whose dtype changed in place, alternating buffers; rank 0 repeats
+  while rank 1 makes new buffers every time, and a point-to-point collective after them still
+  matches (the sequence numbers stayed in step);
+* ``repeat-timeout``: an express-lane repeat whose peer never calls fails with TimeoutError
+  within the engine's timeout.
 """
 
 import sys
@@ -90,11 +97,98 @@ def timeout(team: Team) -> None:
     MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
 
 
+def repeated(team: Team) -> None:
+    n, r = team.size, team.rank
+    total = n * (n + 1) // 2
+    x = np.zeros(2, np.float32)
+    y = np.zeros(2, np.float32)
+    posted = team.ctx.posted
+    reqs = []
+    for i in range(200):
+        x[:] = (r + 1) * i
+        req = team.allreduce(x, y, priority=i % 3)
+        assert req.wait() is y and (y == total * i).all(), (i, y)
+        reqs.append(req)
+    assert team.ctx.posted == posted + 200  # each call is a task the engine started
+    entry = team.planner.recent[("allreduce", id(x))]
+    assert entry.persistent is not None and "shm" in entry.persistent.task.name, entry.persistent.task
+    assert all(q.task is entry.persistent.task for q in reqs[-50:])  # one task, started again and again
+    # two repeats in flight at once: the second is posted as a new call
+    x[:] = r + 1
+    first, second = team.allreduce(x, y), team.allreduce(x, y)
+    assert first.wait() is y and second.wait() is y and (y == total).all()
+    # a dtype reassigned in place: checked again, reduced as the new type
+    z = np.full(2, 0.5, np.float32)
+    for _ in range(5):
+        z[:] = 0.5
+        team.allreduce(z).wait()
+        assert (z == 0.5 * n).all()
+    z.dtype = np.int32
+    z[:] = r + 1
+    team.allreduce(z).wait()
+    assert (z == total).all(), z
+    # alternating buffers, and roots
+    a, b = np.zeros(3), np.zeros(3)
+    for i in range(20):
+        buf = a if i % 2 else b
+        root = i % n
+        buf[:] = i if r == root else -1
+        team.bcast(buf, root).wait()
+        assert (buf == i).all(), (i, buf)
+        team.barrier().wait()
+    # rank 0 repeats, rank 1 posts new buffers: different paths, the same sequence of collectives
+    for i in range(50):
+        src = x if r == 0 else np.zeros(2, np.float32)
+        dst = y if r == 0 else np.zeros(2, np.float32)
+        src[:] = i
+        team.allreduce(src, dst).wait()
+        assert (dst == n * i).all()
+    big = np.full(1 << 16, r + 1.0)
+    team.allreduce(big, algorithm="ring").wait()  # point to point: keyed by sequence number
+    assert (big == total).all()
+    comm = Comm(MPI.COMM_WORLD)
+    for i in range(100):
+        x[:] = r * i
+        comm.Allreduce(x, y)
+        assert (y == sum(q * i for q in range(n))).all()
+        comm.Iallreduce(MPI.IN_PLACE, x, MPI.MAX).Wait()
+        assert (x == (n - 1) * i).all()
+        y[:] = i if r == 0 else -1
+        comm.Bcast(y, root=0)
+        assert (y == i).all()
+    assert comm.recent[("Allreduce", id(x))].persistent is not None
+    assert comm.recent[("Iallreduce", id(MPI.IN_PLACE))].persistent is not None
+    comm.team.close()
+
+
+def repeat_timeout(team: Team) -> None:
+    x = np.ones(2, np.float32)
+    y = np.ones(2, np.float32)
+    for _ in range(20):
+        team.allreduce(x, y).wait()
+    assert team.planner.recent[("allreduce", id(x))].persistent is not None
+    if team.rank == 0:
+        t0 = time.monotonic()
+        req = team.allreduce(x, y)  # rank 1 never calls: the express lane starts it, then it waits
+        try:
+            req.wait()
+        except pycoll.TimeoutError as exc:
+            took = time.monotonic() - t0
+            assert took < 10, took
+            assert "did not finish within 1 s" in str(exc) and "shm" in str(exc), str(exc)
+            print(f"timed out after {took:.2f} s: {exc}", flush=True)
+        else:
+            raise AssertionError("the repeated allreduce whose peer never called did not time out")
+    MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
+
+
 def main(mode: str) -> None:
-    ctx = pycoll.Context(credit_bytes=4096 if mode == "mixed" else 0, partition_bytes=0, timeout=60)
+    ctx = pycoll.Context(credit_bytes=4096 if mode == "mixed" else 0, partition_bytes=0,
+                         timeout=1.0 if mode == "repeat-timeout" else 60)
     team = Team.from_mpi(MPI.COMM_WORLD, ctx)
     assert team.shared is not None, "the ranks share a host: the team has a segment"
-    {"persistent": persistent, "mixed": mixed, "timeout": timeout}[mode](team)
+    {"persistent": persistent, "mixed": mixed, "timeout": timeout, "repeated": repeated,
+     "repeat-timeout": repeat_timeout}[mode](team)
     team.close()
 
 
