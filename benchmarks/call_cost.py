@@ -2,10 +2,14 @@
 
 Each rank times ``iters`` blocking calls of a collective (8 B by default) without a profiler (the
 real cost per call, next to MPI's own collective in the same run), then runs the same loop under
-cProfile and splits the profiled time into stages by the function that spent it:
+cProfile and splits the profiled time into stages by the function that spent it. Two rows per
+collective: ``repeat`` calls it on the same buffers every time (a loop's case: from the second
+call a start of its persistent form, the engine's express lane), ``new`` on one of 256 buffers in
+turn (every call checked, its task taken from the pool and rebound):
 
     checks      argument checks (pycoll.calls, buffers, ops.check_op/as_op)
     front end   the team's collective method and the planner's post/build (selection is cached)
+    express     a repeated call run again (persistent.py, the planner's and engine's express lane)
     selection   algorithm selection when the cache misses (planner.select, algorithms.select)
     task        rebinding the pooled task to the new buffers and key (rebind, rekey)
     engine      submit and start (engine.context: submit, _start, progress; task states)
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import time
 from typing import Any, Callable, Dict, List, Tuple
@@ -35,8 +40,8 @@ from mpi4py import MPI
 
 from pycoll import Team
 
-STAGES = ("checks", "front end", "selection", "task", "engine", "algorithm", "native", "transport",
-          "completion", "waiting", "other")
+STAGES = ("checks", "front end", "express", "selection", "task", "engine", "algorithm", "native",
+          "transport", "completion", "waiting", "other")
 
 
 def stage_of(filename: str, function: str) -> str:
@@ -46,6 +51,9 @@ def stage_of(filename: str, function: str) -> str:
         return "waiting"
     if "pycoll/calls.py" in f or "pycoll/buffers.py" in f or function in ("check_op", "as_op"):
         return "checks"
+    if "pycoll/persistent.py" in f or (function == "express" and (
+            "pycoll/planner.py" in f or "engine/context.py" in f)):
+        return "express"
     if function in ("select", "choose", "rules") or "algorithms/tuning.py" in f:
         return "selection"
     if "pycoll/team.py" in f or "<string>" in f or (
@@ -66,22 +74,37 @@ def stage_of(filename: str, function: str) -> str:
     return "other"
 
 
-def call_of(coll: str, team: Team, nbytes: int) -> Tuple[Callable[[], Any], Callable[[], Any]]:
-    """(pycoll call, MPI call) of ``coll`` with ``nbytes`` per rank's block (float32)."""
+#: Buffers the ``new`` rows take in turn (more than the calls a team remembers).
+ROTATE = 256
+
+
+def call_of(coll: str, team: Team, nbytes: int,
+            rotate: int = 1) -> Tuple[Callable[[], Any], Callable[[], Any]]:
+    """(pycoll call, MPI call) of ``coll`` with ``nbytes`` per rank's block (float32); the pycoll
+    call takes the next of ``rotate`` sets of buffers each time."""
     n, comm = team.size, team.comm
     count = max(1, nbytes // 4)
-    x = np.ones(count, np.float32)
-    whole = np.ones(count * n, np.float32)
-    out = np.empty(count * n, np.float32)
+    sets = [(np.ones(count, np.float32), np.ones(count * n, np.float32), np.empty(count * n, np.float32),
+             np.empty(count, np.float32)) for _ in range(rotate)]
+    x, whole, out, y = sets[0]
+    turn = itertools.cycle(sets).__next__
     if coll == "allreduce":
-        y = np.empty(count, np.float32)
-        return (lambda: team.allreduce(x, y).wait()), (lambda: comm.Allreduce(x, y))
+        def py() -> Any:
+            b = turn()
+            return team.allreduce(b[0], b[3]).wait()
+        return py, (lambda: comm.Allreduce(x, y))
     if coll == "bcast":
-        return (lambda: team.bcast(x, 0).wait()), (lambda: comm.Bcast(x, root=0))
+        return (lambda: team.bcast(turn()[0], 0).wait()), (lambda: comm.Bcast(x, root=0))
     if coll == "gather":
-        return (lambda: team.gather(x, out, 0).wait()), (lambda: comm.Gather(x, out, root=0))
+        def py() -> Any:
+            b = turn()
+            return team.gather(b[0], b[2], 0).wait()
+        return py, (lambda: comm.Gather(x, out, root=0))
     if coll == "alltoall":
-        return (lambda: team.alltoall(whole, out).wait()), (lambda: comm.Alltoall(whole, out))
+        def py() -> Any:
+            b = turn()
+            return team.alltoall(b[1], b[2]).wait()
+        return py, (lambda: comm.Alltoall(whole, out))
     if coll == "barrier":
         return (lambda: team.barrier().wait()), (lambda: comm.Barrier())
     raise SystemExit(f"call_cost: no case for {coll!r}")
@@ -138,21 +161,22 @@ def main() -> None:
               "us per call; stages from cProfile (rank 0) scaled to the unprofiled time")
     rows: List[Tuple[str, float, float, Dict[str, float]]] = []
     for coll in args.colls.split(","):
-        py, mp = call_of(coll, team, args.bytes)
-        for _ in range(2000):  # warm up: the task pool, the segment, MPI
-            py()
-            mp()
-        t_py = timed(py, args.iters, comm)
-        t_mpi = timed(mp, args.iters, comm)
-        stages = breakdown(py, args.iters // 4, comm)
-        rows.append((coll, t_py, t_mpi, stages))
+        for kind, rotate in (("repeat", 1), ("new", ROTATE)):
+            py, mp = call_of(coll, team, args.bytes, rotate)
+            for _ in range(2000):  # warm up: the task pool, the segment, MPI
+                py()
+                mp()
+            t_py = timed(py, args.iters, comm)
+            t_mpi = timed(mp, args.iters, comm)
+            stages = breakdown(py, args.iters // 4, comm)
+            rows.append((f"{coll} {kind}", t_py, t_mpi, stages))
     if rank == 0:
-        print(f"{'collective':<11} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
-        for coll, t_py, t_mpi, stages in rows:
+        print(f"{'collective':<16} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
+        for name, t_py, t_mpi, stages in rows:
             total = sum(stages.values()) or 1.0
             scaled = [stages[s] / total * t_py * 1e6 for s in STAGES]
             cells = " ".join(f"{v:>10.2f}" for v in scaled)
-            print(f"{coll:<11} {t_py * 1e6:>7.2f} {t_mpi * 1e6:>6.2f} {cells}")
+            print(f"{name:<16} {t_py * 1e6:>7.2f} {t_mpi * 1e6:>6.2f} {cells}")
     team.close()
 
 

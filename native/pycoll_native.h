@@ -31,7 +31,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 2
+#define PC_SHM_VERSION 3
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -68,10 +68,16 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
 #define PC_CTRL_BYTES 256
+#define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
 typedef struct {
     uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
     uint32_t arrive_sleepers;  /* ranks asleep in the kernel on arrive (futex; atomic) */
-    char pad0[PC_LINE - 12];
+    /* Small allreduce, reduce and bcast data travels inline, on the arrive flag's cache line (a
+     * reader gets flag and data in one miss), with a header the readers check: its size in bytes
+     * and the generation it belongs to. Written before arrive is published. */
+    uint32_t inline_bytes;
+    uint64_t inline_gen;
+    char inline_data[PC_INLINE];
     uint64_t reduced;       /* generation whose result part this rank has written (atomic) */
     uint32_t reduced_sleepers; /* ranks asleep on reduced */
     char pad1[PC_LINE - 12];

@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
@@ -34,6 +35,8 @@
 #include "pycoll_native.h"
 
 #define PAGE 4096ULL
+_Static_assert(sizeof(pc_shm_ctrl_t) == PC_CTRL_BYTES, "a control block is PC_CTRL_BYTES");
+_Static_assert(offsetof(pc_shm_ctrl_t, reduced) == PC_LINE, "arrive and inline data fill one line");
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *h) {
@@ -317,6 +320,77 @@ static void tell(pc_shm_ctrl_t *me, uint64_t gen0, uint64_t chunks, uint64_t cou
     me->info[gen0 & 1][1] = count;
 }
 
+/* A small allreduce, reduce or bcast (nbytes <= PC_INLINE): the data travels inline next to the
+ * arrive flag, eagerly, one copy each way and one flag per rank.
+ *
+ * A writer (every rank; bcast: the root) first waits until every rank has read what its line
+ * held before (every reduced flag at gen - 1: readers publish reduced once they have read a
+ * generation), writes data and header, and publishes arrive. A reader waits for the writers'
+ * arrive flags, checks each header (the generation, and the size it expects: else the ranks
+ * disagree on the count, or the segment is corrupted), reduces every rank's data in rank order
+ * (so every rank gets bitwise the same result) or copies the root's, and publishes reduced. Nobody
+ * waits for the readers in the collective itself: the next write waits (usually for nothing). */
+static int inline_ok(const pc_shm_coll_t *c, size_t es) {
+    return (c->coll == PC_COLL_ALLREDUCE || c->coll == PC_COLL_REDUCE || c->coll == PC_COLL_BCAST) &&
+           c->count * es <= PC_INLINE;
+}
+
+static int inline_header(pc_shm_ctrl_t *b, uint64_t gen, uint64_t nbytes) {
+    if (b->inline_gen != gen) return PC_ESTATE;
+    if (b->inline_bytes != nbytes) return PC_EDISAGREE;
+    return PC_OK;
+}
+
+static int inline_small(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    uint64_t nb = c->count * es;
+    int root = (int)c->rank == c->root;
+    int writes = c->coll != PC_COLL_BCAST || root;
+    int reads = c->coll == PC_COLL_ALLREDUCE || (c->coll == PC_COLL_REDUCE && root) ||
+                (c->coll == PC_COLL_BCAST && !root);
+    int rc;
+    if (c->phase == 0) {
+        if (writes) {
+            if (c->gen > 1) {
+                rc = wait_flags(c, 1, c->gen - 1, -1, max_polls);
+                if (rc <= 0) return rc;
+            }
+            memcpy(me->inline_data, c->coll == PC_COLL_BCAST ? c->dst : c->src, nb);
+            me->inline_bytes = (uint32_t)nb;
+            me->inline_gen = c->gen;
+        }
+        arrive(me, c->gen);
+        c->phase = 1;
+    }
+    if (reads) {
+        const void *ins[PC_SHM_MAX_RANKS];
+        if (c->coll == PC_COLL_BCAST) {
+            rc = wait_flags(c, 0, c->gen, c->root, max_polls);
+            if (rc <= 0) return rc;
+            pc_shm_ctrl_t *b = ctrl(c->base, (uint32_t)c->root);
+            rc = inline_header(b, c->gen, nb);
+            if (rc) return rc;
+            memcpy(c->dst, b->inline_data, nb);
+        } else {
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            for (uint32_t r = 0; r < c->nranks; r++) {
+                pc_shm_ctrl_t *b = ctrl(c->base, r);
+                rc = inline_header(b, c->gen, nb);
+                if (rc) return rc;
+                ins[r] = b->inline_data;
+            }
+            rc = pycoll_reduce_n(c->op, c->dtype, c->dst, ins, (int)c->nranks, c->count);
+            if (rc) return rc;
+        }
+    }
+    reduced(me, c->gen);
+    c->chunk = 1;
+    c->gen++;
+    c->phase = 0;
+    return 1;
+}
+
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
     if (rc) return rc;
@@ -345,6 +419,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     /* the state was not set up (agreed collectives: only more chunks than this rank needs) */
     if (agreed(c->coll) ? c->nchunks < need || c->nchunks > PC_MAX_CHUNKS : c->nchunks != need) return PC_EINVAL;
     if (agreed(c->coll) && c->chunk == 0 && c->phase == 0) c->nchunks = need; /* until they agree */
+    if (c->chunk == 0 && inline_ok(c, es)) return inline_small(c, es, max_polls);
     uint64_t hdr = header_bytes(c);
     uint64_t gen0 = c->gen - c->chunk; /* the collective's first generation */
     const void *ins[PC_SHM_MAX_RANKS];

@@ -27,7 +27,7 @@ from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
-from pycoll.persistent import Repeated, buffer_dtype, remember, repeat_key
+from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
 
@@ -168,7 +168,7 @@ class Comm:
         self.team = Team.from_mpi(self.comm, ctx)
         #: The last calls, by method and first argument: a call repeated with the same mpi4py
         #: arguments runs as a persistent collective (see :class:`pycoll.persistent.Repeated`).
-        self.recent: Dict[tuple, Repeated] = {}
+        self.recent = RecentCalls()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -269,6 +269,11 @@ def argument_key(arg: Any) -> Any:
     return None if type(arg) in _CONSTANT else buffer_dtype(arg)
 
 
+def _persistent(team: Team, init: str, kwargs: Dict[str, Any]) -> Persistent:
+    """The persistent form of a repeated call: ``team.<coll>_init(**kwargs)``."""
+    return getattr(team, init)(**kwargs)
+
+
 def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     """mpi4py's ``X``, ``IX`` and ``X_init`` of one collective."""
     coll, init = row.name, f"{row.name}_init"
@@ -280,9 +285,10 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         req = getattr(self.team, coll)(**kwargs, **kw)
         # (counts given as None are gathered from every rank on every call: never a repeat)
         if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")):
-            team = self.team
-            remember(self.recent, repeat_key(method, args), args, tuple(map(argument_key, args)),
-                     lambda: getattr(team, init)(**kwargs))
+            key = repeat_key(method, args)
+            if self.recent.admits(key, args):
+                dtypes = tuple(map(argument_key, args))
+                self.recent.add(key, args, dtypes, _persistent, self.team, init, kwargs)
         return req
 
     def persistent(self: Comm, *args: Any, **kw: Any) -> Prequest:

@@ -12,14 +12,16 @@ the call is a start of a persistent collective made of it, with no checks, selec
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, Optional
 
 import numpy as np
 
 from pycoll.calls import Call
 from pycoll.engine.request import Request
-from pycoll.planner import Planner
 from pycoll.tasks.task import COMPLETED, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.planner import Planner
 
 
 class Persistent:
@@ -111,20 +113,18 @@ def buffer_dtype(buf: Any) -> Any:
 
 
 class Repeated:
-    """The last call of one collective on a team: its argument objects (compared by identity) and
-    the dtypes of its ndarray buffers. From the second call in a row with the same arguments (and
-    no pycoll keywords), the call runs as a :class:`Persistent` made of it (``make()``): one
-    start, the engine's express lane when it is idle.
+    """A call remembered by a team (or :class:`pycoll.mpi.Comm`): its argument objects (compared
+    by identity) and the dtypes of its ndarray buffers. From the second call in a row with the
+    same arguments (and no pycoll keywords), the call runs as a :class:`Persistent` made of it
+    (``make(*made_of)``): one start, the engine's express lane when it is idle."""
 
-    Kept by the team's planner (``planner.recent``) by collective name, and by
-    :class:`pycoll.mpi.Comm` for mpi4py's arguments."""
+    __slots__ = ("args", "dtypes", "make", "made_of", "persistent")
 
-    __slots__ = ("args", "dtypes", "make", "persistent")
-
-    def __init__(self, args: tuple, dtypes: tuple, make: Callable[[], Persistent]) -> None:
+    def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple) -> None:
         self.args = args
         self.dtypes = dtypes
         self.make = make
+        self.made_of = made_of
         self.persistent: Optional[Persistent] = None
 
     def again(self, priority: int = 0) -> Optional[Request]:
@@ -134,7 +134,7 @@ class Repeated:
         again)."""
         p = self.persistent
         if p is None:
-            p = self.persistent = self.make()
+            p = self.persistent = self.make(*self.made_of)
             p.priority = priority
             return p.start()  # built now: the first run
         task = p.task
@@ -147,15 +147,29 @@ class Repeated:
         p.priority = priority
         return p.start()
 
+    def same(self, args: tuple, dtypes: tuple) -> bool:
+        """Whether ``args`` (with these dtypes) are this call's."""
+        return (len(self.args) == len(args) and all(a is b for a, b in zip(self.args, args))
+                and self.dtypes == dtypes)
+
     def free(self) -> None:
-        """Release the persistent collective (the entry is replaced or the team closes)."""
+        """Release the persistent collective (the entry is replaced or forgotten, or the team closes)."""
         if self.persistent is not None:
             self.persistent.free()
             self.persistent = None
 
 
-#: Calls remembered per team (or Comm); the oldest is forgotten first.
+def persistent_of(planner: Planner, call: Call) -> Persistent:
+    """A persistent collective of a checked call with no pycoll keywords (what a team's repeated
+    call becomes)."""
+    return Persistent(planner, call, 0, None, None, None, {})
+
+
+#: Calls remembered per team (or Comm).
 MAX_REPEATED = 64
+#: When as many are remembered, one new call in this many takes the place of the oldest: a loop
+#: over more buffers than that gains nothing from remembering them, and pays for it rarely.
+ADMIT_EVERY = 16
 
 
 def repeat_key(name: str, args: tuple) -> tuple:
@@ -164,20 +178,40 @@ def repeat_key(name: str, args: tuple) -> tuple:
     return (name, id(args[0]) if args else 0)
 
 
-def remember(recent: Dict[tuple, Repeated], key: tuple, args: tuple, dtypes: tuple,
-             make: Callable[[], Persistent]) -> None:
-    """A call with ``args`` (``dtypes``: :func:`buffer_dtype` of each buffer argument, None for
-    the others), remembered under ``key`` (:func:`repeat_key`), was posted as a new call: keep it
-    as the last call there, unless it is that already."""
-    entry = recent.get(key)
-    if entry is not None:
-        if (len(entry.args) == len(args) and all(a is b for a, b in zip(entry.args, args))
-                and entry.dtypes == dtypes):
-            return  # the same call, posted anew while its persistent run was busy
-        entry.free()
-        del recent[key]
-    if UNSTABLE in dtypes:
-        return
-    if len(recent) >= MAX_REPEATED:
-        recent.pop(next(iter(recent))).free()
-    recent[key] = Repeated(args, dtypes, make)
+class RecentCalls(Dict[tuple, Repeated]):
+    """The calls a team (or Comm) remembers, by :func:`repeat_key` (a dict: the hot path looks
+    calls up with ``get``). A call posted as a new one asks :meth:`admits` first and, if admitted,
+    is kept by :meth:`add` (the caller computes its dtypes only then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turned_away = 0  # new calls not remembered because the table was full
+
+    def admits(self, key: tuple, args: tuple) -> bool:
+        """Whether to remember a call with ``args`` just posted as a new one: not when it is the
+        call remembered there already (its persistent run was busy), nor, when the table is full,
+        unless it is the :data:`ADMIT_EVERY`-th such call (it then takes the oldest's place)."""
+        entry = self.get(key)
+        if entry is not None:
+            if len(entry.args) == len(args) and all(a is b for a, b in zip(entry.args, args)):
+                return False
+            del self[key]
+            entry.free()
+            return True
+        if len(self) < MAX_REPEATED:
+            return True
+        self.turned_away += 1
+        if self.turned_away % ADMIT_EVERY:
+            return False
+        self.pop(next(iter(self))).free()
+        return True
+
+    def add(self, key: tuple, args: tuple, dtypes: tuple, make: Callable[..., Persistent],
+            *made_of: Any) -> None:
+        """Remember a call (after :meth:`admits`): ``dtypes`` are :func:`buffer_dtype` of each
+        buffer argument and None for the others (a call with an :data:`UNSTABLE` one is not kept);
+        ``make(*made_of)`` makes its persistent form when it repeats."""
+        for d in dtypes:
+            if d is UNSTABLE:  # (not ``in``: a dtype compared with another object is slow to say no)
+                return
+        self[key] = Repeated(args, dtypes, make, made_of)

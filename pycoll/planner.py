@@ -21,6 +21,7 @@ from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import Call, block_layout
 from pycoll.collectives import COLLECTIVES
 from pycoll.engine.request import Request
+from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
 
@@ -56,8 +57,8 @@ class Planner:
         self._plans: Dict[tuple, List[Task]] = {}
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._recycle_done = self.recycle  # one bound method for every request
-        #: The last calls, by collective and first argument (see :class:`pycoll.persistent.Repeated`).
-        self.recent: Dict[tuple, Any] = {}
+        #: The calls remembered for their repeats, by collective and first argument.
+        self.recent = RecentCalls()
 
     # ------------------------------------------------------------------ message keys
     def next_sequence(self) -> int:

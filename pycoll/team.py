@@ -28,7 +28,7 @@ from pycoll.collectives import get as collective
 from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Request
 from pycoll.ops import ReduceOp
-from pycoll.persistent import BUFFER_PARAMS, Persistent, buffer_dtype, remember
+from pycoll.persistent import BUFFER_PARAMS, Persistent, buffer_dtype, persistent_of
 from pycoll.planner import Planner
 from pycoll.ps.worker import PushPull
 from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask, SendTask
@@ -312,8 +312,9 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
         return self.ps.allreduce(call, priority, tag, timeout)
     req = self.planner.post(call, priority, tag, algorithm, timeout, options)
     if tag is None and algorithm is None and timeout is None and not options:
-        remember(self.planner.recent, ({name!r}, {first}), ({tuple}), ({dtypes}),
-                 lambda: Persistent(self.planner, call, 0, None, None, None, {{}}))
+        recent = self.planner.recent
+        if recent.admits(({name!r}, {first}), ({tuple})):
+            recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call)
     return req
 """
 _INIT = """
@@ -326,7 +327,7 @@ def {name}_init(self, {params}*, priority=0, tag=None, algorithm=None, timeout=N
 def _methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     """``team.<name>(...)`` (check, then post) and ``team.<name>_init(...)`` (check once, return a
     persistent collective) of one row."""
-    namespace: Dict[str, Any] = {"check": row.check, "Persistent": Persistent, "remember": remember}
+    namespace: Dict[str, Any] = {"check": row.check, "Persistent": Persistent, "persistent_of": persistent_of}
     params = []
     for p in row.signature().parameters.values():
         if p.default is inspect.Parameter.empty:

@@ -269,6 +269,8 @@ class SegmentTask(Task):
         self._bound: Optional[tuple] = None  # (src, dst) the native state points at
         self.started = False
         self.since = 0.0
+        #: Whether :meth:`finished` has work (an average to divide; the op never changes).
+        self.averages = args.op is ReduceOp.AVG
 
     def codes(self) -> tuple:
         """(op, dtype) codes of the native state machine."""
@@ -302,13 +304,14 @@ class SegmentTask(Task):
             self.since = 0.0
             done = seg.progress(self.native, 0.0)
         if done:
-            self.finished()
+            if self.averages:
+                self.finished()
             self.complete()
         elif not self.since:
             self.since = _monotonic()
 
     def finished(self) -> None:
-        """Local work after the segment part (AVG's division)."""
+        """Local work after the segment part: AVG's division (called when :attr:`averages`)."""
 
     def express(self) -> Optional[bool]:
         """The express lane (see :meth:`Context.express <pycoll.engine.context.Context.express>`):
@@ -320,7 +323,8 @@ class SegmentTask(Task):
             return None
         try:
             if seg.run(self.native):
-                self.finished()
+                if self.averages:
+                    self.finished()
                 return True
         except Exception as exc:
             self.state = IN_PROGRESS

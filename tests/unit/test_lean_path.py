@@ -236,17 +236,24 @@ def test_repeated_calls_become_one_persistent_collective_in_process():
     recent = teams[0].planner.recent
     entry = recent[("allreduce", id(x[0]))]
     assert entry.persistent is not None and entry.persistent.task is reqs[0].task
-    # calls on other buffers are remembered beside it ...
-    others = [[np.ones(4, np.float32) for _ in teams] for _ in range(70)]
-    for bufs in others:
-        pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
-    assert len(recent) == persistent.MAX_REPEATED and ("allreduce", id(others[-1][0])) in recent
-    assert entry.persistent is None  # the oldest were forgotten (their persistent collectives freed)
-    # ... and another call with the same first buffer replaces the entry
-    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
-    entry = recent[("allreduce", id(x[0]))]
+    # another call with the same first buffer replaces the entry (its persistent form freed)
     pycoll.wait_all([t.allreduce(a, None) for t, a in zip(teams, x)])
     assert recent[("allreduce", id(x[0]))] is not entry and entry.persistent is None
+    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
+    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
+    entry = recent[("allreduce", id(x[0]))]
+    assert entry.persistent is not None
+    # calls on other buffers are remembered beside it, up to MAX_REPEATED ...
+    full, every = persistent.MAX_REPEATED, persistent.ADMIT_EVERY
+    others = [[np.ones(4, np.float32) for _ in teams] for _ in range(full - 1 + every)]
+    for k, bufs in enumerate(others):
+        pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
+        if k == full - 2:
+            assert len(recent) == full and entry.persistent is not None
+    # ... then one new call in ADMIT_EVERY takes the oldest one's place (its persistent form freed)
+    assert len(recent) == full and ("allreduce", id(others[-1][0])) in recent
+    assert ("allreduce", id(others[-2][0])) not in recent
+    assert ("allreduce", id(x[0])) not in recent and entry.persistent is None
     # a buffer that is not an ndarray is never taken as a repeat
     buf = bytearray(8)
     pycoll.wait_all([t.bcast(buf) for t in teams])

@@ -197,3 +197,52 @@ def test_gather_ranks_that_disagree():
     assert rc1 == -5  # it needs 3 chunks, the root says 1
     for s in segs:
         s.close()
+
+
+def test_inline_small_collectives_check_their_header():
+    """Small allreduce/reduce/bcast data travels on the flag's cache line with a header (its size
+    and generation): a reader whose count differs gets "disagree", a corrupted header an error,
+    never a short, long or stale copy."""
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE, COLL_BCAST
+
+    def line(seg, rank):  # rank's arrive line: flag, sleepers, inline bytes, inline generation
+        off = 4096 + 256 * rank
+        return (np.frombuffer(seg.mm, np.uint32, count=4, offset=off),
+                np.frombuffer(seg.mm, np.uint64, count=1, offset=off + 16))
+
+    segs = two_rank_segments()
+    # a working pair: both results, the header says 8 bytes of generation 1
+    x0, x1 = np.array([1, 2], np.int32), np.array([10, 20], np.int32)
+    y0, y1 = np.zeros(2, np.int32), np.zeros(2, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, x1, y1)
+    assert rc1 == 0  # wrote its data, waits for rank 0
+    words, gen = line(segs[1], 1)
+    assert words[3] == 8 and gen[0] == 1
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE, x0, y0)
+    assert rc0 == 1 and (y0 == [11, 22]).all()
+    from pycoll.native import lib
+
+    assert lib.pycoll_shm_progress(st1, 1000) == 1 and (y1 == [11, 22]).all()
+    # ranks that disagree on the count: rank 1 sends 3 elements, rank 0 expects 2
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, np.arange(3, dtype=np.int32), np.zeros(3, np.int32))
+    out = np.full(2, -1, np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE, x0, out)
+    assert rc0 == -5 and (out == -1).all()
+    for s in segs:
+        s.close()
+    # a corrupted header: the generation of a bcast root's data is not this collective's
+    segs = two_rank_segments()
+    data = np.array([7, 8], np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_BCAST, data, data)
+    assert rc0 == 1  # the root is done at once (eager)
+    words, gen = line(segs[1], 0)
+    gen[0] = 99
+    out = np.full(2, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_BCAST, out, out)
+    assert rc1 == -4 and (out == -1).all()
+    gen[0] = 1
+    words[3] = 4096  # and a size far past the line
+    st1, rc1, keep1 = _run(segs[1], COLL_BCAST, out, out)
+    assert rc1 == -5 and (out == -1).all()
+    for s in segs:
+        s.close()
