@@ -133,6 +133,9 @@ typedef struct {
     uint32_t wait_rank;
     int wait_which;
     uint64_t wait_gen;
+    /* give the core away (sched_yield) every yield_every polls of a flag that is not ready: ranks
+     * that outnumber the cores wait this way (0: never, spin only) */
+    uint32_t yield_every;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -35,6 +36,8 @@
 #include "pycoll_native.h"
 
 #define PAGE 4096ULL
+/* the smallest chunk of a pipelined bcast (see geometry) */
+#define PC_PIPE_MIN (32ULL << 10)
 _Static_assert(sizeof(pc_shm_ctrl_t) == PC_CTRL_BYTES, "a control block is PC_CTRL_BYTES");
 _Static_assert(offsetof(pc_shm_ctrl_t, reduced) == PC_LINE, "arrive and inline data fill one line");
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -170,7 +173,10 @@ static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint6
         }
         c->spins++;
         if (++polls >= max_polls) return 0;
-        relax();
+        if (c->yield_every && polls % c->yield_every == 0)
+            sched_yield();
+        else
+            relax();
     }
 }
 
@@ -284,6 +290,14 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
         break;
     }
     if (rc) return rc;
+    if (c->coll == PC_COLL_BCAST) {
+        /* one writer, readers that copy out what it copied in: chunks of a quarter of the
+         * message (at least PC_PIPE_MIN), so they copy side by side (the root fills the next slot
+         * while the readers empty this one). Measured: the gather and scatter forms gain nothing
+         * from it (their ranks would have to agree on a size only the root knows). */
+        uint64_t cap = n * es / 4 > PC_PIPE_MIN ? n * es / 4 : PC_PIPE_MIN;
+        if (cap / es < *per) *per = cap / es ? cap / es : 1;
+    }
     if (!*per) return PC_EINVAL; /* slots too small for a piece of every block */
     *need = n / *per + (n % *per != 0);
     if (agreed(c->coll) && !*need) *need = 1;
@@ -665,11 +679,6 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 memcpy(c->dst + off * es, slot, m * es);
                 arrive(me, c->gen);
                 reduced(me, c->gen);
-            }
-            if (c->chunk + 1 == c->nchunks && (int)c->rank == c->root) {
-                /* the root returns (and may reuse its slot) once every rank has its copy */
-                rc = wait_flags(c, 1, c->gen, -1, max_polls);
-                if (rc <= 0) return rc;
             }
         }
         c->chunk++;

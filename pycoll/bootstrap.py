@@ -172,7 +172,7 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
     team.shared = ShmSegment(team.rank, team.size, allgather)
     ctx.local_ranks(team.size)
     if ctx.oversubscribed:
-        team.shared.polls = 64  # return to the engine soon: it yields the core
+        team.shared.oversubscribed()
     # Point to point through the segment too, instead of TCP sockets. An MPI team keeps MPI for
     # point to point: MPICH already uses shared memory on a host, and its small messages cost
     # less than the descriptor protocol driven from Python (measured: 14 against 47 us).

@@ -193,8 +193,11 @@ def block_counts(spec: Collective, counts: Sequence[int], n: int) -> List[int]:
 
 
 def auto_iters(nbytes: int) -> int:
-    """Enough calls for ~20 ms of work at ~5 GB/s, between 5 and 1000."""
-    return int(min(1000, max(5, 100e6 // max(nbytes, 1) // 5 if nbytes else 1000)))
+    """Enough calls for ~20 ms of work at ~5 GB/s, between 10 and 1000. (At least 10: a large
+    numpy buffer is madvised for transparent huge pages, and the kernel's khugepaged collapsing
+    it stalls the one call that touches it then by 15-40 ms, pycoll's and MPI's alike; averaged
+    over 5 calls of 32 MiB that made whole runs look 1.5x slower.)"""
+    return int(min(1000, max(10, 100e6 // max(nbytes, 1) // 5 if nbytes else 1000)))
 
 
 def _input(count: int, dtype: np.dtype, rank: int) -> np.ndarray:
@@ -537,7 +540,7 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
         case = _case(spec, env, total)
         nbytes = case.nbytes
         iters = args.iters or auto_iters(nbytes)
-        warmup = args.warmup if args.warmup is not None else max(1, min(10, iters // 10))
+        warmup = args.warmup if args.warmup is not None else max(2, min(10, iters // 10))
         if rank == 0 and (nbytes >= 1 << 20 or i % 8 == 0):
             print(f"pycoll perf: {spec.name} {nbytes} B ({i + 1}/{len(totals)})", file=sys.stderr, flush=True)
         row: Dict[str, Any] = {"coll": spec.name, "algorithm": args.algorithm, "count": case.count,

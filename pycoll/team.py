@@ -80,6 +80,8 @@ class Team:
         self.topology: Optional[Topology] = None
         self.levels = Levels()
         self.planner = Planner(self)
+        #: The calls remembered for their repeats (the planner's :class:`~pycoll.persistent.RecentCalls`).
+        self.recent = self.planner.recent
         #: Push-sum-pull of this team of workers (with the servers, when started with some).
         self.ps = PushPull(self)
 
@@ -302,7 +304,7 @@ class Team:
 # signature for help() and IDEs). Keywords that are not parameters are the algorithm's options.
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
-    entry = self.planner.recent.get(({name!r}, {first}))
+    entry = self.recent.get(({name!r}, {first}))
     if entry is not None and {same}tag is None and algorithm is None and timeout is None and not options:
         req = entry.again(priority)  # the same call as the last: a start of its persistent form
         if req is not None:
@@ -312,7 +314,7 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
         return self.ps.allreduce(call, priority, tag, timeout)
     req = self.planner.post(call, priority, tag, algorithm, timeout, options)
     if tag is None and algorithm is None and timeout is None and not options:
-        recent = self.planner.recent
+        recent = self.recent
         if recent.admits(({name!r}, {first}), ({tuple})):
             recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call)
     return req

@@ -330,7 +330,7 @@ class SegmentTask(Task):
             self.state = IN_PROGRESS
             self.fail(exc)
             return False
-        self.ticket = seg.turn
+        self.ticket = seg.turn  # (run() took it)
         self.started = True
         self.since = _monotonic()
         self.result = None

@@ -131,6 +131,9 @@ class ShmSegment:
         #: Whether the ranks may read each other's memory (process_vm_readv); set by the team.
         self.cma = False
         self.polls = POLLS_PER_CALL  # the most flag polls of one native call
+        #: Yield the core every this many polls of a flag not ready (0: spin); set before the
+        #: first collective, for ranks that outnumber the cores (see :meth:`oversubscribed`).
+        self.yield_every = 0
         self._budget = POLLS_PER_CALL  # those of the next call (halved while peers keep us waiting)
         self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
 
@@ -151,6 +154,7 @@ class ShmSegment:
         st = self.ffi.new("pc_shm_coll_t *")
         st.base, st.mapped, st.rank, st.nranks = self.base, self.total, self.rank, self.size
         st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
+        st.yield_every = self.yield_every
         return st
 
     def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:
@@ -200,6 +204,13 @@ class ShmSegment:
             self.check_peers()
         return False
 
+    def oversubscribed(self) -> None:
+        """The team's ranks on this host outnumber its cores: a rank whose peers are not there
+        yields its core inside the native wait (every 8 polls) so the ones it waits for run, and
+        returns to the engine after fewer polls."""
+        self.yield_every = 8
+        self.polls = 256
+
     def free(self) -> bool:
         """Whether every collective posted on the segment has finished (one posted now runs at
         once) and the segment is usable."""
@@ -208,17 +219,18 @@ class ShmSegment:
     def run(self, st: Any) -> bool:
         """Post ``st`` (bound to its buffers by an earlier :meth:`start`) as the segment's next
         collective and advance it, in one native call: the express lane of a collective run again
-        on the same buffers, for a caller that found the segment :meth:`free`. True when done;
-        False when it waits for peers: it holds its place (a ticket) and :meth:`progress` goes on
-        from where it stopped. Raises TransportError as :meth:`progress`."""
-        self.tickets += 1
-        rc = self._run(st, self._gen, self._budget)
+        on the same buffers, for a caller that found the segment :meth:`free`. True when done (it
+        took and gave back its place in the order at once); False when it waits for peers: it
+        holds its place (a ticket) and :meth:`progress` goes on from where it stopped. Raises
+        TransportError as :meth:`progress`."""
+        budget = self._budget if self._budget < self.polls else self.polls
+        rc = self._run(st, self._gen, budget)
         if rc == 1:
-            self.turn += 1
             return True
         if rc < 0:
             self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
             raise self.broken
+        self.tickets += 1
         return False
 
     def fail(self, error: BaseException) -> None:
