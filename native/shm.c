@@ -557,15 +557,10 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
             /* every rank but the root copies its piece into its slot and is done with it; the
              * root copies the pieces out into their blocks of dst. The root says at the first
              * chunk how many there are (the others may not know the other blocks) and checks
-             * every rank's block size against its layout. */
+             * every rank's block size against its layout. A rank writes its first piece without
+             * waiting for that word (eager), and reads it before going on (phase 1 of chunk 0). */
             int root = c->root;
             if (c->phase == 0) {
-                if ((int)c->rank != root && c->chunk == 0) { /* the root's word on the chunks */
-                    rc = wait_flags(c, 0, gen0, root, max_polls);
-                    if (rc <= 0) return rc;
-                    rc = agree(c, root, gen0);
-                    if (rc) return rc;
-                }
                 rc = slot_free(c, max_polls);
                 if (rc <= 0) return rc;
                 uint64_t mm = piece(c->src_count, c->chunk, per);
@@ -573,13 +568,21 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if ((int)c->rank != root) {
                     if (mm) memcpy(mine, c->src + off * es, mm * es);
                     arrive(me, c->gen);
-                    reduced(me, c->gen); /* reads no slot */
+                    if (c->chunk) reduced(me, c->gen); /* reads no slot */
                 } else {
                     arrive(me, c->gen);
                     char *to = c->dst + (c->layout[2 * root] + off) * es;
                     if (mm && to != c->src + off * es) memmove(to, c->src + off * es, mm * es);
                 }
                 c->phase = 1;
+            }
+            if (c->phase == 1 && (int)c->rank != root && c->chunk == 0) {
+                rc = wait_flags(c, 0, gen0, root, max_polls); /* the root's word on the chunks */
+                if (rc <= 0) return rc;
+                rc = agree(c, root, gen0);
+                if (rc) return rc;
+                /* read the root's word: only now may the root reuse it (at generation gen0 + 2) */
+                reduced(me, c->gen);
             }
             if ((int)c->rank == root) {
                 rc = wait_flags(c, 0, c->gen, -1, max_polls);

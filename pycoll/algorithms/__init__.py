@@ -102,9 +102,9 @@ DEFAULT_RULES: List[Rule] = [
     Rule("alltoall", "shm", msg=(0, 256 << 10), team=(2, INF)),
     Rule("alltoall", "bruck", msg=(0, 128 << 10), team=(4, INF)),
     Rule("alltoall", "pairwise"),
-    # gather and scatter: the segment on one host below 1 MiB (gather) and 512 KiB (scatter); the
-    # k-nomial tree gathers 1-8 MiB on 3+ ranks; linear otherwise.
-    Rule("gather", "shm", msg=(0, 1 << 20), team=(2, INF)),
+    # gather and scatter: the segment on one host (gather at every size, scatter below 512 KiB);
+    # the k-nomial tree gathers 1-8 MiB on 3+ ranks across hosts; linear otherwise.
+    Rule("gather", "shm", team=(2, INF)),
     Rule("gather", "knomial", msg=(1 << 20, 8 << 20), team=(3, INF)),
     Rule("gather", "linear"),
     Rule("scatter", "shm", msg=(0, 512 << 10), team=(2, INF)),
