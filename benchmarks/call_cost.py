@@ -22,8 +22,11 @@ turn (every call checked, its task taken from the pool and rebound):
 The profile inflates Python calls more than C calls, so the shares are scaled to the unprofiled
 time per call: read them as where the time goes, not to the nanosecond.
 
-    mpiexec -n 2 python benchmarks/call_cost.py [--colls allreduce,bcast,gather,alltoall]
-        [--bytes 8] [--iters 20000]
+    mpiexec -n 2 python benchmarks/call_cost.py [--colls allreduce,bcast,gather,alltoall,barrier,
+        persistent,Comm.Allreduce] [--bytes 8] [--iters 20000]
+
+``persistent`` is ``team.allreduce_init(x, y)`` then ``start().wait()``; ``Comm.Allreduce`` the
+mpi4py drop-in (:class:`pycoll.mpi.Comm`); both against ``comm.Allreduce``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll import Team
+from pycoll.mpi import Comm as DropIn
 
 STAGES = ("checks", "front end", "express", "selection", "task", "engine", "algorithm", "native",
           "transport", "completion", "waiting", "other")
@@ -76,6 +80,8 @@ def stage_of(filename: str, function: str) -> str:
 
 #: Buffers the ``new`` rows take in turn (more than the calls a team remembers).
 ROTATE = 256
+#: The collectives timed both ways; the others (barrier, persistent, Comm.Allreduce) once.
+ROTATING = ("allreduce", "bcast", "gather", "alltoall")
 
 
 def call_of(coll: str, team: Team, nbytes: int,
@@ -107,6 +113,12 @@ def call_of(coll: str, team: Team, nbytes: int,
         return py, (lambda: comm.Alltoall(whole, out))
     if coll == "barrier":
         return (lambda: team.barrier().wait()), (lambda: comm.Barrier())
+    if coll == "persistent":  # allreduce_init once, then start().wait()
+        p = team.allreduce_init(x, y)
+        return (lambda: p.start().wait()), (lambda: comm.Allreduce(x, y))
+    if coll == "Comm.Allreduce":  # the mpi4py drop-in
+        pcomm = DropIn(comm)
+        return (lambda: pcomm.Allreduce(x, y)), (lambda: comm.Allreduce(x, y))
     raise SystemExit(f"call_cost: no case for {coll!r}")
 
 
@@ -148,7 +160,7 @@ def breakdown(call: Callable[[], Any], iters: int, comm: Any) -> Dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--colls", default="allreduce,bcast,gather,alltoall")
+    parser.add_argument("--colls", default=",".join(ROTATING + ("barrier", "persistent", "Comm.Allreduce")))
     parser.add_argument("--bytes", type=int, default=8, help="bytes per rank's block")
     parser.add_argument("--iters", type=int, default=20000)
     args = parser.parse_args()
@@ -161,7 +173,8 @@ def main() -> None:
               "us per call; stages from cProfile (rank 0) scaled to the unprofiled time")
     rows: List[Tuple[str, float, float, Dict[str, float]]] = []
     for coll in args.colls.split(","):
-        for kind, rotate in (("repeat", 1), ("new", ROTATE)):
+        kinds = (("repeat", 1), ("new", ROTATE)) if coll in ROTATING else (("", 1),)
+        for kind, rotate in kinds:
             py, mp = call_of(coll, team, args.bytes, rotate)
             for _ in range(2000):  # warm up: the task pool, the segment, MPI
                 py()
@@ -169,7 +182,7 @@ def main() -> None:
             t_py = timed(py, args.iters, comm)
             t_mpi = timed(mp, args.iters, comm)
             stages = breakdown(py, args.iters // 4, comm)
-            rows.append((f"{coll} {kind}", t_py, t_mpi, stages))
+            rows.append((f"{coll} {kind}".strip(), t_py, t_mpi, stages))
     if rank == 0:
         print(f"{'collective':<16} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
         for name, t_py, t_mpi, stages in rows:

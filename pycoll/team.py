@@ -305,7 +305,8 @@ class Team:
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
     entry = self.recent.get(({name!r}, {first}))
-    if entry is not None and {same}tag is None and algorithm is None and timeout is None and not options:
+    if (entry is not None and {same}tag is None and algorithm is None and timeout == entry.timeout
+            and not options):
         req = entry.again(priority)  # the same call as the last: a start of its persistent form
         if req is not None:
             return req
@@ -313,10 +314,11 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
     if algorithm is not None and algorithm == "push_pull":
         return self.ps.allreduce(call, priority, tag, timeout)
     req = self.planner.post(call, priority, tag, algorithm, timeout, options)
-    if tag is None and algorithm is None and timeout is None and not options:
+    if tag is None and algorithm is None and not options:
         recent = self.recent
         if recent.admits(({name!r}, {first}), ({tuple})):
-            recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call)
+            recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call, timeout,
+                       timeout=timeout)
     return req
 """
 _INIT = """

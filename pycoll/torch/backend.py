@@ -73,17 +73,42 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy().reshape(-1)
 
 
+class Views:
+    """The numpy views of the tensors a group's synchronous calls take, kept (the last
+    ``limit``) so that a call repeated on the same tensor passes the team the same array: the
+    team then recognises the repeat and runs it as a persistent collective (its express lane). A
+    view is made again when the tensor's memory, dtype or size changed (``resize_``, ``set_``)."""
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._views: Dict[int, tuple] = {}
+
+    def of(self, t: torch.Tensor) -> np.ndarray:
+        """A flat numpy view of contiguous CPU tensor ``t`` (the same one as last time, if it
+        still describes ``t``'s memory)."""
+        entry = self._views.get(id(t))
+        ptr = t.data_ptr()
+        if entry is not None and entry[0] is t and entry[1] == ptr and entry[2] is t.dtype \
+                and entry[3] == t.numel():
+            return entry[4]
+        arr = as_numpy(t)
+        if entry is None and len(self._views) >= self.limit:
+            del self._views[next(iter(self._views))]
+        self._views[id(t)] = (t, ptr, t.dtype, t.numel(), arr)
+        return arr
+
+
 class Staged:
-    """A tensor as a contiguous numpy buffer: its own memory when it is contiguous, else a
-    contiguous copy that ``finish()`` writes back (for outputs)."""
+    """A tensor as a contiguous numpy buffer: its own memory when it is contiguous (its view from
+    ``views`` when given), else a contiguous copy that ``finish()`` writes back (for outputs)."""
 
     __slots__ = ("tensor", "work", "arr", "copied")
 
-    def __init__(self, tensor: torch.Tensor, output: bool = True) -> None:
+    def __init__(self, tensor: torch.Tensor, output: bool = True, views: Optional[Views] = None) -> None:
         self.tensor = tensor
         self.copied = not tensor.is_contiguous() and output
         self.work = tensor.contiguous()
-        self.arr = as_numpy(self.work)
+        self.arr = views.of(tensor) if views is not None and self.work is tensor else as_numpy(self.work)
 
     def finish(self) -> None:
         if self.copied:
@@ -188,6 +213,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._group_desc = ""
         self._coalescing: Optional[List[PycollWork]] = None
         self._closed = False
+        #: Views of the tensors of repeated allreduces and broadcasts (see :class:`Views`).
+        self.views = Views()
         #: With summation servers (``pycoll run --servers K``): the workers' MPI team whose
         #: push_pull uses them (None: push_pull uses this group's colocated services only).
         self.ps_team: Optional[Team] = None
@@ -254,7 +281,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
         op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = self._timeout(opts)
-        staged = [Staged(x) for x in tensors]
+        staged = [Staged(x, views=self.views) for x in tensors]
         reqs = [self._start("allreduce", s.arr, None, op, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
@@ -326,7 +353,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
         root = opts.rootRank
         t = self._timeout(opts)
-        staged = [Staged(x) for x in tensors]
+        staged = [Staged(x, views=self.views) for x in tensors]
         reqs = [self._start("bcast", s.arr, root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 

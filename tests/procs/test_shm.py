@@ -34,6 +34,7 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
                                        algorithm="shm", timeout=timeout)
         team.barrier().wait()
         if rank == size - 1:
+            team.shared.polls, team.shared.yield_every = 1, 0  # never wait for the peers: go on at once
             req = post()  # posted, its first chunk in the segment: then the rank exits
             req.test()
             os._exit(3)
@@ -59,32 +60,47 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
         assert f"RANK {r} LATER ERROR" in outs[r], outs[r]
 
 
-def test_killed_rank_gives_errors_and_leaves_nothing_behind(store_ranks):
+@pytest.mark.parametrize("coll", ["allreduce", "gather", "scatter", "alltoall"])
+def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, store_ranks):
+    """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written):
+    the survivors raise (the dead peer named, or a timeout), nothing is left in /dev/shm."""
     script = textwrap.dedent("""
         import os, signal, sys, time
         import numpy as np
         import pycoll
         from pycoll import Team
         from pycoll.store import TCPStore
-        rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+        rank, size, port, coll = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
         assert team.shared is not None
         for _ in range(3):
             team.allreduce(np.ones(1000)).wait()
-        big = np.ones(16 << 20, np.float32)
+        m = 4 << 20  # elements per block: several chunks
+        def post(timeout=None):
+            if coll == "allreduce":
+                return team.allreduce(np.ones(4 * m, np.float32), timeout=timeout)
+            if coll == "gather":
+                return team.gather(np.ones(m, np.float32), np.zeros(size * m, np.float32), root=0,
+                                   algorithm="shm", timeout=timeout)
+            if coll == "scatter":
+                return team.scatter(np.ones(size * m, np.float32), np.zeros(m, np.float32), root=0,
+                                    algorithm="shm", timeout=timeout)
+            return team.alltoall(np.ones(size * m, np.float32), np.zeros(size * m, np.float32),
+                                 algorithm="shm", timeout=timeout)
         if rank == size - 1:
-            req = team.allreduce(big)  # posted, partly done: then the rank dies
+            team.shared.polls, team.shared.yield_every = 1, 0  # never wait for the peers: go on at once
+            req = post()  # posted, partly done: then the rank dies
             req.test()
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            team.allreduce(big, timeout=20).wait()
+            post(timeout=20).wait()
             print(f"RANK {rank} NO ERROR", flush=True)
         except pycoll.PycollError as exc:
             print(f"RANK {rank} ERROR {type(exc).__name__}: {exc}", flush=True)
     """)
     before = shm_entries()
     size = 3
-    codes, outs = store_ranks(script, size, timeout=60)
+    codes, outs = store_ranks(script, size, coll, timeout=60)
     assert codes[-1] == -signal.SIGKILL
     for r in range(size - 1):
         assert f"RANK {r} ERROR" in outs[r], outs[r]

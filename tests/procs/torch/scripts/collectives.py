@@ -339,6 +339,40 @@ def test_vanished_peer(r, n):
     os._exit(0)  # no clean shutdown with a dead peer
 
 
+def test_repeated(r, n):
+    """Synchronous calls repeated on the same tensor: the group passes the team the same view, so
+    the team runs them as a persistent collective; a tensor re-pointed in place (``set_``) gets a
+    new view (and a new call), never the old memory."""
+    from pycoll.torch.backend import ProcessGroupPycoll
+
+    pg = dist.distributed_c10d._get_default_group()
+    assert isinstance(pg, ProcessGroupPycoll)
+    t = torch.zeros(4)
+    for i in range(50):
+        t.fill_(r + i)
+        dist.all_reduce(t)
+        check(t, torch.full((4,), float(sum(q + i for q in range(n)))), f"repeated all_reduce {i}")
+        t.fill_(i if r == 0 else -1)
+        dist.broadcast(t, 0)
+        check(t, torch.full((4,), float(i)), f"repeated broadcast {i}")
+    arr = pg.views.of(t)
+    entry = pg.team.recent.get(("allreduce", id(arr)))
+    assert entry is not None and entry.persistent is not None, "the repeats ran as a persistent collective"
+    other = torch.empty(64)
+    t.set_(other)  # another storage and size, in place (resize_ is refused once numpy viewed it)
+    t.fill_(2.0)
+    dist.all_reduce(t)
+    check(other, torch.full((64,), 2.0 * n), "all_reduce after set_")
+    for _ in range(3):
+        dist.all_reduce(t)  # repeats of the new memory
+    check(other, torch.full((64,), 2.0 * n ** 4), "repeats after set_")
+    same_size = torch.empty(64)
+    t.set_(same_size)  # another storage of the same size: only the address tells
+    t.fill_(1.0)
+    dist.all_reduce(t)
+    check(same_size, torch.full((64,), float(n)), "all_reduce after set_ to the same size")
+
+
 def main(mode):
     if mode == "vanish":
         dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
@@ -350,6 +384,7 @@ def main(mode):
     if mode in ("all", "reduce"):
         test_allreduce(r, n, gloo)
         test_async_future(r, n)
+        test_repeated(r, n)
     if mode in ("all", "move"):
         test_coalesced(r, n, gloo)
         test_data_movement(r, n, gloo)
