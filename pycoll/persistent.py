@@ -18,7 +18,7 @@ import numpy as np
 
 from pycoll.calls import Call
 from pycoll.engine.request import Request
-from pycoll.tasks.task import COMPLETED, Task
+from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.planner import Planner
@@ -150,16 +150,12 @@ class Repeated:
         p.priority = priority
         return p.start()
 
-    def same(self, args: tuple, dtypes: tuple) -> bool:
-        """Whether ``args`` (with these dtypes) are this call's."""
-        return (len(self.args) == len(args) and all(a is b for a, b in zip(self.args, args))
-                and self.dtypes == dtypes)
-
     def free(self) -> None:
-        """Release the persistent collective (the entry is replaced or forgotten, or the team closes)."""
-        if self.persistent is not None:
-            self.persistent.free()
-            self.persistent = None
+        """Release the persistent collective (the entry is replaced or forgotten, or the team
+        closes); one still running is only let go (its request finishes it)."""
+        p, self.persistent = self.persistent, None
+        if p is not None and (p.task is None or p.task.state is not IN_PROGRESS):
+            p.free()
 
 
 def persistent_of(planner: Planner, call: Call, timeout: Optional[float]) -> Persistent:

@@ -273,3 +273,23 @@ def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
         b[:] = r + 1
     pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
     assert all(b.dtype == np.int32 and (b == 3).all() for b in bufs), bufs
+
+
+def test_a_remembered_call_replaced_while_its_run_is_in_flight_still_finishes():
+    n = 2
+    teams = pycoll.local_teams(n)
+    x = [np.full(4, r + 1.0) for r in range(n)]
+    y = [np.zeros(4) for _ in range(n)]
+    z = [np.zeros(4) for _ in range(n)]
+    for _ in range(3):  # remembered, then run as its persistent form
+        pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
+    entry = teams[0].recent[("allreduce", id(x[0]))]
+    task = entry.persistent.task
+    running = teams[0].allreduce(x[0], y[0])  # waits for rank 1, which has not called yet
+    assert running.task is task and task.state is pycoll.tasks.task.IN_PROGRESS
+    other = teams[0].allreduce(x[0], z[0])  # the same first buffer: replaces the entry
+    assert teams[0].recent[("allreduce", id(x[0]))] is not entry and entry.persistent is None
+    assert task.state is pycoll.tasks.task.IN_PROGRESS
+    late = [teams[1].allreduce(x[1], y[1]), teams[1].allreduce(x[1], z[1])]
+    pycoll.wait_all([running, other] + late)
+    assert all((b == 3.0).all() for b in y) and all((c == 3.0).all() for c in z)
