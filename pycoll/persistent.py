@@ -147,6 +147,8 @@ class Repeated:
             req = p.planner.express(task, p)  # (the engine is idle: priority orders nothing)
             if req is not None:
                 return req
+            if task.state is not COMPLETED:  # another thread started it meanwhile: a new call
+                return None
         p.priority = priority
         return p.start()
 

@@ -366,6 +366,11 @@ def test_repeated(r, n):
     for _ in range(3):
         dist.all_reduce(t)  # repeats of the new memory
     check(other, torch.full((64,), 2.0 * n ** 4), "repeats after set_")
+    t.fill_(1.0)
+    works = [dist.all_reduce(t, async_op=True) for _ in range(3)]  # repeats in flight together
+    for w in works:
+        w.wait()
+    check(t, torch.full((64,), float(n ** 3)), "repeats in flight")
     same_size = torch.empty(64)
     t.set_(same_size)  # another storage of the same size: only the address tells
     t.fill_(1.0)
