@@ -78,22 +78,28 @@ def mixed(team: Team) -> None:
     assert team.ctx.stats["credit_waits"] > 0  # the credit did hold some back
 
 
+def times_out(post, within: str) -> None:
+    """``post()`` starts a segment collective rank 1 never calls: its wait fails with
+    TimeoutError naming the shm wait, well before 10 s."""
+    t0 = time.monotonic()
+    req = post()  # started at once (short path or express lane), then it waits
+    try:
+        req.wait()
+    except pycoll.TimeoutError as exc:
+        took = time.monotonic() - t0
+        assert took < 10, took
+        assert f"did not finish within {within}" in str(exc) and "shm" in str(exc), str(exc)
+        print(f"timed out after {took:.2f} s: {exc}", flush=True)
+    else:
+        raise AssertionError("the collective whose peer never called did not time out")
+
+
 def timeout(team: Team) -> None:
     x = np.ones(2, np.float32)
     team.allreduce(x).wait()
     assert team.planner.selected("allreduce", 8) == "shm"
     if team.rank == 0:
-        t0 = time.monotonic()
-        req = team.allreduce(x, timeout=0.5)  # rank 1 never calls: started at once, then waits
-        try:
-            req.wait()
-        except pycoll.TimeoutError as exc:
-            took = time.monotonic() - t0
-            assert took < 10, took
-            assert "did not finish within 0.5 s" in str(exc) and "shm" in str(exc), str(exc)
-            print(f"timed out after {took:.2f} s: {exc}", flush=True)
-        else:
-            raise AssertionError("the allreduce whose peer never called did not time out")
+        times_out(lambda: team.allreduce(x, timeout=0.5), "0.5 s")
     MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
 
 
@@ -168,17 +174,7 @@ def repeat_timeout(team: Team) -> None:
         team.allreduce(x, y).wait()
     assert team.planner.recent[("allreduce", id(x))].persistent is not None
     if team.rank == 0:
-        t0 = time.monotonic()
-        req = team.allreduce(x, y)  # rank 1 never calls: the express lane starts it, then it waits
-        try:
-            req.wait()
-        except pycoll.TimeoutError as exc:
-            took = time.monotonic() - t0
-            assert took < 10, took
-            assert "did not finish within 1 s" in str(exc) and "shm" in str(exc), str(exc)
-            print(f"timed out after {took:.2f} s: {exc}", flush=True)
-        else:
-            raise AssertionError("the repeated allreduce whose peer never called did not time out")
+        times_out(lambda: team.allreduce(x, y), "1 s")  # a repeat: the engine's express lane
     MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
 
 
