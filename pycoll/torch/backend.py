@@ -164,7 +164,9 @@ class PycollWork(dist.Work):
     def is_completed(self) -> bool:
         if not self.watch.called:
             self._pg.progress.drive(self.watch)
-        return self.watch.called
+        # (the future is set inside the watch's callback, before the watch counts it as returned:
+        # a caller that saw the future done must see the work completed too)
+        return self.watch.called or self._future.done()
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
