@@ -168,7 +168,7 @@ class StepTask(Task):
         args.src = src
         args.dst = dst
         args.channel.rekey(key)
-        if self._deps or self.state is not COMPLETED:
+        if self.n_deps or self.state is not COMPLETED:
             self.reset()
             return
         # the reset of a completed task without dependencies, inlined: this is the hot path
@@ -355,7 +355,7 @@ class SegmentTask(Task):
         args.src = src  # no messages: the key is not needed
         args.dst = dst
         self.ticket = self.seg.ticket()
-        if self._deps or self.state is not COMPLETED:
+        if self.n_deps or self.state is not COMPLETED:
             self.reset()
             return
         self.state = NOT_READY  # the reset of a completed task, inlined: this is the hot path

@@ -29,7 +29,6 @@ on the flag it waits for, set and woken by the peer), the back-off sleeps that w
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from pycoll import config
 from pycoll import trace as _trace
+from pycoll.engine.ready import ReadyQueue
 from pycoll.engine.request import Request
 from pycoll.errors import TimeoutError
 from pycoll.events.manager import Event
@@ -129,9 +129,8 @@ class Context:
         self.in_flight = 0  # bytes of credit held by tasks in progress
         # Ready tasks, as heaps of (priority, seq, task): those that take credit, and those that do
         # not (schedules, local work), which never wait behind a task the credit holds back.
-        self._ready: list = []
-        self._free: list = []
-        self._seq = itertools.count()
+        self._ready = ReadyQueue()  # tasks that take credit
+        self._free = ReadyQueue()  # tasks that take none
         self._active: List[Task] = []  # polled tasks in progress
         self._deadlines: list = []  # heap of (deadline, seq, task)
         self._transports: List[Any] = []
@@ -180,7 +179,7 @@ class Context:
                 task.activate(self)  # queued behind other work, waiting for dependencies or credit
                 self.start_ready()
             elif (self.on_start is None and not self._demand_of
-                    and (task.subscriptions is None or not task.subscriptions[_STARTED])
+                    and not task.listened >> _STARTED & 1
                     and not (self.partition_bytes and task.nbytes > self.partition_bytes)):
                 # The short path: nothing queued ahead of it, the credit fits, nobody traces, no
                 # one listens to its start and it is not split: start it here and now.
@@ -214,7 +213,7 @@ class Context:
         when the task finished, False when it started (or failed) and the engine has it now.
         The caller holds :attr:`lock`."""
         if (self._ready or self._free or self._active or self._demand_of or self.on_start is not None
-                or task.credit or task.subscriptions is not None):
+                or task.credit or task.listened):
             return None
         done = task.express()  # type: ignore[attr-defined]
         if done is None:
@@ -234,8 +233,7 @@ class Context:
         dependency handlers and :meth:`Task.activate`; it starts when priority and credit allow, on
         this pass or a later one)."""
         task.t_ready = _monotonic() if self.on_start is not None else 0.0
-        _heappush(self._ready if task.credit else self._free,
-                  (task.effective_priority, next(self._seq), task))
+        (self._ready if task.credit else self._free).push(task, task.effective_priority)
 
     def release_credit(self, task: Task) -> None:
         """Give back the credit ``task`` holds (called by the task when it completes, fails or is
@@ -290,7 +288,7 @@ class Context:
         self._still_since = 0.0
         ready = self._ready
         while ready:
-            task = _heappop(ready)[2]
+            task = ready.pop()
             if task.state is NOT_READY:
                 self.stats["stall_starts"] += 1
                 self._start(task, task.credit)
@@ -351,7 +349,7 @@ class Context:
         free = self._free
         started = 0
         while free:
-            task = _heappop(free)[2]
+            task = free.pop()
             if task.state is NOT_READY:
                 started += 1
                 self._start(task, 0)
@@ -362,9 +360,9 @@ class Context:
         started = 0
         limit = self.credit_bytes
         while ready:
-            task = ready[0][2]
+            task = ready.head()
             if task.state is not NOT_READY:  # canceled while queued
-                _heappop(ready)
+                ready.pop()
                 continue
             need = task.credit
             # a task that will be split starts at once: its fragments queue for credit themselves
@@ -374,7 +372,7 @@ class Context:
                 if self._demand_of:
                     started += self._start_demanded()
                 break
-            _heappop(ready)
+            ready.pop()
             started += 1
             self._start(task, need)
         return started
@@ -440,7 +438,7 @@ class Context:
         self.posted += 1
         if self.on_start is not None:
             self.on_start(task)
-        if task.subscriptions is not None and task.subscriptions[_STARTED]:
+        if task.listened >> _STARTED & 1:
             task.notify(_STARTED)
         pb = self.partition_bytes
         if pb and task.nbytes > pb:
@@ -551,7 +549,7 @@ class Context:
 
     def pending(self) -> int:
         """Tasks queued or polled in flight."""
-        return len(self._ready) + len(self._free) + len(self._active)
+        return self._ready.size() + self._free.size() + len(self._active)
 
 
 _default: Optional[Context] = None

@@ -92,10 +92,7 @@ class PipelinedSchedule(Schedule):
             if self.order is not PipelineOrder.PARALLEL and self.tasks:
                 if len(_units(slot)) != len(_units(self.tasks[0])):
                     raise ValueError("ORDERED/SEQUENTIAL pipelines need fragments with the same tasks")
-            slot.parent = self
-            slot.subscribe(Event.COMPLETED, self, PipelinedSchedule._fragment_done)
-            slot.subscribe(Event.ERROR, self, child_failed)
-            slot.subscribe(Event.CANCELED, self, child_failed)
+            slot.parent = self  # it reports its end through child_finished
             self.tasks.append(slot)
 
     def post(self) -> None:
@@ -135,13 +132,17 @@ class PipelinedSchedule(Schedule):
         slot.effective_priority = self.effective_priority if slot.priority is None else slot.priority
         slot.activate(self.ctx)
 
-    def _fragment_done(self, slot: Task, data: Any) -> None:
-        """Handler (subscribed by ``_make_slots``): a fragment completed; launch the next in its slot."""
+    def child_finished(self, slot: Task) -> None:
+        """A slot finished (through its ``parent`` link): a completed fragment launches the next in
+        its slot; a failed one fails the pipeline."""
+        if slot.state is not COMPLETED:
+            child_failed(self, slot, None)
+            return
         if self.state is not IN_PROGRESS:
             return
         self._frags_done += 1
         frag = self._slot_frag[slot]
-        if self.subscriptions is not None and self.subscriptions[_FRAGMENT_COMPLETED]:
+        if self.listened >> _FRAGMENT_COMPLETED & 1:
             self.notify(_FRAGMENT_COMPLETED, frag)
         if self._frags_done == self.n_fragments:
             self.complete()

@@ -25,7 +25,7 @@ import enum
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence, Union
 
 from pycoll.buffers import as_bytes
-from pycoll.events.manager import N_EVENTS, Event, EventManager
+from pycoll.events.manager import N_EVENTS, Event, EventManager, event_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.engine.context import Context
@@ -52,6 +52,11 @@ _STARTED = Event.STARTED
 _COMPLETED = Event.COMPLETED
 _ERROR = Event.ERROR
 _CANCELED = Event.CANCELED
+_COMPLETED_BIT = 1 << _COMPLETED
+#: What a dependant listens to, in one subscription: the dependency's start or completion, and its
+#: failure or cancelation.
+_AFTER_COMPLETED = event_mask(_COMPLETED, _ERROR, _CANCELED)
+_AFTER_STARTED = event_mask(_STARTED, _ERROR, _CANCELED)
 
 
 # Default handlers: what a task does when a task it subscribed to publishes an event.
@@ -107,6 +112,8 @@ class Task(EventManager):
     * ``ctx``: the :class:`~pycoll.engine.context.Context` that activated it;
     * ``held_credit``: bytes of credit it holds now (taken when it starts, given back when it ends);
     * ``parent``: the schedule it was added to (set by :meth:`Schedule.add <pycoll.tasks.Schedule.add>`);
+      a task that finishes calls ``parent.child_finished(self)`` after notifying its listeners;
+    * ``n_deps``: how many dependencies it has (``depends_on`` calls);
     * ``parts``: the schedule of its fragments when the engine partitioned it;
     * ``t_ready``: when it was queued (``time.monotonic()``; only while a context traces, else 0);
       the context's ``on_start`` hook may consume it (set it to 0);
@@ -114,7 +121,7 @@ class Task(EventManager):
     """
 
     __slots__ = ("name", "priority", "nbytes", "credit", "timeout", "state", "error", "result",
-                 "pending", "_deps", "ctx", "effective_priority", "held_credit", "parent", "parts",
+                 "pending", "_deps", "n_deps", "ctx", "effective_priority", "held_credit", "parent", "parts",
                  "t_ready", "t_start", "__dict__")
 
     #: What the task does when a task it subscribed to (without a handler) publishes an event, by
@@ -141,7 +148,10 @@ class Task(EventManager):
         self.error: Optional[BaseException] = None
         self.result: Any = None
         self.pending = 1  # unfinished dependencies + 1 until the task is activated
-        self._deps: Optional[list] = None
+        # the tasks it depends on: None, the one task, or a list of them (most tasks have at most
+        # one: no list to allocate and for the garbage collector to walk)
+        self._deps: Union[None, Task, List[Task]] = None
+        self.n_deps = 0
         self.ctx: Optional[Context] = None
         self.effective_priority = 0
         self.held_credit = 0
@@ -185,22 +195,31 @@ class Task(EventManager):
         """
         if self.state is not NOT_READY:
             raise RuntimeError(f"{self!r}: dependencies can only be added before the task starts")
-        if event is not Event.COMPLETED and event is not Event.STARTED:
+        if event is _COMPLETED:
+            events = _AFTER_COMPLETED
+            satisfied = task.state is COMPLETED
+        elif event is _STARTED:
+            events = _AFTER_STARTED
+            satisfied = task.state is not NOT_READY
+        else:
             raise ValueError(f"a dependency waits for COMPLETED or STARTED, not {Event(event).name}")
-        if self._deps is None:
-            self._deps = []
-        self._deps.append((task, event))
-        self.pending += 1
-        task.subscribe(event, self)
-        task.subscribe(_ERROR, self)
-        task.subscribe(_CANCELED, self)
-        if task.state is COMPLETED or (event is _STARTED and task.state is not NOT_READY):
-            self.pending -= 1  # already satisfied
+        deps = self._deps
+        if deps is None:
+            self._deps = task
+        elif isinstance(deps, list):
+            deps.append(task)
+        else:
+            self._deps = [deps, task]
+        self.n_deps += 1
+        if not satisfied:
+            self.pending += 1
+        task.subscribe_mask(events, self)
 
     @property
     def dependencies(self) -> List[Task]:
         """The tasks this one waits for."""
-        return [t for t, _ in self._deps] if self._deps else []
+        deps = self._deps
+        return [] if deps is None else list(deps) if isinstance(deps, list) else [deps]
 
     # ----------------------------------------------------------------------------- state changes
     @property
@@ -219,8 +238,10 @@ class Task(EventManager):
             self.result = result
         if self.held_credit:
             self.ctx.release_credit(self)
-        if self.subscriptions is not None:  # (most tasks submitted alone have no listener)
+        if self.listened & _COMPLETED_BIT:  # (most tasks submitted alone have no listener)
             self.notify(_COMPLETED)
+        if self.parent is not None:
+            self.parent.child_finished(self)
 
     def fail(self, error: BaseException) -> None:
         """Put the task in ERROR with ``error`` and notify listeners (dependants are canceled,
@@ -235,6 +256,8 @@ class Task(EventManager):
         if self.held_credit:
             self.ctx.release_credit(self)
         self.notify(_ERROR)
+        if self.parent is not None:
+            self.parent.child_finished(self)
 
     def cancel(self, cause: Optional[BaseException] = None) -> bool:
         """Cancel the task if it has not finished; returns whether it was canceled."""
@@ -249,6 +272,8 @@ class Task(EventManager):
         if self.held_credit:
             self.ctx.release_credit(self)
         self.notify(_CANCELED)
+        if self.parent is not None:
+            self.parent.child_finished(self)
         return True
 
     def _stop(self) -> None:
@@ -269,7 +294,7 @@ class Task(EventManager):
         self.result = None
         self.held_credit = 0
         self.parts = None
-        self.pending = 1 + (len(self._deps) if self._deps else 0)
+        self.pending = 1 + self.n_deps
 
     # ----------------------------------------------------------------------------- engine side
     def activate(self, ctx: Context) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pycoll.events import Event, EventManager
+from pycoll.events import Event, EventManager, event_mask
 
 
 class Listener:
@@ -114,3 +114,48 @@ def test_unsubscribe_by_listener_and_handler():
     assert em.unsubscribe(Event.COMPLETED, "x")
     assert em.listeners(Event.COMPLETED) == []
     assert not em.unsubscribe(Event.ERROR, "x")
+
+
+def test_one_subscription_for_several_events():
+    em, log = EventManager(), []
+    mask = event_mask(Event.COMPLETED, Event.ERROR)
+    sub = em.subscribe_mask(mask, None, lambda lis, src, data: log.append(data))
+    em.notify(Event.COMPLETED, "c")
+    em.notify(Event.CANCELED, "x")  # not covered
+    em.notify(Event.ERROR, "e")
+    assert log == ["c", "e"]
+    assert em.unsubscribe(Event.COMPLETED, sub)  # only that event
+    assert sub.active and em.listeners(Event.COMPLETED) == [] and em.listeners(Event.ERROR) == [None]
+    em.notify(Event.COMPLETED, "c2")
+    em.notify(Event.ERROR, "e2")
+    assert log == ["c", "e", "e2"]
+    assert em.unsubscribe(Event.ERROR, sub)
+    assert not sub.active and em.subscriptions == [] and em.listened == 0
+
+
+def test_one_two_and_back_to_one_subscription_keep_order():
+    em, log = EventManager(), []
+    a = em.subscribe(Event.COMPLETED, None, lambda *args: log.append("a"))
+    first = em.subscribe_first(Event.COMPLETED, None, lambda *args: log.append("first"))
+    em.subscribe(Event.COMPLETED, None, lambda *args: log.append("b"))
+    em.notify(Event.COMPLETED)
+    assert log == ["first", "a", "b"]
+    assert em.unsubscribe(Event.COMPLETED, first) and em.unsubscribe(Event.COMPLETED, a)
+    assert len(em.subscriptions) == 1
+    log.clear()
+    em.notify(Event.COMPLETED)
+    assert log == ["b"]
+
+
+def test_unsubscribed_during_delivery_of_one_of_its_events():
+    em, log = EventManager(), []
+    victim = Listener(log, "victim")
+
+    def killer(lis, src, data):
+        em.unsubscribe(Event.ERROR, victim)
+
+    em.subscribe(Event.ERROR, None, killer)
+    em.subscribe_mask(event_mask(Event.ERROR, Event.COMPLETED), victim)
+    em.notify(Event.ERROR, 1)
+    em.notify(Event.COMPLETED, 2)
+    assert log == [("victim", 2)]

@@ -254,3 +254,17 @@ def test_copy_task_and_errors():
         CopyTask(np.zeros(20)[::2], src)
     with pytest.raises(ValueError, match="read-only"):
         CopyTask(src.view().setflags(write=False) or np.frombuffer(b"x" * 80), src)
+
+
+def test_a_task_tells_its_schedule_after_its_listeners():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    sched = Schedule(name="s")
+    a = sched.add(Task("a"))
+    b = sched.add(Task("b"), after=a)
+    log = []
+    a.subscribe(Event.COMPLETED, None, lambda lis, src, data: log.append(("a done", sched.state.name)))
+    sched.subscribe(Event.COMPLETED, None, lambda lis, src, data: log.append(("sched done", b.state.name)))
+    ctx.submit(sched).wait()
+    assert log == [("a done", "IN_PROGRESS"), ("sched done", "COMPLETED")]
+    assert a.dependencies == [] and b.dependencies == [a] and b.n_deps == 1
+    assert a.listeners(Event.COMPLETED) == [b, None]  # the schedule is not a subscriber
