@@ -36,6 +36,7 @@ int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
+uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
 int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls);
 int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);

@@ -31,7 +31,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 3
+#define PC_SHM_VERSION 4
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -139,6 +139,7 @@ typedef struct {
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
+uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls); /* 1 done, 0 waiting, <0 error */
 /* Start c (bound to its buffers) at generation *next_gen and progress it, in one call: the express
  * lane of a collective run again on the same buffers. As progress; when done, *next_gen is the

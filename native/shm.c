@@ -38,6 +38,8 @@
 #define PAGE 4096ULL
 /* the smallest chunk of a pipelined bcast (see geometry) */
 #define PC_PIPE_MIN (32ULL << 10)
+/* the chunks of one-writer collectives rotate through this many areas of each slot (see area()) */
+#define PC_AREAS 4
 _Static_assert(sizeof(pc_shm_ctrl_t) == PC_CTRL_BYTES, "a control block is PC_CTRL_BYTES");
 _Static_assert(offsetof(pc_shm_ctrl_t, reduced) == PC_LINE, "arrive and inline data fill one line");
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -243,6 +245,33 @@ static uint64_t header_bytes(const pc_shm_coll_t *c) {
                ? round_up((uint64_t)c->nranks * sizeof(uint64_t), PC_LINE) : 0;
 }
 
+/* Bcast, gather, scatter and alltoall move each chunk from writers to readers in one copy each
+ * way: if a writer reused the same addresses every other generation it would take back, line by
+ * line, what the readers just read (measured on 2 ranks: a 64 KiB bcast 7.7 us, 4.9 us once its
+ * chunks rotate through four areas of the slot). Their chunks fill a quarter of a slot and rotate
+ * through the quarters (generation gen uses area (gen / 2) % PC_AREAS, so an area is reused only
+ * after every rank has read it: the readers of gen - 2 are done before a writer starts gen).
+ * Slots too small for a piece of every block in a quarter do not rotate. The bytes of an area. */
+static uint64_t area_bytes(const pc_shm_coll_t *c, size_t es) {
+    const pc_shm_header_t *h = c->base;
+    int one_writer = c->coll == PC_COLL_BCAST || c->coll == PC_COLL_GATHER || c->coll == PC_COLL_SCATTER ||
+                     c->coll == PC_COLL_ALLTOALL;
+    uint64_t area = h->slot_bytes / PC_AREAS, hdr = header_bytes(c);
+    if (!one_writer || area < hdr + es) return h->slot_bytes;
+    if ((c->coll == PC_COLL_SCATTER || c->coll == PC_COLL_ALLTOALL) && !rs_per(area - hdr, c->nranks, es))
+        return h->slot_bytes;
+    return area;
+}
+
+/* Where generation gen's area starts in each slot (0 for collectives that do not rotate). */
+uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen) {
+    const pc_shm_header_t *h = c->base;
+    size_t es = pycoll_dtype_size(c->dtype);
+    if (!es) return 0;
+    uint64_t area = area_bytes(c, es);
+    return area == h->slot_bytes ? 0 : ((gen >> 1) % PC_AREAS) * area;
+}
+
 /* How collective c is cut into chunks: *per elements of each block (or of the buffer) per chunk,
  * and *need chunks for what this rank knows of the blocks (agreed collectives: at least one).
  * Checks the layouts against the buffers. */
@@ -250,7 +279,7 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
     const pc_shm_header_t *h = c->base;
     uint64_t hdr = header_bytes(c);
     if (!es || h->slot_bytes < hdr + es) return PC_EINVAL;
-    uint64_t room = h->slot_bytes - hdr, n = c->count;
+    uint64_t room = area_bytes(c, es) - hdr, n = c->count;
     int me_root = (int)c->rank == c->root;
     int rc = PC_OK;
     *per = room / es;
@@ -436,12 +465,14 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     if (c->chunk == 0 && inline_ok(c, es)) return inline_small(c, es, max_polls);
     uint64_t hdr = header_bytes(c);
     uint64_t gen0 = c->gen - c->chunk; /* the collective's first generation */
+    uint64_t area = area_bytes(c, es);
     const void *ins[PC_SHM_MAX_RANKS];
     while (c->chunk < c->nchunks) {
         uint64_t off = c->chunk * per;
         uint64_t m = blocks(c->coll) ? 0 : c->count - off < per ? c->count - off : per;
         uint64_t parity = c->gen & 1;
-        char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes;
+        char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes +
+                      (area == h->slot_bytes ? 0 : ((c->gen >> 1) % PC_AREAS) * area);
         char *mine = slots + (uint64_t)c->rank * h->slot_bytes;
         char *result = base + h->result_off + parity * h->slot_bytes;
         if (c->coll == PC_COLL_REDUCE && c->nranks <= PC_REDUCE_AT_ROOT) {

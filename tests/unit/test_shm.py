@@ -155,7 +155,7 @@ def test_scatter_and_alltoall_headers_are_checked():
     st0, rc, keep0 = _run(segs[0], COLL_SCATTER, whole, root_out, layout=[0, 4, 4, 4])
     assert rc == 1 and (root_out == whole[:4]).all()
     out = np.full(4, -1, np.int32)
-    slot = np.frombuffer(segs[1].mm, np.uint64, count=2, offset=segs[1].slot_offset(st0.gen - 1, 0))
+    slot = np.frombuffer(segs[1].mm, np.uint64, count=2, offset=segs[1].slot_offset(st0.gen - 1, 0, st0))
     assert list(slot) == [4, 4]
     slot[1] = 5  # the header now says rank 1's block has 5 elements
     st1, rc, keep1 = _run(segs[1], COLL_SCATTER, out, out)

@@ -275,10 +275,13 @@ class ShmSegment:
             raise self.broken
         return bool(rc)
 
-    def slot_offset(self, gen: int, rank: int) -> int:
-        """Where rank ``rank``'s slot of generation ``gen`` starts in the mapping (diagnostics)."""
+    def slot_offset(self, gen: int, rank: int, st: Any = None) -> int:
+        """Where rank ``rank``'s slot of generation ``gen`` starts in the mapping (diagnostics);
+        with the state ``st`` of a collective whose chunks rotate through areas of the slots
+        (bcast, gather, scatter, alltoall), where its chunk of that generation starts."""
         header = self.ffi.cast("pc_shm_header_t *", self.base)
-        return int(header.slots_off) + ((gen & 1) * self.size + rank) * self.slot_bytes
+        area = 0 if st is None else int(self.lib.pycoll_shm_area(st, gen))
+        return int(header.slots_off) + ((gen & 1) * self.size + rank) * self.slot_bytes + area
 
     def close(self) -> None:
         if getattr(self, "mm", None) is not None:
