@@ -38,7 +38,7 @@
 #define PAGE 4096ULL
 /* the smallest chunk of a pipelined bcast (see geometry) */
 #define PC_PIPE_MIN (32ULL << 10)
-/* the chunks of one-writer collectives rotate through this many areas of each slot (see area()) */
+/* the chunks of one-writer collectives rotate through this many places in each slot (area_stride) */
 #define PC_AREAS 4
 _Static_assert(sizeof(pc_shm_ctrl_t) == PC_CTRL_BYTES, "a control block is PC_CTRL_BYTES");
 _Static_assert(offsetof(pc_shm_ctrl_t, reduced) == PC_LINE, "arrive and inline data fill one line");
@@ -248,28 +248,35 @@ static uint64_t header_bytes(const pc_shm_coll_t *c) {
 /* Bcast, gather, scatter and alltoall move each chunk from writers to readers in one copy each
  * way: if a writer reused the same addresses every other generation it would take back, line by
  * line, what the readers just read (measured on 2 ranks: a 64 KiB bcast 7.7 us, 4.9 us once its
- * chunks rotate through four areas of the slot). Their chunks fill a quarter of a slot and rotate
- * through the quarters (generation gen uses area (gen / 2) % PC_AREAS, so an area is reused only
- * after every rank has read it: the readers of gen - 2 are done before a writer starts gen).
- * Slots too small for a piece of every block in a quarter do not rotate. The bytes of an area. */
-static uint64_t area_bytes(const pc_shm_coll_t *c, size_t es) {
+ * chunks rotate through four places in the slot). Generation gen's chunk starts at
+ * ((gen / 2) % PC_AREAS) * stride in each slot. A place may overlap the next one (a writer starts
+ * gen only once every reader of gen - 2 is done, so any place is safe to reuse): the stride is a
+ * little under a quarter of the slot so that a chunk holds a quarter of the slot plus a header
+ * (a power-of-two block and the scatter's sizes fit in one chunk). Returns the stride (0: this
+ * collective does not rotate, or its slots are too small to). */
+static uint64_t area_stride(const pc_shm_coll_t *c, size_t es) {
     const pc_shm_header_t *h = c->base;
-    int one_writer = c->coll == PC_COLL_BCAST || c->coll == PC_COLL_GATHER || c->coll == PC_COLL_SCATTER ||
-                     c->coll == PC_COLL_ALLTOALL;
-    uint64_t area = h->slot_bytes / PC_AREAS, hdr = header_bytes(c);
-    if (!one_writer || area < hdr + es) return h->slot_bytes;
-    if ((c->coll == PC_COLL_SCATTER || c->coll == PC_COLL_ALLTOALL) && !rs_per(area - hdr, c->nranks, es))
-        return h->slot_bytes;
-    return area;
+    if (c->coll != PC_COLL_BCAST && c->coll != PC_COLL_GATHER && c->coll != PC_COLL_SCATTER &&
+        c->coll != PC_COLL_ALLTOALL)
+        return 0;
+    uint64_t stride = h->slot_bytes / PC_AREAS / 16 * 15;
+    stride -= stride % PC_LINE;
+    uint64_t room = h->slot_bytes - (PC_AREAS - 1) * stride, hdr = header_bytes(c);
+    if (!stride || room < hdr + es) return 0;
+    if ((c->coll == PC_COLL_SCATTER || c->coll == PC_COLL_ALLTOALL) && !rs_per(room - hdr, c->nranks, es)) return 0;
+    return stride;
 }
 
-/* Where generation gen's area starts in each slot (0 for collectives that do not rotate). */
-uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen) {
+/* The bytes of a slot a chunk may fill (see area_stride). */
+static uint64_t chunk_room(const pc_shm_coll_t *c, size_t es) {
     const pc_shm_header_t *h = c->base;
+    return h->slot_bytes - (PC_AREAS - 1) * area_stride(c, es);
+}
+
+/* Where generation gen's chunk starts in each slot (0 for collectives that do not rotate). */
+uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen) {
     size_t es = pycoll_dtype_size(c->dtype);
-    if (!es) return 0;
-    uint64_t area = area_bytes(c, es);
-    return area == h->slot_bytes ? 0 : ((gen >> 1) % PC_AREAS) * area;
+    return es ? ((gen >> 1) % PC_AREAS) * area_stride(c, es) : 0;
 }
 
 /* How collective c is cut into chunks: *per elements of each block (or of the buffer) per chunk,
@@ -279,7 +286,7 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
     const pc_shm_header_t *h = c->base;
     uint64_t hdr = header_bytes(c);
     if (!es || h->slot_bytes < hdr + es) return PC_EINVAL;
-    uint64_t room = area_bytes(c, es) - hdr, n = c->count;
+    uint64_t room = chunk_room(c, es) - hdr, n = c->count;
     int me_root = (int)c->rank == c->root;
     int rc = PC_OK;
     *per = room / es;
@@ -465,14 +472,13 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     if (c->chunk == 0 && inline_ok(c, es)) return inline_small(c, es, max_polls);
     uint64_t hdr = header_bytes(c);
     uint64_t gen0 = c->gen - c->chunk; /* the collective's first generation */
-    uint64_t area = area_bytes(c, es);
+    uint64_t stride = area_stride(c, es);
     const void *ins[PC_SHM_MAX_RANKS];
     while (c->chunk < c->nchunks) {
         uint64_t off = c->chunk * per;
         uint64_t m = blocks(c->coll) ? 0 : c->count - off < per ? c->count - off : per;
         uint64_t parity = c->gen & 1;
-        char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes +
-                      (area == h->slot_bytes ? 0 : ((c->gen >> 1) % PC_AREAS) * area);
+        char *slots = base + h->slots_off + parity * c->nranks * h->slot_bytes + ((c->gen >> 1) % PC_AREAS) * stride;
         char *mine = slots + (uint64_t)c->rank * h->slot_bytes;
         char *result = base + h->result_off + parity * h->slot_bytes;
         if (c->coll == PC_COLL_REDUCE && c->nranks <= PC_REDUCE_AT_ROOT) {
