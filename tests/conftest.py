@@ -7,7 +7,9 @@ Markers (registered in pyproject.toml) are applied here, so no test file needs a
   tests/procs/torch -> ``torch`` (skipped, saying why, where torch is not installed);
 * ``procs`` also on every test that takes a launch fixture (``mpirun``, ``torchrun``, ``hosts``,
   ``store_ranks``, ``cli``, ``run_cmd``: tests/launch.py's launchers) wherever it lives, and on the
-  long in-process sweeps listed in ``SLOW``, so that ``-m "not procs"`` is the fast part.
+  long in-process sweeps listed in ``SLOW``, so that ``-m "not procs"`` is the fast part;
+* ``many`` on the launches of many more ranks than cores listed in ``MANY`` (``-m "not many"``
+  skips them locally; CI runs everything).
 
 The task kinds are imported by the tests that use them: ``from tests.conftest import Manual``.
 """
@@ -36,6 +38,13 @@ SLOW = frozenset({
 })
 
 
+#: tests of many more ranks than cores (a minute or more on 2 cores): marked ``many`` as well, so
+#: that ``-m "not many"`` skips them locally; CI runs them.
+MANY = frozenset({
+    "coll/test_matrix.py::test_matrix_many_processes[64]",  # 75-90 s
+})
+
+
 def _slow(rel: str, item: pytest.Item) -> bool:
     """Whether ``item`` (in tests/``rel``) is listed in ``SLOW``, by name or with its parameters."""
     name = getattr(item, "originalname", item.name)
@@ -60,6 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         launches = LAUNCH_FIXTURES & set(getattr(item, "fixturenames", ()))
         if parts[0] != "procs" and (launches or _slow(rel, item)):
             item.add_marker("procs")
+        if f"{rel}::{item.name}" in MANY:
+            item.add_marker("many")
         if parts[:2] == ("procs", "torch"):
             item.add_marker("torch")
             if no_torch:

@@ -11,12 +11,12 @@ from tests.rank import run_rank
 from tests.reference import run_matrix
 
 
-def main(dtypes: str, large: str) -> None:
+def main(dtypes: str, large: str, thin: str = "0") -> None:
     team = Team.from_mpi(MPI.COMM_WORLD)
     t0 = time.monotonic()
     seg = team.shared
     done = run_matrix([team], team.size, seg is not None, int(large), dtypes=dtypes == "1",
-                      cma=seg is not None and seg.cma)
+                      thin=thin == "1", cma=seg is not None and seg.cma)
     if team.rank == 0:
         print(f"{team.size} ranks: {sum(done.values())} cases in {time.monotonic() - t0:.1f} s", flush=True)
 
