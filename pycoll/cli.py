@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import List, Optional
@@ -83,10 +84,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
     """Run the benchmark, launching ranks first unless already under MPI."""
-    from pycoll import perf
+    from pycoll import perf, scaling
     from pycoll.launch import launch, under_mpi
 
     try:  # bad arguments fail here, before any rank starts
+        counts = scaling.rank_counts(str(args.n))
+        if len(counts) > 1:
+            if under_mpi():
+                raise ValueError("-n with several rank counts launches its own ranks: run it without mpiexec")
+            if args.servers:
+                raise ValueError("-n with several rank counts does not start push_pull servers")
+            for n in counts:
+                perf.validate(argparse.Namespace(**{**vars(args), "n": n}))
+            return _perf_sweep(args, argv, counts)
+        args.n = counts[0]
         perf.validate(args)
         mpi = under_mpi()
         if mpi and args.servers is not None and args.servers != config.get("PYCOLL_NUM_SERVERS"):
@@ -100,6 +111,25 @@ def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
         return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout,
                       env={"PYCOLL_NUM_SERVERS": "0"}, servers=args.servers or 0)
     return perf.run(args)  # a server rank serves inside and leaves with SystemExit(0), printing nothing
+
+
+def _perf_sweep(args: argparse.Namespace, argv: List[str], counts: List[int]) -> int:
+    """``pycoll perf ... -n 2,4,8``: one launch per rank count, then the vs_mpi table (and picture)."""
+    from pycoll import scaling
+    from pycoll.launch import launch
+
+    def launch_one(n: int, child_argv: List[str]) -> int:
+        cmd = [sys.executable, "-m", "pycoll.cli", *child_argv]
+        return launch(n, cmd, timeout=args.timeout, env={"PYCOLL_NUM_SERVERS": "0"}, servers=0)
+
+    status, rows = scaling.sweep(argv, counts, launch_one)
+    print(scaling.table(rows, counts), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": {"ranks": counts}, "rows": rows}, f, indent=1)
+    if args.plot:
+        print(f"# plot: {scaling.plot(rows, counts, args.plot)}", flush=True)
+    return status
 
 
 def cmd_trace_merge(args: argparse.Namespace) -> int:
@@ -155,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                "with equal counts):\n" + describe())
     perf.add_argument("coll", nargs="+", choices=(*COLLS, "all"), metavar="COLL",
                       help=f"one or more of: {', '.join(COLLS)}; or all (all but push_pull)")
-    perf.add_argument("-n", type=int, default=2, help="ranks to launch (default 2; push_pull: workers)")
+    perf.add_argument("-n", default="2",
+                      help="ranks to launch (default 2; push_pull: workers); several separated by commas "
+                           "(2,4,8,16): one run each, then a table of vs_mpi by rank count (--plot draws it)")
     perf.add_argument("--servers", type=int, default=None, metavar="K",
                       help="push_pull: also start K summation servers (default 0; under a launch of "
                            "one's own, PYCOLL_NUM_SERVERS=K)")

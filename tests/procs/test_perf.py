@@ -110,3 +110,21 @@ def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
     assert ran == ["auto", "knomial", "scatter_allgather", "shm"], ran
     assert all(r["check"] == "ok" for r in rows)
     assert text.count("# pycoll perf bcast") == 4 and "algorithm hier" not in text
+
+
+def test_several_rank_counts_print_one_scaling_table(tmp_path, cli):
+    out_json, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    rc, out, err = cli("perf", "allreduce", "gather", "-n", "1,3", "--max-bytes", "64", "--iters", "5",
+                       "--check", "--compare", "mpi", "--json", str(out_json), "--plot", str(png),
+                       timeout=180)
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "# pycoll perf: 1 ranks" in out and "# pycoll perf: 3 ranks" in out
+    table = out[out.index("# scaling"):].splitlines()
+    assert table[1].split()[-2:] == ["n=1", "n=3"]
+    gather_64 = next(line.split() for line in table if line.split()[:3] == ["gather", "auto", "64"])
+    assert float(gather_64[3]) > 0 and gather_64[4] == "-"  # 64 B is no gather size on 3 ranks
+    rows = json.loads(out_json.read_text())["rows"]
+    assert {r["ranks"] for r in rows} == {1, 3} and all(r["check"] == "ok" for r in rows if "check" in r)
+    assert png.stat().st_size > 10_000
+    rc, out, err = cli("perf", "allreduce", "-n", "2,x", timeout=30)
+    assert rc == 2 and "rank counts are integers" in err
