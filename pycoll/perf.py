@@ -72,6 +72,7 @@ from pycoll.collectives import COLLECTIVES, FACTORS, Collective
 from pycoll.config import parse_bytes
 from pycoll.dtypes import BFLOAT16, KINDS, as_dtype
 from pycoll.ops import ReduceOp, as_op, check_op, finish_avg
+from pycoll.scaling import rank_counts
 from pycoll.team import Team
 
 #: push_pull is no collective of the table (a team method of its own): perf times it as an allreduce.
@@ -117,9 +118,10 @@ def selected(colls: Sequence[str]) -> List[str]:
 
 def validate(args: Any, size: Optional[int] = None) -> List[str]:
     """Check the arguments of ``pycoll perf`` (ValueError with a clear message) before any rank
-    starts; returns the collectives to run. ``size``: the number of ranks (default ``args.n``)."""
+    starts; returns the collectives to run. ``size``: the number of ranks (default ``args.n``; of
+    several rank counts, ``2,4,8``, the smallest)."""
     colls = selected(args.coll if isinstance(args.coll, (list, tuple)) else [args.coll])
-    n = args.n if size is None else size
+    n = size if size is not None else min(rank_counts(args.n)) if isinstance(args.n, str) else args.n
     specs = [COLLS[c] for c in colls]
     dtype = as_dtype(args.dtype)
     reducing = [c.name for c in COLLS.values() if c.reduces]
