@@ -24,6 +24,32 @@ import pycoll
 from pycoll import config
 
 
+def chosen_by_size(n: int, max_bytes: int = 128 << 20) -> List[str]:
+    """What the selection picks for each collective on ``n`` ranks of one host, from 1 B to
+    ``max_bytes`` in powers of two: one line per collective, runs of sizes with the same choice
+    merged (``allreduce  1 B-128M shm``)."""
+    from pycoll import algorithms
+    from pycoll.algorithms.tuning import human_bytes as human
+
+    lines = []
+    sizes = [1 << k for k in range(max_bytes.bit_length())]
+    for coll in algorithms.ALGORITHMS:
+        runs: List[List] = []  # [first size, last size, algorithm]
+        if coll == "barrier":  # moves no data
+            lines.append(f"{coll:<15} {algorithms.select(coll, n, 0, shared=n > 1, cma=n > 1, default='-')}")
+            continue
+        for nbytes in sizes:
+            name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, default="-")
+            if runs and runs[-1][2] == name:
+                runs[-1][1] = nbytes
+            else:
+                runs.append([nbytes, nbytes, name])
+        parts = [f"{human(lo) if lo > 1 else '1'}-{human(hi)} {name}" if lo != hi else f"{human(lo)} {name}"
+                 for lo, hi, name in runs]
+        lines.append(f"{coll:<15} " + ", ".join(parts))
+    return lines
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the version, the transports, the algorithms and the settings with their values."""
     from pycoll import algorithms
@@ -64,6 +90,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nselection (first match wins; PYCOLL_TUNE rules come first):")
     for rule in algorithms.rules():
         print(f"  {rule}")
+    if args.n is not None:
+        print(f"\nchosen for {args.n} ranks on one host (untagged calls, shared segment and CMA usable; "
+              "bytes as the call counts them: the whole buffer of the block collectives):")
+        for line in chosen_by_size(args.n):
+            print(f"  {line}")
     print("\nsettings (environment variables):")
     for name, value, doc in config.describe():
         print(f"  {name:<24} {value}")
@@ -164,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="version, transports, algorithms and settings")
+    info.add_argument("-n", type=int, default=None, metavar="N",
+                      help="also show what the selection chooses for N ranks on one host, size by size")
     info.set_defaults(func=cmd_info)
 
     run = sub.add_parser("run", help="launch N ranks with the bundled mpiexec")

@@ -62,7 +62,7 @@ class Rule:
 
     def __str__(self) -> str:
         def size(x: float) -> str:
-            return "inf" if x == INF else _human(int(x))
+            return "inf" if x == INF else human_bytes(int(x))
 
         team = "any" if self.team == (1, INF) else f"{int(self.team[0])}-{size(self.team[1])}"
         msg = f"{size(self.msg[0])}-{size(self.msg[1])}"
@@ -71,7 +71,8 @@ class Rule:
                 f"{self.algorithm} ({self.source}{where})")
 
 
-def _human(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """A byte count as the selection table writes it: 4K, 1M, 2G, or plain bytes."""
     for unit, suffix in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
         if n and n % unit == 0:
             return f"{n // unit}{suffix}"

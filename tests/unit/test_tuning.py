@@ -74,3 +74,16 @@ def test_info_prints_the_effective_table(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "bcast      bytes 0-64K     team any    mem any   -> knomial (PYCOLL_TUNE)" in out
     assert "-> ring (default)" in out and "PYCOLL_TUNE" in out
+
+
+def test_info_shows_the_choice_for_n_ranks_size_by_size(monkeypatch):
+    from pycoll.cli import chosen_by_size
+
+    lines = {line.split()[0]: line for line in chosen_by_size(16)}
+    assert lines["alltoall"].split(None, 1)[1] == "1-128K shm, 256K-128M pairwise"
+    assert lines["barrier"].split() == ["barrier", "shm"]
+    alone = {line.split()[0]: line for line in chosen_by_size(1)}
+    assert "shm" not in alone["allreduce"]  # one rank: no segment
+    monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-1K:knomial#allreduce:1K-inf:ring")
+    lines = {line.split()[0]: line for line in chosen_by_size(16)}
+    assert lines["allreduce"].split(None, 1)[1] == "1-512 knomial, 1K-128M ring"
