@@ -27,7 +27,7 @@ from pycoll import config
 def chosen_by_size(n: int, max_bytes: int = 128 << 20) -> List[str]:
     """What the selection picks for each collective on ``n`` ranks of one host, from 1 B to
     ``max_bytes`` in powers of two: one line per collective, runs of sizes with the same choice
-    merged (``allreduce  1 B-128M shm``)."""
+    merged (``alltoall        1-128K shm, 256K-128M pairwise``); barrier: its one choice."""
     from pycoll import algorithms
     from pycoll.algorithms.tuning import human_bytes as human
 
@@ -125,8 +125,7 @@ def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
                 raise ValueError("-n with several rank counts launches its own ranks: run it without mpiexec")
             if args.servers:
                 raise ValueError("-n with several rank counts does not start push_pull servers")
-            for n in counts:
-                perf.validate(argparse.Namespace(**{**vars(args), "n": n}))
+            perf.validate(args)  # (against the smallest count, which the others can only pass)
             return _perf_sweep(args, argv, counts)
         args.n = counts[0]
         perf.validate(args)

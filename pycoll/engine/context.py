@@ -127,8 +127,8 @@ class Context:
                                 else int(partition_bytes))
         self.timeout = config.get("PYCOLL_TIMEOUT") if timeout is None else float(timeout or math.inf)
         self.in_flight = 0  # bytes of credit held by tasks in progress
-        # Ready tasks, as heaps of (priority, seq, task): those that take credit, and those that do
-        # not (schedules, local work), which never wait behind a task the credit holds back.
+        # Ready tasks by priority (FIFO within one): those that take credit, and those that do not
+        # (schedules, local work), which never wait behind a task the credit holds back.
         self._ready = ReadyQueue()  # tasks that take credit
         self._free = ReadyQueue()  # tasks that take none
         self._active: List[Task] = []  # polled tasks in progress
