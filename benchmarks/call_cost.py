@@ -9,7 +9,7 @@ turn (every call checked, its task taken from the pool and rebound):
 
     checks      argument checks (pycoll.calls, buffers, ops.check_op/as_op)
     front end   the team's collective method and the planner's post/build (selection is cached)
-    express     a repeated call run again (persistent.py, the planner's and engine's express lane)
+    express     a repeated call run again (persistent.py, the engine's express lane: engine/express.py)
     selection   algorithm selection when the cache misses (planner.select, algorithms.select)
     task        rebinding the pooled task to the new buffers and key (rebind, rekey)
     engine      submit and start (engine.context: submit, _start, progress; task states)
@@ -55,8 +55,7 @@ def stage_of(filename: str, function: str) -> str:
         return "waiting"
     if "pycoll/calls.py" in f or "pycoll/buffers.py" in f or function in ("check_op", "as_op"):
         return "checks"
-    if "pycoll/persistent.py" in f or (function == "express" and (
-            "pycoll/planner.py" in f or "engine/context.py" in f)):
+    if "pycoll/persistent.py" in f or "engine/express.py" in f:
         return "express"
     if function in ("select", "choose", "rules") or "algorithms/tuning.py" in f:
         return "selection"

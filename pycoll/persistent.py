@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, Optional
 import numpy as np
 
 from pycoll.calls import Call
+from pycoll.engine.express import ExpressLane, has_express_lane
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
 
@@ -42,10 +43,8 @@ class Persistent:
         self.task: Optional[Task] = None
         #: The request of the current (or last) run.
         self.request: Optional[Request] = None
-        #: The finished request returned for every run that finished at once (the express lane).
-        self.done: Optional[Request] = None
-        #: Whether its task runs in the engine's express lane (known once built).
-        self.express = False
+        #: The engine's express lane of its task (a segment collective, untagged), once built.
+        self.lane: Optional[ExpressLane] = None
 
     def start(self) -> Request:
         """Run the collective once more (collective: every rank starts it).
@@ -55,9 +54,11 @@ class Persistent:
         call), else the planner rebinds it (a new message key, the same buffers) and submits it."""
         task = self.task
         if task is not None and task.state is COMPLETED:
-            if self.express:
-                req = self.planner.express(task, self)
+            lane = self.lane
+            if lane is not None:
+                req = lane.run()
                 if req is not None:
+                    self.request = req
                     return req
             planner, call, tag = self.planner, self.call, self._tag
             lock = planner.ctx.lock
@@ -73,9 +74,10 @@ class Persistent:
         with lock:  # the first start, or the last run failed: build it (again)
             task, key, shape = planner.build(call, tag, self._algorithm, self._options, reuse=False)
             self.task = task if shape is not None and hasattr(task, "rebind") else None
-            self.express = tag is None and getattr(self.task, "express", None) is not None
             if shape is not None:  # one collective (not partitioned): a unit of credit
                 planner.credit_unit(task, key)
+            self.lane = (planner.express_lane(task, call.out)
+                         if tag is None and self.task is not None and has_express_lane(task) else None)
             self.request = planner.submit(task, self.priority, self._timeout, call.out)
         return self.request
 
@@ -140,15 +142,17 @@ class Repeated:
             p = self.persistent = self.make(*self.made_of)
             p.priority = priority
             return p.start()  # built now: the first run
+        lane = p.lane
+        if lane is not None:  # (Persistent.start's first step, inlined: this is the hot path)
+            req = p.request
+            if req is lane.done or req.collected:  # (the engine is idle in the lane: no priority)
+                req = lane.run()
+                if req is not None:
+                    p.request = req
+                    return req
         task = p.task
-        if task is None or task.state is not COMPLETED or not (p.request is p.done or p.request.collected):
-            return None
-        if p.express:  # (Persistent.start's first step, inlined: this is the hot path)
-            req = p.planner.express(task, p)  # (the engine is idle: priority orders nothing)
-            if req is not None:
-                return req
-            if task.state is not COMPLETED:  # another thread started it meanwhile: a new call
-                return None
+        if task is None or task.state is not COMPLETED or not p.request.collected:
+            return None  # (still in flight or not collected: post the call as a new one)
         p.priority = priority
         return p.start()
 

@@ -20,6 +20,7 @@ from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import Call, block_layout
 from pycoll.collectives import COLLECTIVES
+from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
@@ -108,31 +109,12 @@ class Planner:
             lock.release()
 
     # ------------------------------------------------------------------ the express lane
-    def express(self, task: Task, entry: Any) -> Optional[Request]:
-        """Run the finished ``task`` of the persistent collective ``entry`` again, on the buffers
-        of its last run, through the engine's express lane (:meth:`Context.express
-        <pycoll.engine.context.Context.express>`), taking the next sequence number as any
-        untagged collective. ``entry.done`` is the finished request returned for every run that
-        finishes at once (made on the first), ``entry.request`` the last one handed out. None:
-        the lane is closed (nothing done)."""
-        ctx = self.ctx
-        lock = ctx.lock
-        lock.acquire()  # (not ``with``: this is the hot path)
-        try:
-            ran = ctx.express(task)
-            if ran is None:
-                return None
-            next(self._seq)  # the key of this collective (the segment needs none)
-            if ran:
-                done = entry.done
-                if done is None:
-                    done = entry.done = Request(task, ctx, entry.call.out)
-                entry.request = done
-                return done
-            entry.request = req = Request(task, ctx, entry.call.out)
-            return req
-        finally:
-            lock.release()
+    def express_lane(self, task: Task, result: Any) -> ExpressLane:
+        """The express lane of the finished ``task`` of a persistent (or repeated) collective:
+        it runs it again on the buffers of its last run while the engine is idle, taking the
+        next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
+        request returns ``result``."""
+        return self.ctx.express_lane(task, self._seq, result)
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
                 timeout: Optional[float]) -> Request:

@@ -313,30 +313,23 @@ class SegmentTask(Task):
     def finished(self) -> None:
         """Local work after the segment part: AVG's division (called when :attr:`averages`)."""
 
-    def express(self) -> Optional[bool]:
-        """The express lane (see :meth:`Context.express <pycoll.engine.context.Context.express>`):
-        run again, on the buffers of the last run, in one native call, if the segment is free.
-        None: not now (nothing done); True: finished; False: started and waiting for peers (in
-        progress now, where :meth:`progress` goes on), or failed."""
+    def express_started(self, rc: int) -> None:
+        """The engine's express lane (:class:`pycoll.engine.express.ExpressLane`) ran this
+        finished collective again in one native call, which returned ``rc`` and not done: it
+        waits for its peers now (in progress: :meth:`progress` goes on where the call stopped),
+        or it failed (``rc`` < 0: the segment is broken)."""
         seg = self.seg
-        if seg.turn != seg.tickets or seg.broken is not None or self._bound is None:
-            return None
-        try:
-            if seg.run(self.native):
-                if self.averages:
-                    self.finished()
-                return True
-        except Exception as exc:
-            self.state = IN_PROGRESS
-            self.fail(exc)
-            return False
-        self.ticket = seg.turn  # (run() took it)
-        self.started = True
-        self.since = _monotonic()
         self.result = None
         self.pending = 0
         self.state = IN_PROGRESS
-        return False
+        try:
+            seg.ran(rc)
+        except Exception as exc:
+            self.fail(exc)
+            return
+        self.ticket = seg.turn  # (the native call took it)
+        self.started = True
+        self.since = _monotonic()
 
     def sleep(self, timeout_s: float) -> bool:
         """Sleep in the kernel until the flag this collective waits for is set, or ``timeout_s``

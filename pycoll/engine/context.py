@@ -34,10 +34,11 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from pycoll import config
 from pycoll import trace as _trace
+from pycoll.engine.express import ExpressLane
 from pycoll.engine.ready import ReadyQueue
 from pycoll.engine.request import Request
 from pycoll.errors import TimeoutError
@@ -201,32 +202,23 @@ class Context:
         finally:
             lock.release()
 
-    def express(self, task: Task) -> Optional[bool]:
-        """The express lane: run ``task``, a finished task of a collective called again on the
-        same buffers (persistent, or repeated), here and now, through its ``express()`` (segment
-        collectives: one native call), when the engine holds no other work: nothing queued or
-        polled, no credit watched, nobody tracing, nobody listening to it. Priority and credit
-        have nothing to order then, and a task that does not finish at once is taken over as
-        any started task (polled, with its deadline).
+    def express_lane(self, task: Task, sequence: Iterator[int], result: Any = None) -> ExpressLane:
+        """The express lane of ``task``, a segment collective called again on the same buffers
+        (persistent, or repeated): see :class:`ExpressLane`. It is open only while this engine
+        holds no other work: nothing queued, polled or watched for credit (the containers it is
+        given here stay empty), nobody tracing; ``sequence`` is the team's counter of untagged
+        collectives (a run takes a number from it as any collective does)."""
+        return ExpressLane(self, (self._ready, self._free, self._active, self._demand_of), task, sequence,
+                           result)
 
-        Returns None when the lane is closed (nothing was done: submit the task as usual), True
-        when the task finished, False when it started (or failed) and the engine has it now.
-        The caller holds :attr:`lock`."""
-        if (self._ready or self._free or self._active or self._demand_of or self.on_start is not None
-                or task.credit or task.listened):
-            return None
-        done = task.express()  # type: ignore[attr-defined]
-        if done is None:
-            return None
-        self.posted += 1
-        if done:
-            return True
+    def adopt(self, task: Task) -> None:
+        """Take over ``task``, started outside the engine by its express lane: polled while in
+        progress, with its deadline."""
         task.ctx = self
         if task.state is IN_PROGRESS:
             if task.timeout is not None:
                 self._set_deadline(task)
             self._active.append(task)
-        return False
 
     def enqueue(self, task: Task) -> None:
         """Queue ``task``, whose dependencies are done, by its effective priority (called by tasks'
@@ -308,7 +300,7 @@ class Context:
                     still.append(task)
                     continue
             finished += 1
-        self._active = still
+        self._active[:] = still  # (in place: an express lane watches this list)
         return finished
 
     def _expire(self) -> int:

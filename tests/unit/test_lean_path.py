@@ -10,6 +10,7 @@ import pytest
 
 import pycoll
 from pycoll import Context, Task, persistent
+from pycoll.engine.express import has_express_lane
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED
 from tests.conftest import Manual, Recorder
@@ -142,25 +143,53 @@ def test_plain_task_request_outcome_is_taken_at_submit():
     assert done == [req]
 
 
+class Lanes:
+    """The segment side of an express lane, scripted: ``run(st, gen, budget)`` answers from
+    ``answers`` (1: done at once; 0: started, waits for peers; < 0: failed), as the native call does."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.turn = self.tickets = 0
+        self.broken = None
+        self.budget = 8
+        self.calls = 0
+
+    def express_call(self):
+        return self.run, "gen"
+
+    def run(self, st, gen, budget):
+        assert (st, gen, budget) == ("native", "gen", 8)
+        self.calls += 1
+        return self.answers.pop(0)
+
+    def ran(self, rc):
+        if rc < 0:
+            self.broken = pycoll.TransportError(f"shm: failed ({rc})")
+            raise self.broken
+        self.tickets += 1
+        return False
+
+
 class Again(Manual):
-    """A task with an express lane: ``express()`` answers from ``answers`` (True: done at once;
-    False: started, in progress; None: not now), logging each run."""
+    """A task of a segment collective whose express runs are scripted (:class:`Lanes`); logs each."""
 
     takes_credit = False
+    averages = False
 
     def __init__(self, name, log, answers, **kw):
         super().__init__(name, log, **kw)
-        self.answers = list(answers)
+        self.seg = Lanes(answers)
+        self.native = "native"
 
-    def express(self):
-        answer = self.answers.pop(0)
-        if answer is not None:
-            self.log.append(f"{self.name}!")
-        if answer is False:
-            self.state = pycoll.tasks.task.IN_PROGRESS
-            self.pending = 0
-            self.finish_now = False
-        return answer
+    def express_started(self, rc):
+        self.log.append(f"{self.name}!")
+        self.state = pycoll.tasks.task.IN_PROGRESS
+        self.pending = 0
+        self.finish_now = False
+        try:
+            self.seg.ran(rc)
+        except Exception as exc:
+            self.fail(exc)
 
 
 def _finished(task, ctx):
@@ -173,53 +202,71 @@ def _finished(task, ctx):
 def test_express_lane_runs_a_task_again_only_on_an_idle_engine():
     ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)
     log = []
-    again = Again("again", log, [True, None, True, False], timeout=0.2)
+    again = Again("again", log, [1, 1, 0], timeout=0.2)
     _finished(again, ctx)
+    seq = iter(range(100))
+    lane = ctx.express_lane(again, seq, result="out")
     posted = ctx.posted
-    assert ctx.express(again) is True and log[-1] == "again!" and ctx.posted == posted + 1
-    assert ctx.pending() == 0 and ctx._deadlines == []
-    assert ctx.express(again) is None  # the task said "not now": nothing done
-    # work in the engine closes the lane, whatever the task would say
+    req = lane.run()
+    assert req.done and req.wait() == "out" and ctx.posted == posted + 1 and next(seq) == 1
+    assert ctx.pending() == 0 and ctx._deadlines == [] and again.seg.calls == 1
+    # work in the engine closes the lane: nothing is run, no sequence number taken
     holder = Manual("holder", log, nbytes=100)
-    ctx.submit(holder)  # in progress (polled): the lane is closed
+    ctx.submit(holder)  # in progress (polled)
     blocked = Manual("blocked", log, nbytes=100, priority=0)
     ctx.submit(blocked)  # queued behind the credit
-    n = len(again.answers)
-    assert ctx.express(again) is None and len(again.answers) == n  # not even asked
+    assert lane.run() is None and again.seg.calls == 1 and next(seq) == 2
     holder.finish()
     ctx.progress()
     blocked.finish()
     ctx.progress()
     assert ctx.pending() == 0
-    assert ctx.express(again) is True
-    # a task that starts but does not finish at once is the engine's: polled, with its deadline
-    assert ctx.express(again) is False and ctx.pending() == 1 and len(ctx._deadlines) == 1
+    # so does an earlier collective holding the segment, or a broken segment
+    again.seg.tickets += 1
+    assert lane.run() is None
+    again.seg.turn += 1
+    assert lane.run() is req and again.seg.calls == 2  # every run done at once: the same request
+    # a run that does not finish at once is the engine's: polled, with its deadline
+    waiting = lane.run()
+    assert not waiting.done and ctx.pending() == 1 and len(ctx._deadlines) == 1 and log[-1] == "again!"
+    assert lane.run() is None  # not finished: closed
     t0 = time.monotonic()
     with pytest.raises(pycoll.TimeoutError, match="again did not finish within 0.2 s"):
-        Request(again, ctx).wait()
+        waiting.wait()
     assert time.monotonic() - t0 < 5
+
+
+def test_express_lane_run_that_fails_breaks_the_segment_and_fails_the_request():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    again = Again("again", [], [-3])
+    _finished(again, ctx)
+    lane = ctx.express_lane(again, iter(range(10)))
+    req = lane.run()
+    with pytest.raises(pycoll.TransportError, match="failed"):
+        req.wait()
+    assert again.seg.broken is not None and lane.run() is None and ctx.pending() == 0
 
 
 def test_express_lane_is_closed_to_tasks_that_take_credit_or_have_listeners():
     ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
     log = []
-    credited = Again("credited", log, [True], nbytes=8)
+    credited = Again("credited", log, [1], nbytes=8)
     credited.credit = 8
     _finished(credited, ctx)
-    assert ctx.express(credited) is None
-    watched = Again("watched", log, [True])
+    assert not has_express_lane(credited) and has_express_lane(Again("plain", log, []))
+    watched = Again("watched", log, [1])
     _finished(watched, ctx)
     watched.subscribe(pycoll.Event.COMPLETED, Task("listener"))
-    assert ctx.express(watched) is None
-    assert "credited!" not in log and "watched!" not in log
+    assert ctx.express_lane(watched, iter(range(10))).run() is None and watched.seg.calls == 0
 
 
 def test_express_lane_is_closed_while_tracing(traced):  # noqa: F811
     ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
     log = []
-    again = Again("again", log, [True])
+    again = Again("again", log, [1])
     _finished(again, ctx)
-    assert ctx.on_start is not None and ctx.express(again) is None and log == ["again"]
+    assert ctx.on_start is not None and ctx.express_lane(again, iter(range(10))).run() is None
+    assert again.seg.calls == 0
 
 
 def test_repeated_calls_become_one_persistent_collective_in_process():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -130,14 +130,26 @@ class ShmSegment:
         self.broken: Optional[BaseException] = None
         #: Whether the ranks may read each other's memory (process_vm_readv); set by the team.
         self.cma = False
-        self.polls = POLLS_PER_CALL  # the most flag polls of one native call
+        self._polls = POLLS_PER_CALL
         #: Yield the core every this many polls of a flag not ready (0: spin); set before the
         #: first collective, for ranks that outnumber the cores (see :meth:`oversubscribed`).
         self.yield_every = 0
-        self._budget = POLLS_PER_CALL  # those of the next call (halved while peers keep us waiting)
+        #: The flag polls of the next native call, at most :attr:`polls` (halved while the peers
+        #: keep this rank waiting, doubled again when they do not).
+        self.budget = POLLS_PER_CALL
         self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
 
     # ------------------------------------------------------------------ collectives
+    @property
+    def polls(self) -> int:
+        """The most flag polls of one native call before it returns to the engine."""
+        return self._polls
+
+    @polls.setter
+    def polls(self, polls: int) -> None:
+        self._polls = polls
+        self.budget = min(self.budget, polls)
+
     @property
     def next_gen(self) -> int:
         """The generation the next collective on the segment starts at (equal on every rank)."""
@@ -179,13 +191,12 @@ class ShmSegment:
         0.0 for the first call after :meth:`start` (it has not waited: no liveness check yet)."""
         if self.broken is not None:
             raise self.broken
-        polls = self.polls
-        budget = self._budget if self._budget < polls else polls
+        polls, budget = self._polls, self.budget
         where = (st.chunk, st.phase) if waited_since else (0, 0)  # (0, 0): as start left it
         rc = self.lib.pycoll_shm_progress(st, budget)
         if rc == 1:
             if budget < polls:
-                self._budget = budget * 2
+                self.budget = budget * 2
             self._gen[0] = st.gen
             self.turn += 1
             return True
@@ -197,9 +208,9 @@ class ShmSegment:
         # yields); a call that finishes at once doubles the budget again, up to ``polls``. A call
         # that moved on (a large collective, chunk by chunk) keeps the whole budget.
         if (st.chunk, st.phase) != where:
-            self._budget = self.polls
+            self.budget = polls
         elif budget > MIN_POLLS_PER_CALL:
-            self._budget = budget // 2
+            self.budget = budget // 2
         if waited_since and time.monotonic() - waited_since > LIVENESS_S:
             self.check_peers()
         return False
@@ -218,13 +229,25 @@ class ShmSegment:
 
     def run(self, st: Any) -> bool:
         """Post ``st`` (bound to its buffers by an earlier :meth:`start`) as the segment's next
-        collective and advance it, in one native call: the express lane of a collective run again
-        on the same buffers, for a caller that found the segment :meth:`free`. True when done (it
-        took and gave back its place in the order at once); False when it waits for peers: it
-        holds its place (a ticket) and :meth:`progress` goes on from where it stopped. Raises
+        collective and advance it, in one native call: a collective run again on the same
+        buffers, for a caller that found the segment :meth:`free`. True when done (it took and
+        gave back its place in the order at once); False when it waits for peers: it holds its
+        place (a ticket) and :meth:`progress` goes on from where it stopped. Raises
         TransportError as :meth:`progress`."""
-        budget = self._budget if self._budget < self.polls else self.polls
-        rc = self._run(st, self._gen, budget)
+        return self.ran(self._run(st, self._gen, self.budget))
+
+    def express_call(self) -> Tuple[Callable[[Any, Any, int], int], Any]:
+        """``(run, gen)``: the native call of :meth:`run` and the segment's generation cell, for
+        the engine's express lane (:class:`pycoll.engine.express.ExpressLane`), which calls
+        ``run(st, gen, budget)`` itself, inline, after finding the segment free (``turn ==
+        tickets``, ``broken`` None), with :attr:`budget`. It returns 1 when the collective is
+        done, else hands the result to :meth:`ran`."""
+        return self._run, self._gen
+
+    def ran(self, rc: int) -> bool:
+        """Take the result of :meth:`run`'s native call: True when done; False when the
+        collective waits for peers (it holds its ticket now); raises TransportError (and the
+        segment is broken) when the call failed."""
         if rc == 1:
             return True
         if rc < 0:
