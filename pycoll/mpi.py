@@ -243,7 +243,10 @@ _BLOCKING = """
 def {name}(self, {params}**kw):
     entry = self.recent.get(({name!r}, {first}))
     if entry is not None and not kw and {same}True:
-        req = entry.again()
+        lane = entry.lane
+        req = lane.run() if lane is not None else None
+        if req is None:
+            req = entry.again()
         if req is not None:
             req.wait()
             return
@@ -253,7 +256,10 @@ _NONBLOCKING = """
 def {name}(self, {params}**kw):
     entry = self.recent.get(({name!r}, {first}))
     if entry is not None and not kw and {same}True:
-        req = entry.again()
+        lane = entry.lane
+        req = lane.run() if lane is not None else None
+        if req is None:
+            req = entry.again()
         if req is not None:
             return Request(req)
     return Request(post(self, {name!r}, ({args}), kw))

@@ -56,9 +56,8 @@ class Persistent:
         if task is not None and task.state is COMPLETED:
             lane = self.lane
             if lane is not None:
-                req = lane.run()
+                req = lane.run()  # (it sets self.request)
                 if req is not None:
-                    self.request = req
                     return req
             planner, call, tag = self.planner, self.call, self._tag
             lock = planner.ctx.lock
@@ -76,7 +75,7 @@ class Persistent:
             self.task = task if shape is not None and hasattr(task, "rebind") else None
             if shape is not None:  # one collective (not partitioned): a unit of credit
                 planner.credit_unit(task, key)
-            self.lane = (planner.express_lane(task, call.out)
+            self.lane = (planner.express_lane(task, call.out, self)
                          if tag is None and self.task is not None and has_express_lane(task) else None)
             self.request = planner.submit(task, self.priority, self._timeout, call.out)
         return self.request
@@ -121,7 +120,7 @@ class Repeated:
     :class:`Persistent` made of it (``make(*made_of)``): one start, the engine's express lane when
     it is idle."""
 
-    __slots__ = ("args", "dtypes", "timeout", "make", "made_of", "persistent")
+    __slots__ = ("args", "dtypes", "timeout", "make", "made_of", "persistent", "lane")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
                  timeout: Optional[float] = None) -> None:
@@ -131,25 +130,23 @@ class Repeated:
         self.make = make
         self.made_of = made_of
         self.persistent: Optional[Persistent] = None
+        #: The express lane of its persistent form, once made: a caller that finds the same
+        #: arguments runs ``lane.run()`` first (the hot path), and :meth:`again` when it is closed.
+        self.lane: Optional[ExpressLane] = None
 
     def again(self, priority: int = 0) -> Optional[Request]:
-        """Run the call again (the caller found the same arguments) with ``priority``: the request
-        of this run, or None when it must be posted as a new call (the persistent run before is
-        still in flight or not collected, or the collective cannot be rerun without being built
-        again)."""
+        """Run the call again (the caller found the same arguments, and :attr:`lane` closed or
+        not made yet) with ``priority``: the request of this run, or None when it must be posted
+        as a new call (the persistent run before is still in flight or not collected, or the
+        collective cannot be rerun without being built again)."""
         p = self.persistent
         if p is None:
             p = self.persistent = self.make(*self.made_of)
             p.priority = priority
-            return p.start()  # built now: the first run
-        lane = p.lane
-        if lane is not None:  # (Persistent.start's first step, inlined: this is the hot path)
-            req = p.request
-            if req is lane.done or req.collected:  # (the engine is idle in the lane: no priority)
-                req = lane.run()
-                if req is not None:
-                    p.request = req
-                    return req
+            req = p.start()  # built now: the first run
+            self.lane = p.lane
+            return req
+        self.lane = p.lane  # (a new one when the task was built again after a failure)
         task = p.task
         if task is None or task.state is not COMPLETED or not p.request.collected:
             return None  # (still in flight or not collected: post the call as a new one)

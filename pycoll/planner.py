@@ -109,12 +109,12 @@ class Planner:
             lock.release()
 
     # ------------------------------------------------------------------ the express lane
-    def express_lane(self, task: Task, result: Any) -> ExpressLane:
-        """The express lane of the finished ``task`` of a persistent (or repeated) collective:
+    def express_lane(self, task: Task, result: Any, owner: Any) -> ExpressLane:
+        """The express lane of the ``task`` of a persistent (or repeated) collective ``owner``:
         it runs it again on the buffers of its last run while the engine is idle, taking the
         next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
-        request returns ``result``."""
-        return self.ctx.express_lane(task, self._seq, result)
+        request returns ``result`` and becomes ``owner.request``."""
+        return self.ctx.express_lane(task, self._seq, result, owner)
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
                 timeout: Optional[float]) -> Request:

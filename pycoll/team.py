@@ -307,7 +307,12 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
     entry = self.recent.get(({name!r}, {first}))
     if (entry is not None and {same}tag is None and algorithm is None and timeout == entry.timeout
             and not options):
-        req = entry.again(priority)  # the same call as the last: a start of its persistent form
+        lane = entry.lane  # the same call as the last: its persistent form, run again at once ...
+        if lane is not None:
+            req = lane.run()
+            if req is not None:
+                return req
+        req = entry.again(priority)  # ... or started by the engine
         if req is not None:
             return req
     call = check(self.rank, self.size, {args})

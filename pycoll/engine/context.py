@@ -34,6 +34,7 @@ import math
 import os
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from pycoll import config
@@ -202,14 +203,18 @@ class Context:
         finally:
             lock.release()
 
-    def express_lane(self, task: Task, sequence: Iterator[int], result: Any = None) -> ExpressLane:
+    def express_lane(self, task: Task, sequence: Iterator[int], result: Any = None,
+                     owner: Any = None) -> ExpressLane:
         """The express lane of ``task``, a segment collective called again on the same buffers
         (persistent, or repeated): see :class:`ExpressLane`. It is open only while this engine
         holds no other work: nothing queued, polled or watched for credit (the containers it is
         given here stay empty), nobody tracing; ``sequence`` is the team's counter of untagged
-        collectives (a run takes a number from it as any collective does)."""
+        collectives (a run takes a number from it as any collective does); ``owner.request`` is
+        set to each run's request (None: a lane of its own, for tests)."""
+        if owner is None:
+            owner = SimpleNamespace(request=None)
         return ExpressLane(self, (self._ready, self._free, self._active, self._demand_of), task, sequence,
-                           result)
+                           result, owner)
 
     def adopt(self, task: Task) -> None:
         """Take over ``task``, started outside the engine by its express lane: polled while in

@@ -30,9 +30,10 @@ class ExpressLane:
     :meth:`Context.express_lane <pycoll.engine.context.Context.express_lane>`."""
 
     __slots__ = ("ctx", "lock", "work", "task", "seg", "st", "native_run", "gen", "sequence", "result",
-                 "done")
+                 "owner", "done")
 
-    def __init__(self, ctx: Context, work: tuple, task: Task, sequence: Iterator[int], result: Any) -> None:
+    def __init__(self, ctx: Context, work: tuple, task: Task, sequence: Iterator[int], result: Any,
+                 owner: Any) -> None:
         self.ctx = ctx
         self.lock = ctx.lock
         #: The engine's containers of work (queued, polled, watched for credit): all empty when idle.
@@ -43,21 +44,28 @@ class ExpressLane:
         self.native_run, self.gen = self.seg.express_call()
         self.sequence = sequence
         self.result = result
+        #: What the task is run for (a persistent collective): its ``request``, the request of
+        #: its last run, is set by every run of the lane (a run waits until it was collected).
+        self.owner = owner
         #: The finished request returned by every run that finishes at once (made on the first).
         self.done: Optional[Request] = None
 
     def run(self) -> Optional[Request]:
         """Run the task again now, if the lane is open: the request of this run, or None when it
         is closed (nothing done: submit the task as usual). Closed while the task has not
-        finished its last run, has listeners, or the engine holds other work or traces, or
-        while an earlier collective holds the segment (or it is broken)."""
-        task, seg = self.task, self.seg
+        finished its last run or its owner has not collected the outcome, while the task has
+        listeners, the engine holds other work or traces, or an earlier collective holds the
+        segment (or it is broken)."""
+        task, seg, owner = self.task, self.seg, self.owner
         ready, free, active, demand = self.work
         lock = self.lock
         lock.acquire()  # (not ``with``: this is the hot path)
         try:
             if (ready or free or active or demand or task.state is not COMPLETED or task.listened
                     or self.ctx.on_start is not None or seg.turn != seg.tickets or seg.broken is not None):
+                return None
+            last = owner.request
+            if last is not self.done and last is not None and not last.collected:
                 return None
             rc = self.native_run(self.st, self.gen, seg.budget)
             next(self.sequence)  # the collective's number (untagged collectives match by order)
@@ -68,10 +76,12 @@ class ExpressLane:
                 done = self.done
                 if done is None:
                     done = self.done = Request(task, self.ctx, self.result)
+                owner.request = done
                 return done
             task.express_started(rc)  # type: ignore[attr-defined]  # waits for peers, or failed
             self.ctx.adopt(task)
-            return Request(task, self.ctx, self.result)
+            owner.request = req = Request(task, self.ctx, self.result)
+            return req
         finally:
             lock.release()
 
