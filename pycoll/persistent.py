@@ -50,23 +50,15 @@ class Persistent:
         """Run the collective once more (collective: every rank starts it).
 
         The short paths: the task kept from the last run completed; the engine's express lane
-        runs it again at once when it holds no other work (a segment collective: one native
-        call), else the planner rebinds it (a new message key, the same buffers) and submits it."""
+        runs it again at once when it holds no other work and the last run's outcome was
+        collected (a segment collective: one native call), else the planner rebinds it (a new
+        message key, the same buffers) and submits it."""
         task = self.task
         if task is not None and task.state is COMPLETED:
-            lane = self.lane
-            if lane is not None:
-                req = lane.run()  # (it sets self.request)
-                if req is not None:
-                    return req
-            planner, call, tag = self.planner, self.call, self._tag
-            lock = planner.ctx.lock
-            lock.acquire()  # (not ``with``: this is the hot path)
-            try:
-                self.request = planner.restart(task, call, tag, self.priority, self._timeout)
-            finally:
-                lock.release()
-            return self.request
+            req = self.rerun()
+            if req is None:
+                raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
+            return req
         planner, call, tag, lock = self.planner, self.call, self._tag, self.planner.ctx.lock
         if self.request is not None and not self.request.done:
             raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
@@ -78,6 +70,26 @@ class Persistent:
             self.lane = (planner.express_lane(task, call.out, self)
                          if tag is None and self.task is not None and has_express_lane(task) else None)
             self.request = planner.submit(task, self.priority, self._timeout, call.out)
+        return self.request
+
+    def rerun(self) -> Optional[Request]:
+        """Run the kept task again (the express lane, else restarted through the planner): the
+        request of this run, or None when the task is not finished (another thread started it
+        meanwhile: nothing was done)."""
+        lane = self.lane
+        if lane is not None:
+            req = lane.run()  # (it sets self.request)
+            if req is not None:
+                return req
+        task, planner = self.task, self.planner
+        lock = planner.ctx.lock
+        lock.acquire()  # (not ``with``: this is the hot path)
+        try:
+            if task is None or task.state is not COMPLETED:  # checked again under the lock
+                return None
+            self.request = planner.restart(task, self.call, self._tag, self.priority, self._timeout)
+        finally:
+            lock.release()
         return self.request
 
     def wait(self, timeout: Optional[float] = None) -> Any:
@@ -146,17 +158,17 @@ class Repeated:
             req = p.start()  # built now: the first run
             self.lane = p.lane
             return req
-        self.lane = p.lane  # (a new one when the task was built again after a failure)
         task = p.task
         if task is None or task.state is not COMPLETED or not p.request.collected:
-            return None  # (still in flight or not collected: post the call as a new one)
+            return None  # (still in flight, failed or not collected: post the call as a new one)
         p.priority = priority
-        return p.start()
+        return p.rerun()
 
     def free(self) -> None:
         """Release the persistent collective (the entry is replaced or forgotten, or the team
         closes); one still running is only let go (its request finishes it)."""
         p, self.persistent = self.persistent, None
+        self.lane = None
         if p is not None and (p.task is None or p.task.state is not IN_PROGRESS):
             p.free()
 

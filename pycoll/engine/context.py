@@ -34,7 +34,6 @@ import math
 import os
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from pycoll import config
@@ -131,6 +130,7 @@ class Context:
         self.in_flight = 0  # bytes of credit held by tasks in progress
         # Ready tasks by priority (FIFO within one): those that take credit, and those that do not
         # (schedules, local work), which never wait behind a task the credit holds back.
+        # (these containers and ``_active``/``_demand_of`` are never rebound: express lanes hold them)
         self._ready = ReadyQueue()  # tasks that take credit
         self._free = ReadyQueue()  # tasks that take none
         self._active: List[Task] = []  # polled tasks in progress
@@ -203,16 +203,13 @@ class Context:
         finally:
             lock.release()
 
-    def express_lane(self, task: Task, sequence: Iterator[int], result: Any = None,
-                     owner: Any = None) -> ExpressLane:
+    def express_lane(self, task: Task, sequence: Iterator[int], result: Any, owner: Any) -> ExpressLane:
         """The express lane of ``task``, a segment collective called again on the same buffers
         (persistent, or repeated): see :class:`ExpressLane`. It is open only while this engine
-        holds no other work: nothing queued, polled or watched for credit (the containers it is
-        given here stay empty), nobody tracing; ``sequence`` is the team's counter of untagged
-        collectives (a run takes a number from it as any collective does); ``owner.request`` is
-        set to each run's request (None: a lane of its own, for tests)."""
-        if owner is None:
-            owner = SimpleNamespace(request=None)
+        holds no other work: nothing queued, polled or watched for credit (the lane is given the
+        engine's own containers of that work, which are never rebound, and finds them empty),
+        nobody tracing; ``sequence`` is the team's counter of untagged collectives (a run takes a
+        number from it as any collective does); ``owner.request`` is set to each run's request."""
         return ExpressLane(self, (self._ready, self._free, self._active, self._demand_of), task, sequence,
                            result, owner)
 

@@ -5,8 +5,8 @@ A persistent collective's ``start()`` and a call repeated with the same argument
 :mod:`pycoll.persistent`) run a task that finished before, on the buffers it is already bound to.
 When the engine is idle (nothing queued, polled or watched for credit, nobody tracing) priority and
 credit have nothing to order, so the run skips submission: :meth:`ExpressLane.run` checks the
-engine and the team's segment, takes the collective's sequence number and calls the segment's
-native ``run`` (post and advance, see :meth:`pycoll.tl.shm.segment.ShmSegment.run`). A run that
+engine and the team's segment, calls the segment's native ``run`` (post and advance, see
+:meth:`pycoll.tl.shm.segment.ShmSegment.run`) and takes the collective's sequence number. A run that
 finishes there returns one finished :class:`Request`, the same every time; one that waits for its
 peers is handed to the engine (:meth:`Context.adopt`), which polls it with its deadline as any
 started task. Everything the lane does is written out in that one method: it is the hot path of
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from pycoll.engine.request import Request
-from pycoll.tasks.task import COMPLETED, Task
+from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.engine.context import Context
@@ -72,7 +72,13 @@ class ExpressLane:
             self.ctx.posted += 1
             if rc == 1:
                 if task.averages:  # type: ignore[attr-defined]
-                    task.finished()  # type: ignore[attr-defined]
+                    try:
+                        task.finished()  # type: ignore[attr-defined]
+                    except Exception as exc:  # the run failed after the segment part
+                        task.state = IN_PROGRESS
+                        task.fail(exc)
+                        owner.request = req = Request(task, self.ctx, self.result)
+                        return req
                 done = self.done
                 if done is None:
                     done = self.done = Request(task, self.ctx, self.result)

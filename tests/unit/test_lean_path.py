@@ -4,6 +4,7 @@ ordered by priority, held by credit, failing with TimeoutError when its peer nev
 when PYCOLL_TRACE is set. Multi-rank checks on a shared segment: tests/procs/test_lean_path.py."""
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -205,7 +206,8 @@ def test_express_lane_runs_a_task_again_only_on_an_idle_engine():
     again = Again("again", log, [1, 1, 0], timeout=0.2)
     _finished(again, ctx)
     seq = iter(range(100))
-    lane = ctx.express_lane(again, seq, result="out")
+    owner = SimpleNamespace(request=None)
+    lane = ctx.express_lane(again, seq, "out", owner)
     posted = ctx.posted
     req = lane.run()
     assert req.done and req.wait() == "out" and ctx.posted == posted + 1 and next(seq) == 1
@@ -226,21 +228,38 @@ def test_express_lane_runs_a_task_again_only_on_an_idle_engine():
     assert lane.run() is None
     again.seg.turn += 1
     assert lane.run() is req and again.seg.calls == 2  # every run done at once: the same request
+    assert owner.request is req
     # a run that does not finish at once is the engine's: polled, with its deadline
     waiting = lane.run()
     assert not waiting.done and ctx.pending() == 1 and len(ctx._deadlines) == 1 and log[-1] == "again!"
-    assert lane.run() is None  # not finished: closed
+    assert owner.request is waiting and lane.run() is None  # not finished: closed
     t0 = time.monotonic()
     with pytest.raises(pycoll.TimeoutError, match="again did not finish within 0.2 s"):
         waiting.wait()
     assert time.monotonic() - t0 < 5
 
 
+def test_express_lane_waits_until_the_last_run_was_collected():
+    ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
+    again = Again("again", [], [0, 1])
+    _finished(again, ctx)
+    owner = SimpleNamespace(request=None)
+    lane = ctx.express_lane(again, iter(range(10)), None, owner)
+    waiting = lane.run()
+    again.finish()
+    ctx.progress()  # finished, but nobody has seen it yet
+    again.seg.turn += 1  # (as the segment's progress does when the collective is done)
+    assert again.state is COMPLETED and not waiting.collected
+    assert lane.run() is None and again.seg.calls == 1  # its outcome would be lost: closed
+    waiting.wait()
+    assert lane.run() is lane.done and again.seg.calls == 2
+
+
 def test_express_lane_run_that_fails_breaks_the_segment_and_fails_the_request():
     ctx = Context(credit_bytes=0, partition_bytes=0, timeout=0)
     again = Again("again", [], [-3])
     _finished(again, ctx)
-    lane = ctx.express_lane(again, iter(range(10)))
+    lane = ctx.express_lane(again, iter(range(10)), None, SimpleNamespace(request=None))
     req = lane.run()
     with pytest.raises(pycoll.TransportError, match="failed"):
         req.wait()
@@ -257,7 +276,8 @@ def test_express_lane_is_closed_to_tasks_that_take_credit_or_have_listeners():
     watched = Again("watched", log, [1])
     _finished(watched, ctx)
     watched.subscribe(pycoll.Event.COMPLETED, Task("listener"))
-    assert ctx.express_lane(watched, iter(range(10))).run() is None and watched.seg.calls == 0
+    lane = ctx.express_lane(watched, iter(range(10)), None, SimpleNamespace(request=None))
+    assert lane.run() is None and watched.seg.calls == 0
 
 
 def test_express_lane_is_closed_while_tracing(traced):  # noqa: F811
@@ -265,7 +285,8 @@ def test_express_lane_is_closed_while_tracing(traced):  # noqa: F811
     log = []
     again = Again("again", log, [1])
     _finished(again, ctx)
-    assert ctx.on_start is not None and ctx.express_lane(again, iter(range(10))).run() is None
+    lane = ctx.express_lane(again, iter(range(10)), None, SimpleNamespace(request=None))
+    assert ctx.on_start is not None and lane.run() is None
     assert again.seg.calls == 0
 
 

@@ -246,3 +246,22 @@ def test_inline_small_collectives_check_their_header():
     assert rc1 == -5 and (out == -1).all()
     for s in segs:
         s.close()
+
+
+def test_budget_of_a_native_call_never_exceeds_polls_and_a_closed_segment_is_broken():
+    from pycoll.tl.shm.segment import COLL_BARRIER, ShmSegment
+
+    seg = ShmSegment(0, 1, lambda b: [b], slot_bytes=4096)
+    st = seg.new_state(COLL_BARRIER)
+    empty = np.empty(0, np.uint8)
+    seg.budget = 62  # as halved while peers kept it waiting
+    for _ in range(10):  # each call that finishes at once doubles it, up to polls
+        seg.start(st, empty, empty, True)
+        assert seg.progress(st, 0.0)
+        seg.turn, seg.tickets = 0, 0
+        assert seg.budget <= seg.polls
+    assert seg.budget == seg.polls
+    seg.polls = 100
+    assert seg.budget == 100
+    seg.close()
+    assert not seg.free() and "closed" in str(seg.broken)

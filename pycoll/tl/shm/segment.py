@@ -196,7 +196,7 @@ class ShmSegment:
         rc = self.lib.pycoll_shm_progress(st, budget)
         if rc == 1:
             if budget < polls:
-                self.budget = budget * 2
+                self.budget = budget * 2 if budget * 2 < polls else polls
             self._gen[0] = st.gen
             self.turn += 1
             return True
@@ -241,7 +241,7 @@ class ShmSegment:
         the engine's express lane (:class:`pycoll.engine.express.ExpressLane`), which calls
         ``run(st, gen, budget)`` itself, inline, after finding the segment free (``turn ==
         tickets``, ``broken`` None), with :attr:`budget`. It returns 1 when the collective is
-        done, else hands the result to :meth:`ran`."""
+        done; any other result goes to :meth:`ran` (through the task's ``express_started``)."""
         return self._run, self._gen
 
     def ran(self, rc: int) -> bool:
@@ -307,6 +307,10 @@ class ShmSegment:
         return int(header.slots_off) + ((gen & 1) * self.size + rank) * self.slot_bytes + area
 
     def close(self) -> None:
+        """Unmap the segment; a collective posted on it later (an express lane kept by a
+        remembered call) finds it broken instead of touching the memory."""
+        if self.broken is None:
+            self.broken = TransportError("shm: the segment is closed (its team was closed)")
         if getattr(self, "mm", None) is not None:
             self.base = None
             try:
