@@ -35,6 +35,10 @@
 
 #include "pycoll_native.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #define PAGE 4096ULL
 /* the smallest chunk of a pipelined bcast (see geometry) */
 #define PC_PIPE_MIN (32ULL << 10)
@@ -189,6 +193,47 @@ static int slot_free(pc_shm_coll_t *c, uint64_t max_polls) {
 }
 
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* A large collective's output goes to memory with non-temporal stores, not through this core's
+ * cache: it would not stay there anyway, and a plain store first reads each destination line (a
+ * third of the memory traffic of a large allreduce). Measured on 2 ranks (2-core VM): allreduce
+ * 128 MiB 37 -> 26-30 ms, 64 MiB 16.8 -> 13.2-13.4 ms, 32 MiB 7.7 -> 6.2-6.4 ms; bcast 64 MiB
+ * 7.6 -> 6.0 ms; gather 64 MiB 8.0 -> 6.0 ms; 16 MiB allreduce 2.78 -> 2.67 ms. Below 16 MiB the
+ * output still fits the caches and plain stores are as fast or faster (4 MiB: 0.64 vs 0.66 ms). */
+#define PC_STREAM_MIN (16ULL << 20)
+
+/* memcpy with non-temporal stores on x86-64 (plain memcpy elsewhere); the stores are fenced
+ * before it returns, so a flag published afterwards orders after them. */
+static void stream_copy(void *dst, const void *src, uint64_t n) {
+#if defined(__x86_64__)
+    char *d = dst;
+    const char *s = src;
+    uint64_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; d += 64, s += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, n);
+    _mm_sfence();
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+/* Copy part of a collective's output out of the segment: streamed when the whole output is large. */
+static void copy_out(const pc_shm_coll_t *c, size_t es, void *dst, const void *src, uint64_t n) {
+    if (c->count * es >= PC_STREAM_MIN)
+        stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
 
 /* elements of a block of cnt elements in chunk k of per elements */
 static uint64_t piece(uint64_t cnt, uint64_t k, uint64_t per) {
@@ -536,7 +581,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
             if (c->coll == PC_COLL_ALLREDUCE || (int)c->rank == c->root) {
                 rc = wait_flags(c, 1, c->gen, -1, max_polls);
                 if (rc <= 0) return rc;
-                memcpy(c->dst + off * es, result, m * es);
+                copy_out(c, es, c->dst + off * es, result, m * es);
             }
         } else if (c->coll == PC_COLL_ALLGATHER) {
             /* every rank's piece of its block in its slot; everyone copies the others' out */
@@ -558,7 +603,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
             for (uint32_t r = 0; r < c->nranks; r++) {
                 uint64_t mr = piece(c->layout[2 * r + 1], c->chunk, per);
                 if (r != c->rank && mr)
-                    memcpy(c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
+                    copy_out(c, es, c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
             }
             reduced(me, c->gen);
         } else if (c->coll == PC_COLL_REDUCE_SCATTER) {
@@ -632,7 +677,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 for (uint32_t r = 0; r < c->nranks; r++) {
                     uint64_t mr = piece(c->layout[2 * r + 1], c->chunk, per);
                     if ((int)r != root && mr)
-                        memcpy(c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
+                        copy_out(c, es, c->dst + (c->layout[2 * r] + off) * es, slots + r * h->slot_bytes, mr * es);
                 }
                 reduced(me, c->gen);
             }
@@ -667,7 +712,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 }
                 if (sizes[c->rank] != c->count) return PC_EDISAGREE; /* the root sends another size */
                 uint64_t mm = piece(c->count, c->chunk, per);
-                if (mm) memcpy(c->dst + off * es, slot + hdr + (uint64_t)c->rank * per * es, mm * es);
+                if (mm) copy_out(c, es, c->dst + off * es, slot + hdr + (uint64_t)c->rank * per * es, mm * es);
                 arrive(me, c->gen);
                 reduced(me, c->gen);
             }
@@ -698,8 +743,8 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 const char *slot = slots + r * h->slot_bytes;
                 uint64_t cnt = c->rlayout[2 * r + 1], mr = piece(cnt, c->chunk, per);
                 if (((const uint64_t *)slot)[c->rank] != cnt) return PC_EDISAGREE; /* r sends another size */
-                if (mr) memcpy(c->dst + (c->rlayout[2 * r] + off) * es, slot + hdr + (uint64_t)c->rank * per * es,
-                               mr * es);
+                if (mr) copy_out(c, es, c->dst + (c->rlayout[2 * r] + off) * es, slot + hdr + (uint64_t)c->rank * per * es,
+                                 mr * es);
             }
             reduced(me, c->gen);
         } else { /* bcast: the root's slot carries the chunk */
@@ -716,7 +761,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
             } else {
                 rc = wait_flags(c, 0, c->gen, c->root, max_polls);
                 if (rc <= 0) return rc;
-                memcpy(c->dst + off * es, slot, m * es);
+                copy_out(c, es, c->dst + off * es, slot, m * es);
                 arrive(me, c->gen);
                 reduced(me, c->gen);
             }

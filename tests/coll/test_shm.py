@@ -35,5 +35,12 @@ def test_shm_gather_scatter_alltoall(n, mpirun):
     mpirun(n, "tests/coll/scripts/shm_colls.py", "data", timeout=240)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_shm_large_outputs_streamed(n, mpirun):
+    """Outputs from 16 MiB (non-temporal stores), unaligned, with a tail: allreduce, bcast,
+    allgather, gather, scatter, alltoall."""
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "large", timeout=180)
+
+
 def test_shm_gather_scatter_alltoall_default_slot(mpirun):
     mpirun(4, "tests/coll/scripts/shm_colls.py", "data-default-slot", timeout=240)

@@ -281,6 +281,50 @@ def check_blocks_default(team):
     assert (agv == np.repeat(np.arange(n) + 0.5, counts)).all()
 
 
+def unaligned(count, dtype):
+    """A zeroed output of ``count`` elements whose start is not 16-byte aligned (the streamed
+    copy of a large output writes a head, whole lines and a tail)."""
+    base = np.zeros(count + 1, dtype)
+    out = base[1:]
+    assert out.ctypes.data % 16
+    return out
+
+
+def check_large(team):
+    """Outputs of 16 MiB and more (written with non-temporal stores), unaligned and with a tail
+    that is not whole lines, for every segment collective that copies its output out."""
+    n, r = team.size, team.rank
+    shm = {"algorithm": "shm"}
+    count = (16 << 20) // 4 + 13  # float32: just over 16 MiB
+    ins = [np.arange(count, dtype=np.float32) * (rr + 1) for rr in range(n)]
+    out = unaligned(count, np.float32)
+    team.allreduce(ins[r], out, **shm).wait()
+    assert (out == sum(ins)).all(), "allreduce"
+    buf = ins[0].copy() if r == 0 else unaligned(count, np.float32)
+    team.bcast(buf, root=0, **shm).wait()
+    assert (buf == ins[0]).all(), "bcast"
+    m = count // n + 3  # a block per rank; the whole just over 16 MiB
+    blocks = [np.arange(m, dtype=np.int32) + 1000 * rr for rr in range(n)]
+    ag = unaligned(n * m, np.int32)
+    team.allgather(blocks[r], ag, **shm).wait()
+    assert (ag == np.concatenate(blocks)).all(), "allgather"
+    root = n - 1
+    g = unaligned(n * m, np.int32) if r == root else None
+    team.gather(blocks[r], g, root=root, **shm).wait()
+    if r == root:
+        assert (g == np.concatenate(blocks)).all(), "gather"
+    big = (16 << 20) // 4 + 5  # scatter: each rank's own block over 16 MiB
+    whole = np.arange(n * big, dtype=np.int32) if r == root else None
+    sc = unaligned(big, np.int32)
+    team.scatter(whole, sc, root=root, **shm).wait()
+    assert (sc == np.arange(r * big, (r + 1) * big, dtype=np.int32)).all(), "scatter"
+    send = np.arange(n * m, dtype=np.int32) + 7 * r
+    a2a = unaligned(n * m, np.int32)
+    team.alltoall(send, a2a, **shm).wait()
+    want = np.concatenate([np.arange(r * m, (r + 1) * m, dtype=np.int32) + 7 * rr for rr in range(n)])
+    assert (a2a == want).all(), "alltoall"
+
+
 def main(mode):
     if mode in ("blocks", "data"):  # slots made small: every size above a few KiB takes several chunks
         shm_segment.DEFAULT_SLOT_BYTES = SMALL_SLOT_BYTES
@@ -302,6 +346,9 @@ def main(mode):
         return
     if mode == "blocks-default-slot":  # a few sizes across the default (1 MiB) slot
         check_blocks_default(team)
+        return
+    if mode == "large":
+        check_large(team)
         return
     if mode == "matrix":
         for dtype in ALL_DTYPES:
