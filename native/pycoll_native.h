@@ -24,6 +24,7 @@ enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LO
 #define PC_ERANGE -3      /* an offset or size read from the segment is out of bounds */
 #define PC_ESTATE -4      /* a peer's control block holds an impossible value */
 #define PC_EDISAGREE -5   /* the ranks disagree on the blocks of a collective (their sizes) */
+#define PC_ECMA -6        /* reading a peer's memory (process_vm_readv) failed */
 
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
@@ -105,7 +106,10 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive,
  * result). Every collective publishes both for each of its generations, and a rank writes its
  * slot of generation g only once every rank's reduced flag is at g - 2 (the same slot). */
 enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COLL_ALLGATHER,
-       PC_COLL_REDUCE_SCATTER, PC_COLL_GATHER, PC_COLL_SCATTER, PC_COLL_ALLTOALL, PC_NCOLLS };
+       PC_COLL_REDUCE_SCATTER, PC_COLL_GATHER, PC_COLL_SCATTER, PC_COLL_ALLTOALL,
+       /* single copy: each rank reads what it receives straight out of the sender's buffer
+        * (process_vm_readv); the segment carries only the addresses and sizes, in one generation */
+       PC_COLL_BCAST_CMA, PC_COLL_GATHER_CMA, PC_COLL_SCATTER_CMA, PC_COLL_ALLTOALL_CMA, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;

@@ -274,8 +274,10 @@ static uint64_t max_block(const uint64_t *layout, uint32_t n) {
 #define PC_MAX_CHUNKS (1ULL << 40)
 
 static int rooted(int coll) {
-    return coll == PC_COLL_BCAST || coll == PC_COLL_REDUCE || coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER;
+    return coll == PC_COLL_BCAST || coll == PC_COLL_REDUCE || coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER ||
+           coll == PC_COLL_BCAST_CMA || coll == PC_COLL_GATHER_CMA || coll == PC_COLL_SCATTER_CMA;
 }
+static int single_copy(int coll) { return coll >= PC_COLL_BCAST_CMA && coll <= PC_COLL_ALLTOALL_CMA; }
 static int blocks(int coll) {
     return coll == PC_COLL_ALLGATHER || coll == PC_COLL_REDUCE_SCATTER || coll == PC_COLL_GATHER ||
            coll == PC_COLL_SCATTER || coll == PC_COLL_ALLTOALL;
@@ -386,7 +388,7 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
 }
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
-    if (c->coll == PC_COLL_BARRIER) return 1;
+    if (c->coll == PC_COLL_BARRIER || single_copy(c->coll)) return 1;
     if (c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks ||
         pycoll_shm_check(c->base, c->mapped, c->nranks))
         return 0;
@@ -486,6 +488,130 @@ static int inline_small(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
     return 1;
 }
 
+/* Single-copy collectives (PC_COLL_*_CMA), in one generation. The senders write into their slot
+ * the address and size of each block a peer reads from them (bcast, gather: one pair; scatter,
+ * alltoall: a pair per receiver) and publish arrive; each receiver checks the size it is told
+ * against the one it expects (else PC_EDISAGREE: never a short or long read) and reads the block
+ * straight out of the sender's memory with process_vm_readv (a wrong address fails the read: it
+ * cannot write outside this rank's own buffer), then publishes reduced; a sender returns only once
+ * every rank that reads from it has (its buffer may change as soon as it returns). One copy per
+ * byte instead of two through the segment, for a system call per block: chosen from a size
+ * where that pays (see the selection table). */
+static int read_peer(const pc_shm_coll_t *c, uint32_t r, void *dst, uint64_t addr, uint64_t nbytes) {
+    if (!nbytes) return PC_OK;
+    uint64_t pid = ctrl(c->base, r)->pid;
+    if (!pid || pid > INT_MAX) return PC_ESTATE;
+    return pycoll_cma_read((int64_t)pid, dst, addr, nbytes) == (int64_t)nbytes ? PC_OK : PC_ECMA;
+}
+
+/* rank r's slot of generation gen: its (address, size) pairs */
+static uint64_t *pairs(const pc_shm_coll_t *c, uint32_t r) {
+    const pc_shm_header_t *h = c->base;
+    return (uint64_t *)((char *)c->base + h->slots_off + (c->gen & 1) * c->nranks * h->slot_bytes +
+                        (uint64_t)r * h->slot_bytes);
+}
+
+static int single_copy_check(const pc_shm_coll_t *c, size_t es) {
+    const pc_shm_header_t *h = c->base;
+    int me_root = (int)c->rank == c->root, rc = PC_OK;
+    if (!es || c->nchunks != 1 || h->slot_bytes < 2 * sizeof(uint64_t) * c->nranks) return PC_EINVAL;
+    if (c->count > UINT64_MAX / es || c->src_count > UINT64_MAX / es) return PC_EINVAL;
+    if (c->coll == PC_COLL_SCATTER_CMA && me_root) {
+        rc = check_blocks(c->layout, c->nranks, c->src_count, es);
+        if (!rc && c->layout[2 * c->root + 1] != c->count) rc = PC_EINVAL;
+    } else if (c->coll == PC_COLL_GATHER_CMA && me_root) {
+        rc = check_blocks(c->layout, c->nranks, c->count, es);
+        if (!rc && c->layout[2 * c->root + 1] != c->src_count) rc = PC_EINVAL;
+    } else if (c->coll == PC_COLL_ALLTOALL_CMA) {
+        rc = check_blocks(c->layout, c->nranks, c->src_count, es);
+        if (!rc) rc = check_blocks(c->rlayout, c->nranks, c->count, es);
+        if (!rc && c->rlayout[2 * c->rank + 1] != c->layout[2 * c->rank + 1]) rc = PC_EINVAL;
+    }
+    return rc;
+}
+
+static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    uint32_t n = c->nranks, rank = c->rank;
+    int root = c->root, me_root = (int)rank == root, rc;
+    if (c->phase == 0) {
+        rc = slot_free(c, max_polls); /* nobody reads this parity's slots of generation gen - 2 */
+        if (rc <= 0) return rc;
+        uint64_t *mine = pairs(c, rank);
+        if (c->coll == PC_COLL_BCAST_CMA && me_root) {
+            mine[0] = (uintptr_t)c->dst, mine[1] = c->count;
+        } else if (c->coll == PC_COLL_GATHER_CMA && !me_root) {
+            mine[0] = (uintptr_t)c->src, mine[1] = c->src_count;
+        } else if ((c->coll == PC_COLL_SCATTER_CMA && me_root) || c->coll == PC_COLL_ALLTOALL_CMA) {
+            for (uint32_t b = 0; b < n; b++)
+                mine[2 * b] = (uintptr_t)(c->src + c->layout[2 * b] * es), mine[2 * b + 1] = c->layout[2 * b + 1];
+        }
+        arrive(me, c->gen);
+        c->phase = 1;
+    }
+    if (c->phase == 1) {
+        if ((c->coll == PC_COLL_BCAST_CMA || c->coll == PC_COLL_SCATTER_CMA) && !me_root) {
+            rc = wait_flags(c, 0, c->gen, root, max_polls);
+            if (rc <= 0) return rc;
+            const uint64_t *p = pairs(c, (uint32_t)root) + (c->coll == PC_COLL_SCATTER_CMA ? 2 * rank : 0);
+            uint64_t addr = p[0], cnt = p[1];
+            if (cnt != c->count) return PC_EDISAGREE;
+            rc = read_peer(c, (uint32_t)root, c->dst, addr, cnt * es);
+            if (rc) return rc;
+        } else if (c->coll == PC_COLL_SCATTER_CMA) { /* the root's own block */
+            const char *from = c->src + c->layout[2 * rank] * es;
+            if (c->count && from != c->dst) memmove(c->dst, from, c->count * es);
+        } else if (c->coll == PC_COLL_GATHER_CMA && me_root) {
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            for (uint32_t r = 0; r < n; r++) {
+                char *to = c->dst + c->layout[2 * r] * es;
+                if ((int)r == root) {
+                    if (c->src_count && to != c->src) memmove(to, c->src, c->src_count * es);
+                    continue;
+                }
+                const uint64_t *p = pairs(c, r);
+                uint64_t addr = p[0], cnt = p[1];
+                if (cnt != c->layout[2 * r + 1]) return PC_EDISAGREE;
+                rc = read_peer(c, r, to, addr, cnt * es);
+                if (rc) return rc;
+            }
+        } else if (c->coll == PC_COLL_ALLTOALL_CMA) {
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            for (uint32_t i = 0; i < n; i++) {
+                uint32_t r = (rank + i) % n; /* each rank starts with a different peer */
+                char *to = c->dst + c->rlayout[2 * r] * es;
+                if (r == rank) {
+                    const char *from = c->src + c->layout[2 * r] * es;
+                    if (c->layout[2 * r + 1] && to != from) memmove(to, from, c->layout[2 * r + 1] * es);
+                    continue;
+                }
+                const uint64_t *p = pairs(c, r) + 2 * rank;
+                uint64_t addr = p[0], cnt = p[1];
+                if (cnt != c->rlayout[2 * r + 1]) return PC_EDISAGREE;
+                rc = read_peer(c, r, to, addr, cnt * es);
+                if (rc) return rc;
+            }
+        }
+        reduced(me, c->gen);
+        c->phase = 2;
+    }
+    /* a sender stays until every rank that reads its memory has */
+    if (((c->coll == PC_COLL_BCAST_CMA || c->coll == PC_COLL_SCATTER_CMA) && me_root) ||
+        c->coll == PC_COLL_ALLTOALL_CMA) {
+        rc = wait_flags(c, 1, c->gen, -1, max_polls);
+        if (rc <= 0) return rc;
+    } else if (c->coll == PC_COLL_GATHER_CMA && !me_root) {
+        rc = wait_flags(c, 1, c->gen, root, max_polls);
+        if (rc <= 0) return rc;
+    }
+    c->chunk = 1;
+    c->gen++;
+    c->phase = 0;
+    return 1;
+}
+
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
     if (rc) return rc;
@@ -508,6 +634,10 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
         return 1;
     }
     size_t es = pycoll_dtype_size(c->dtype);
+    if (single_copy(c->coll)) {
+        rc = single_copy_check(c, es);
+        return rc ? rc : single_copy_run(c, es, max_polls);
+    }
     uint64_t per, need;
     rc = geometry(c, es, &per, &need);
     if (rc) return rc;

@@ -21,7 +21,8 @@ __all__ = ["DTYPE_CODES", "ERRORS", "OP_CODES", "address", "ffi", "lib", "pointe
 ERRORS = {-1: "invalid argument", -2: "the segment header is not valid (corrupted or not pycoll's)",
           -3: "an offset or size in the segment is out of bounds",
           -4: "a peer's control block holds an impossible value",
-          -5: "the ranks disagree on the sizes of the blocks (counts) of this collective"}
+          -5: "the ranks disagree on the sizes of the blocks (counts) of this collective",
+          -6: "reading a peer's memory (process_vm_readv) failed"}
 
 
 def pointer(arr: np.ndarray) -> ffi.CData:

@@ -79,7 +79,9 @@ DEFAULT_RULES: List[Rule] = [
     Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),
     Rule("allreduce", "rd", msg=(0, 256 << 10), team=(3, INF)),
     Rule("allreduce", "ring", msg=(256 << 10, INF), team=(3, INF)),
-    # bcast and barrier: the shared segment on one host; else the k-nomial tree, dissemination.
+    # bcast and barrier: the shared segment on one host (two ranks from 64 KiB below 1 MiB: the
+    # single copy); else the k-nomial tree, dissemination.
+    Rule("bcast", "cma", msg=(64 << 10, 1 << 20), team=(2, 2)),
     Rule("bcast", "shm", team=(2, INF)),
     Rule("bcast", "knomial"),
     Rule("barrier", "shm", team=(2, INF)),
@@ -97,16 +99,22 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatter", "shm", team=(2, INF)),
     Rule("reduce_scatter", "rhalving", msg=(0, 1 << 20)),
     Rule("reduce_scatter", "ring"),
-    # alltoall: the segment on one host below 256 KiB (above, the exchange's single copies win);
+    # alltoall: on one host the single copy from 64 KiB (two ranks) or 128 KiB, the segment below;
     # Bruck for small messages on 4+ ranks, else pairwise exchange.
+    Rule("alltoall", "cma", msg=(64 << 10, INF), team=(2, 2)),
+    Rule("alltoall", "cma", msg=(128 << 10, INF), team=(3, INF)),
     Rule("alltoall", "shm", msg=(0, 256 << 10), team=(2, INF)),
     Rule("alltoall", "bruck", msg=(0, 128 << 10), team=(4, INF)),
     Rule("alltoall", "pairwise"),
-    # gather and scatter: the segment on one host (gather at every size, scatter below 512 KiB);
-    # the k-nomial tree gathers 1-8 MiB on 3+ ranks across hosts; linear otherwise.
+    # gather and scatter on one host: the single copy (gather: two ranks, 128 KiB to 1 MiB;
+    # scatter: from 64 KiB on two ranks, 256 KiB on more), else the segment (scatter below
+    # 512 KiB); the k-nomial tree gathers 1-8 MiB on 3+ ranks across hosts; linear otherwise.
+    Rule("gather", "cma", msg=(128 << 10, 1 << 20), team=(2, 2)),
     Rule("gather", "shm", team=(2, INF)),
     Rule("gather", "knomial", msg=(1 << 20, 8 << 20), team=(3, INF)),
     Rule("gather", "linear"),
+    Rule("scatter", "cma", msg=(64 << 10, INF), team=(2, 2)),
+    Rule("scatter", "cma", msg=(256 << 10, INF), team=(3, INF)),
     Rule("scatter", "shm", msg=(0, 512 << 10), team=(2, INF)),
     Rule("scatter", "linear"),
     # The v-forms: as their block forms, except the trees (knomial needs counts on every rank).

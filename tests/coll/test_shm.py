@@ -35,6 +35,13 @@ def test_shm_gather_scatter_alltoall(n, mpirun):
     mpirun(n, "tests/coll/scripts/shm_colls.py", "data", timeout=240)
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_single_copy_bcast_gather_scatter_alltoall(n, mpirun):
+    """The cma forms (each rank reads what it receives straight out of the sender's memory): as
+    the segment forms' test, plus bcast from every root."""
+    mpirun(n, "tests/coll/scripts/shm_colls.py", "data-cma", timeout=240)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_shm_large_outputs_streamed(n, mpirun):
     """Outputs from 16 MiB (non-temporal stores), unaligned, with a tail: allreduce, bcast,

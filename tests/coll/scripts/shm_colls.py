@@ -140,12 +140,13 @@ def check_blocks(team, slot_bytes):
     assert (bc == n - 1).all() and (rsb == n).all()
 
 
-def check_data_moving(team, slot_bytes):
-    """gather(v), scatter(v), alltoall(v) on the segment (algorithm="shm") vs numpy: every root,
-    in place, unequal, empty and multi-chunk blocks, gaps between blocks, counts known only at
-    the root, mixed with the other segment collectives."""
+def check_data_moving(team, slot_bytes, alg="shm"):
+    """gather(v), scatter(v), alltoall(v) on the segment (algorithm ``alg``: "shm", or "cma",
+    the single-copy forms) vs numpy: every root, in place, unequal, empty and multi-chunk blocks,
+    gaps between blocks, counts known only at the root, mixed with the other segment
+    collectives."""
     n, r = team.size, team.rank
-    shm = {"algorithm": "shm"}
+    shm = {"algorithm": alg}
     for dtype in ("float32", "int64", "bfloat16", "complex128", "bool"):
         dt = DTYPES[dtype]
         per_slot = slot_bytes // dt.itemsize
@@ -290,6 +291,22 @@ def unaligned(count, dtype):
     return out
 
 
+def check_bcast_cma(team):
+    """The single-copy bcast: every root, empty to multi-MiB buffers, several dtypes, mixed with
+    segment collectives of the two-copy kind."""
+    n, r = team.size, team.rank
+    for dtype in ("float32", "int8", "complex128", "bfloat16"):
+        dt = DTYPES[dtype]
+        for count in (0, 1, 1000, (3 << 20) // dt.itemsize + 7):
+            want = make_input(dtype, ReduceOp.SUM, 5, count, seed=3)
+            for root in range(n):
+                buf = want.copy() if r == root else np.zeros(count, dt)
+                team.bcast(buf, root=root, algorithm="cma").wait()
+                assert_same([buf], want, f"bcast cma root={root} {dtype} count={count}")
+                got = team.allreduce(np.full(3, r, np.int32)).wait()
+                assert (got == n * (n - 1) // 2).all()
+
+
 def check_large(team):
     """Outputs of 16 MiB and more (written with non-temporal stores), unaligned and with a tail
     that is not whole lines, for every segment collective that copies its output out."""
@@ -326,7 +343,7 @@ def check_large(team):
 
 
 def main(mode):
-    if mode in ("blocks", "data"):  # slots made small: every size above a few KiB takes several chunks
+    if mode in ("blocks", "data", "data-cma"):  # small slots: every size above a few KiB takes chunks
         shm_segment.DEFAULT_SLOT_BYTES = SMALL_SLOT_BYTES
     comm = MPI.COMM_WORLD
     team = Team.from_mpi(comm)
@@ -349,6 +366,11 @@ def main(mode):
         return
     if mode == "large":
         check_large(team)
+        return
+    if mode == "data-cma":  # the single-copy forms (small slots: the segment forms between them chunk)
+        assert team.shared.cma, "this host does not let the ranks read each other's memory"
+        check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
+        check_bcast_cma(team)
         return
     if mode == "matrix":
         for dtype in ALL_DTYPES:
