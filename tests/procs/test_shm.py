@@ -61,39 +61,52 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
 
 
 @pytest.mark.parametrize("coll,size", [("allreduce", 3), ("gather", 3), ("scatter", 3), ("alltoall", 3),
-                                       ("allreduce", 16), ("gather", 16), ("alltoall", 16)])
+                                       ("allreduce", 16), ("gather", 16), ("alltoall", 16),
+                                       ("bcast-cma", 3), ("gather-cma", 3), ("scatter-cma", 3),
+                                       ("alltoall-cma", 3), ("alltoall-cma", 16)])
 def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ranks):
-    """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written):
-    the survivors raise (the dead peer named, or a timeout), nothing is left in /dev/shm. On 16
-    ranks too (8 per core on the development machine)."""
+    """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written;
+    ``-cma``: the single-copy form, its addresses published): the survivors raise (the dead peer
+    named, or a timeout), nothing is left in /dev/shm. On 16 ranks too (8 per core on the
+    development machine)."""
     script = textwrap.dedent("""
         import os, signal, sys, time
         import numpy as np
         import pycoll
         from pycoll import Team
         from pycoll.store import TCPStore
-        rank, size, port, coll = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+        coll, _, alg = sys.argv[4].partition("-")
+        alg = alg or "shm"
         team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
-        assert team.shared is not None
+        assert team.shared is not None and (alg == "shm" or team.shared.cma)
         for _ in range(3):
             team.allreduce(np.ones(1000)).wait()
         m = (4 << 20) if size <= 4 else (1 << 19)  # elements per block: several chunks
+        # the single-copy forms: the others come once the dying rank has published its buffers
+        # and died (else they could read them first and finish); bcast and scatter: the dying
+        # rank is the root (a reader could finish the whole collective in its one call)
+        root = size - 1 if alg == "cma" and coll in ("bcast", "scatter") else 0
         def post(timeout=None):
             if coll == "allreduce":
                 return team.allreduce(np.ones(4 * m, np.float32), timeout=timeout)
+            if coll == "bcast":
+                return team.bcast(np.ones(m, np.float32), root=root, algorithm=alg, timeout=timeout)
             if coll == "gather":
                 return team.gather(np.ones(m, np.float32), np.zeros(size * m, np.float32), root=0,
-                                   algorithm="shm", timeout=timeout)
+                                   algorithm=alg, timeout=timeout)
             if coll == "scatter":
-                return team.scatter(np.ones(size * m, np.float32), np.zeros(m, np.float32), root=0,
-                                    algorithm="shm", timeout=timeout)
+                return team.scatter(np.ones(size * m, np.float32), np.zeros(m, np.float32), root=root,
+                                    algorithm=alg, timeout=timeout)
             return team.alltoall(np.ones(size * m, np.float32), np.zeros(size * m, np.float32),
-                                 algorithm="shm", timeout=timeout)
+                                 algorithm=alg, timeout=timeout)
         if rank == size - 1:
             team.shared.polls, team.shared.yield_every = 1, 0  # never wait for the peers: go on at once
             req = post()  # posted, partly done: then the rank dies
             req.test()
             os.kill(os.getpid(), signal.SIGKILL)
+        if alg == "cma":
+            time.sleep(0.5)
         try:
             post(timeout=20).wait()
             print(f"RANK {rank} NO ERROR", flush=True)

@@ -32,6 +32,8 @@ DEFAULT_SLOT_BYTES = 1 << 20
 POLLS_PER_CALL = 4000
 #: The fewest a call halves down to while the peers keep it waiting (see ShmSegment.progress).
 MIN_POLLS_PER_CALL = 64
+#: The native error of a failed read of a peer's memory (PC_ECMA).
+CMA_FAILED = -6
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL) = range(9)
@@ -201,8 +203,7 @@ class ShmSegment:
             self.turn += 1
             return True
         if rc < 0:
-            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
-            raise self.broken
+            self.failed(rc)
         # The peers were not there within the budget: they may be waiting for this core (other
         # processes keep the others busy). Spin less before going back to the engine (which
         # yields); a call that finishes at once doubles the budget again, up to ``polls``. A call
@@ -251,10 +252,19 @@ class ShmSegment:
         if rc == 1:
             return True
         if rc < 0:
-            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
-            raise self.broken
+            self.failed(rc)
         self.tickets += 1
         return False
+
+    def failed(self, rc: int) -> None:
+        """Raise the TransportError of a native call that returned ``rc`` < 0 (the segment is
+        broken from now on). A peer's memory that cannot be read usually means the peer has
+        died: then the error names it."""
+        if rc == CMA_FAILED:
+            self._next_check = 0.0
+            self.check_peers()
+        self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
+        raise self.broken
 
     def fail(self, error: BaseException) -> None:
         """A collective on the segment stopped halfway: the segment's state is unknown now."""
@@ -294,8 +304,7 @@ class ShmSegment:
         that waits gives its core to the others this way and is back as soon as the peer is."""
         rc = self.lib.pycoll_shm_sleep(st, int(timeout_s * 1e9))
         if rc < 0:
-            self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
-            raise self.broken
+            self.failed(rc)
         return bool(rc)
 
     def slot_offset(self, gen: int, rank: int, st: Any = None) -> int:
