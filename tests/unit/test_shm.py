@@ -173,6 +173,49 @@ def test_scatter_and_alltoall_headers_are_checked():
         s.close()
 
 
+def test_single_copy_addresses_and_sizes_are_checked():
+    """The single-copy (cma) forms: a reader takes the sender's address and size from the segment;
+    a size that is not the one it expects is "disagree", an address that cannot be read is a
+    failed read (its own buffer untouched both times), and a sender waits until its readers are
+    done."""
+    from pycoll.native import lib
+    from pycoll.tl.shm.segment import COLL_BCAST_CMA, COLL_SCATTER_CMA
+
+    segs = two_rank_segments()
+    data = np.arange(6, dtype=np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_BCAST_CMA, data, data)
+    assert rc0 == 0  # published; waits for the reader
+    out = np.full(6, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_BCAST_CMA, out, out)
+    assert rc1 == 1 and (out == data).all()
+    assert lib.pycoll_shm_progress(st0, 1000) == 1
+    for s in segs:
+        s.close()
+    # the root's pair (address, size), corrupted
+    segs = two_rank_segments()
+    st0, rc0, keep0 = _run(segs[0], COLL_BCAST_CMA, data, data)
+    pair = np.frombuffer(segs[1].mm, np.uint64, count=2, offset=segs[1].slot_offset(st0.gen, 0))
+    assert pair[1] == 6
+    pair[1] = 7
+    out = np.full(6, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_BCAST_CMA, out, out)
+    assert rc1 == -5 and (out == -1).all()
+    for s in segs:
+        s.close()
+    segs = two_rank_segments()
+    whole = np.arange(8, dtype=np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_SCATTER_CMA, whole, np.zeros(4, np.int32), layout=[0, 4, 4, 4])
+    assert rc0 == 0
+    pairs = np.frombuffer(segs[1].mm, np.uint64, count=4, offset=segs[1].slot_offset(st0.gen, 0))
+    assert pairs[3] == 4
+    pairs[2] = 8  # rank 1's block now at an address nobody has mapped
+    out = np.full(4, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_SCATTER_CMA, out, out)
+    assert rc1 == -6 and (out == -1).all()
+    for s in segs:
+        s.close()
+
+
 def test_gather_ranks_that_disagree():
     """A gather whose root expects a block size another rank does not send: the root says the
     ranks disagree (before copying anything); a root that says there are fewer chunks than a

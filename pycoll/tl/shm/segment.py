@@ -36,7 +36,8 @@ MIN_POLLS_PER_CALL = 64
 CMA_FAILED = -6
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
- COLL_SCATTER, COLL_ALLTOALL) = range(9)
+ COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
+ COLL_ALLTOALL_CMA) = range(13)
 
 
 def shm_available() -> bool:
@@ -203,7 +204,7 @@ class ShmSegment:
             self.turn += 1
             return True
         if rc < 0:
-            self.failed(rc)
+            self.raise_native(rc)
         # The peers were not there within the budget: they may be waiting for this core (other
         # processes keep the others busy). Spin less before going back to the engine (which
         # yields); a call that finishes at once doubles the budget again, up to ``polls``. A call
@@ -252,11 +253,11 @@ class ShmSegment:
         if rc == 1:
             return True
         if rc < 0:
-            self.failed(rc)
+            self.raise_native(rc)
         self.tickets += 1
         return False
 
-    def failed(self, rc: int) -> None:
+    def raise_native(self, rc: int) -> None:
         """Raise the TransportError of a native call that returned ``rc`` < 0 (the segment is
         broken from now on). A peer's memory that cannot be read usually means the peer has
         died: then the error names it."""
@@ -304,7 +305,7 @@ class ShmSegment:
         that waits gives its core to the others this way and is back as soon as the peer is."""
         rc = self.lib.pycoll_shm_sleep(st, int(timeout_s * 1e9))
         if rc < 0:
-            self.failed(rc)
+            self.raise_native(rc)
         return bool(rc)
 
     def slot_offset(self, gen: int, rank: int, st: Any = None) -> int:
