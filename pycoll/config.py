@@ -111,7 +111,7 @@ _declare("PYCOLL_BW_LIMIT", "inf", parse_bytes,
          "send (tcp, mpi, ucx, local, shm's single-copy messages) until the bucket holds its bytes, and "
          "releases sends in the order they were posted. Not limited: receives, sends to the rank itself, "
          "and collectives that move data through the shared segment or peers' memory directly (untagged "
-         "calls' shm algorithms, the cma allgather): for limited runs use PYCOLL_TLS without shm. Read "
+         "calls' shm and cma algorithms): for limited runs use PYCOLL_TLS without shm. Read "
          "when a team's transport is made. 0 or inf: no limit.")
 _declare("PYCOLL_PARTITION_BYTES", "inf", parse_bytes,
          "Tasks that can be split (collectives, copies) larger than this are split into fragments of at "
