@@ -8,8 +8,10 @@ Switching an mpi4py program means changing the communicator object only::
     comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)          # blocking, as mpi4py's
     comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX).Wait()  # non-blocking
 
-Buffer arguments are what mpi4py accepts: a buffer, ``[buf, MPI.FLOAT]``, ``[buf, count,
-MPI.FLOAT]`` or ``[buf, (count, displ), MPI.FLOAT]``, and ``MPI.IN_PLACE`` as the send buffer.
+Buffer arguments are what mpi4py accepts, read as mpi4py reads them: a buffer, ``[buf, MPI.FLOAT]``,
+``[buf, count, MPI.FLOAT]``, ``[buf, (count, displ), MPI.FLOAT]`` or ``[buf, count, displ,
+MPI.FLOAT]`` (a count of a buffer that holds one block per rank is one block's, as in MPI), the
+vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer.
 Everything pycoll does not implement is passed through to the mpi4py communicator.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import operator
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,32 +34,62 @@ from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
 
-def as_buffer(spec: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:
-    """A typed 1-D numpy view of an mpi4py buffer specification."""
-    if isinstance(spec, (list, tuple)):
-        if not spec or len(spec) > 3:
-            raise ValueError(f"{what}: expected [buf, datatype], [buf, count, datatype] or "
-                             f"[buf, (count, displ), datatype], got {len(spec)} items")
-        buf, datatype = spec[0], spec[-1] if len(spec) > 1 else None
-        if datatype is not None and not isinstance(datatype, MPI.Datatype):
-            if len(spec) == 2:  # [buf, count]
-                datatype, count_spec = None, spec[1]
-            else:
-                raise TypeError(f"{what}: the last item must be an MPI.Datatype, got {datatype!r}")
-        else:
-            count_spec = spec[1] if len(spec) == 3 else None
-        if datatype is None:
-            arr = as_array(buf, writable=writable, what=what)
-        else:
-            arr = as_bytes(buf, writable=writable, what=what).view(to_numpy_dtype(datatype))
-        if count_spec is not None:
-            count, displ = (count_spec if isinstance(count_spec, (list, tuple)) else (count_spec, 0))
-            if displ < 0 or count < 0 or displ + count > arr.size:
-                raise ValueError(f"{what}: count {count} at displacement {displ} exceeds the "
-                                 f"buffer of {arr.size} elements")
-            arr = arr[displ:displ + count]
-        return arr
-    return as_array(spec, writable=writable, what=what)
+def _typed(buf: Any, datatype: Any, writable: bool, what: str) -> np.ndarray:
+    """The 1-D numpy view of ``buf``, of ``datatype``'s numpy type when one is given."""
+    if datatype is None:
+        return as_array(buf, writable=writable, what=what)
+    return as_bytes(buf, writable=writable, what=what).view(to_numpy_dtype(datatype))
+
+
+def _index(value: Any, what: str, name: str) -> int:
+    """``value`` as a non-negative int (mpi4py's counts and displacements)."""
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be an integer, got {value!r}") from None
+    if out < 0:
+        raise ValueError(f"{what}: negative {name} {out}")
+    return out
+
+
+def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str = "buffer") -> np.ndarray:
+    """A typed 1-D numpy view of an mpi4py buffer specification, read as mpi4py reads one
+    (``message_simple``): ``buf``, ``[buf, datatype]``, ``[buf, count]``, ``[buf, (count, displ)]``,
+    ``[buf, count, datatype]``, ``[buf, (count, displ), datatype]`` or ``[buf, count, displ,
+    datatype]``; the displacement is in elements. ``blocks`` > 1: the buffer holds that many blocks
+    (one per rank, as an alltoall's or a gather root's), and a given count is one block's, so the
+    view is ``count * blocks`` elements."""
+    if not isinstance(spec, (list, tuple)):
+        return as_array(spec, writable=writable, what=what)
+    count = displ = datatype = None
+    if len(spec) == 2:
+        buf, count = spec
+        if isinstance(count, MPI.Datatype):
+            count, datatype = None, count
+        elif isinstance(count, (list, tuple)):
+            count, displ = count
+    elif len(spec) == 3:
+        buf, count, datatype = spec
+        if isinstance(count, (list, tuple)):
+            count, displ = count
+    elif len(spec) == 4:
+        buf, count, displ, datatype = spec
+    else:
+        raise ValueError(f"{what}: expected 2 to 4 items ([buf, count, displ, datatype] or a shorter "
+                         f"form), got {len(spec)}")
+    if datatype is not None and not isinstance(datatype, MPI.Datatype):
+        raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+    arr = _typed(buf, datatype, writable, what)
+    start = 0 if displ is None else _index(displ, what, "displacement")
+    if start > arr.size:
+        raise ValueError(f"{what}: displacement {start} out of bounds of {arr.size} elements")
+    if count is None:
+        return arr[start:]
+    n = _index(count, what, "count") * max(1, blocks)
+    if start + n > arr.size:
+        raise ValueError(f"{what}: count {count}{f' x {blocks} blocks' if blocks > 1 else ''} at "
+                         f"displacement {start} exceeds the buffer of {arr.size} elements")
+    return arr[start:start + n]
 
 
 class Request:
@@ -113,38 +146,51 @@ VBuffer = Tuple[np.ndarray, List[int], List[int]]
 
 
 def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buffer") -> VBuffer:
-    """``(array, counts, displs)`` of an mpi4py vector buffer specification: ``buf``,
-    ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf, datatype]``, ``[buf, counts, datatype]``,
-    ``[buf, (counts, displs), datatype]`` or ``[buf, counts, displs, datatype]``. Without counts the
-    buffer is split into ``size`` equal blocks."""
-    counts = displs = None
+    """``(array, counts, displs)`` of an mpi4py vector buffer specification, read as mpi4py reads
+    one (``message_vector``): ``buf``, ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf,
+    datatype]``, ``[buf, counts, datatype]``, ``[buf, (counts, displs), datatype]`` or ``[buf,
+    counts, displs, datatype]``. Counts may be one int (every block that long), displacements one
+    int (block i at ``i * displs``); without counts the buffer is split into ``size`` blocks as
+    evenly as it goes (the first ``len % size`` one longer); without displacements the blocks lie
+    back to back."""
+    counts = displs = datatype = None
+    buf = spec
     if isinstance(spec, (list, tuple)):
-        if not 1 <= len(spec) <= 4:
-            raise ValueError(f"{what}: expected [buf, counts, displs, datatype] or a shorter form, got "
-                             f"{len(spec)} items")
-        items = list(spec)
-        datatype = items.pop() if len(items) > 1 and isinstance(items[-1], MPI.Datatype) else None
-        buf = items[0]
-        if len(items) == 2:
-            counts = items[1]
-            pair = isinstance(counts, tuple) and len(counts) == 2
-            if pair and not isinstance(counts[0], (int, np.integer)):  # (counts, displs)
+        if len(spec) == 2:
+            buf, counts = spec
+            if isinstance(counts, MPI.Datatype):
+                counts, datatype = None, counts
+            elif isinstance(counts, tuple):
                 counts, displs = counts
-        elif len(items) == 3:
-            counts, displs = items[1], items[2]
-        arr = (as_array(buf, writable=writable, what=what) if datatype is None
-               else as_bytes(buf, writable=writable, what=what).view(to_numpy_dtype(datatype)))
-    else:
-        arr = as_array(spec, writable=writable, what=what)
+        elif len(spec) == 3:
+            buf, counts, datatype = spec
+            if isinstance(counts, tuple):
+                counts, displs = counts
+        elif len(spec) == 4:
+            buf, counts, displs, datatype = spec
+        else:
+            raise ValueError(f"{what}: expected 2 to 4 items ([buf, counts, displs, datatype] or a shorter "
+                             f"form), got {len(spec)}")
+        if datatype is not None and not isinstance(datatype, MPI.Datatype):
+            raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+    arr = _typed(buf, datatype, writable, what)
     if counts is None:
-        if arr.size % size:
-            raise ValueError(f"{what}: {arr.size} elements do not split into {size} equal blocks; "
-                             "give counts")
-        counts = [arr.size // size] * size
-    counts = [int(c) for c in counts]
+        counts = [arr.size // size + (arr.size % size > i) for i in range(size)]
+    elif isinstance(counts, (int, np.integer)):
+        counts = [_index(counts, what, "count")] * size
+    else:
+        counts = [_index(c, what, "count") for c in counts]
+        if len(counts) != size:
+            raise ValueError(f"{what}: {len(counts)} counts for {size} ranks")
     if displs is None:
         displs = list(itertools.accumulate([0] + counts[:-1]))
-    return arr, counts, [int(d) for d in displs]
+    elif isinstance(displs, (int, np.integer)):
+        displs = [_index(displs, what, "displacement") * i for i in range(size)]
+    else:
+        displs = [_index(d, what, "displacement") for d in displs]
+        if len(displs) != size:
+            raise ValueError(f"{what}: {len(displs)} displacements for {size} ranks")
+    return arr, counts, displs
 
 
 #: mpi4py's defaults of the collectives' optional parameters.
@@ -209,7 +255,9 @@ class Comm:
                 c, d = row.mpi_vector[p]
                 kw[c], kw[d] = counts, displs
             else:
-                kw[p] = as_buffer(v, writable=p != "sendbuf", what=p)
+                role = row.send if p == "sendbuf" else row.recv if p == "recvbuf" else ""
+                blocks = self.team.size if role == "blocks" else 0  # a count there is one block's
+                kw[p] = as_buffer(v, blocks=blocks, writable=p != "sendbuf", what=p)
         if row.mpi_in_place == "swap" and "sendbuf" in kw and kw["sendbuf"] is None:
             kw["sendbuf"], kw["recvbuf"] = kw["recvbuf"], None  # pycoll's in place: (buffer, None)
         return kw

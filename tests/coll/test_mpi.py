@@ -28,6 +28,13 @@ def test_comm_lookalike(n, mpirun):
     mpirun(n, "tests/coll/scripts/comm_lookalike.py", timeout=120)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_comm_buffer_specifications_match_mpi4py(n, mpirun):
+    """Every mpi4py buffer specification form (counts of block buffers per block, displacements,
+    integer and strided v-counts) leaves what mpi4py's own communicator leaves, sentinels too."""
+    mpirun(n, "tests/coll/scripts/comm_buffer_specs.py", timeout=120)
+
+
 @pytest.mark.parametrize("mode", ["tagged", "untagged"])
 @pytest.mark.parametrize("tls", ["mpi", "shm,mpi"])
 def test_thousand_mixed_collectives_small_credit(mode, tls, mpirun):

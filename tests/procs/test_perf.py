@@ -98,7 +98,7 @@ def test_plot_draws_one_picture_per_collective(tmp_path, cli):
 
 def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
     """``--algorithm all``: a table per algorithm that can run here (shm on one host, no
-    hierarchical ones on one node), every size checked, rows saying their algorithm."""
+    hierarchical ones on one node; the single copy on one host), every size checked, rows saying their algorithm."""
     out = tmp_path / "all.json"
     rc, text, err = cli("perf", "bcast", "-n", "2", "--algorithm", "all", "--max-bytes", "64", "--iters",
                         "5", "--check", "--json", str(out), timeout=180)
@@ -107,9 +107,9 @@ def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
 
     rows = json.loads(out.read_text())["rows"]
     ran = list(dict.fromkeys(r["algorithm"] for r in rows))
-    assert ran == ["auto", "knomial", "scatter_allgather", "shm"], ran
+    assert ran == ["auto", "cma", "knomial", "scatter_allgather", "shm"], ran
     assert all(r["check"] == "ok" for r in rows)
-    assert text.count("# pycoll perf bcast") == 4 and "algorithm hier" not in text
+    assert text.count("# pycoll perf bcast") == 5 and "algorithm hier" not in text
 
 
 def test_several_rank_counts_print_one_scaling_table(tmp_path, cli):
