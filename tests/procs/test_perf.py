@@ -97,8 +97,8 @@ def test_plot_draws_one_picture_per_collective(tmp_path, cli):
 
 
 def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
-    """``--algorithm all``: a table per algorithm that can run here (shm on one host, no
-    hierarchical ones on one node; the single copy on one host), every size checked, rows saying their algorithm."""
+    """``--algorithm all``: a table per algorithm that can run here (shm and the single copy on one
+    host, no hierarchical ones on one node), every size checked, rows saying their algorithm."""
     out = tmp_path / "all.json"
     rc, text, err = cli("perf", "bcast", "-n", "2", "--algorithm", "all", "--max-bytes", "64", "--iters",
                         "5", "--check", "--json", str(out), timeout=180)
