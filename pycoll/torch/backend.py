@@ -391,7 +391,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
                             opts: Any = None) -> PycollWork:
-        works = [self.allgather([outs], [x], opts) for outs, x in zip(output_lists, input_list)]
+        """gloo's ``all_gather_coalesced``: ``output_lists[r][j]`` gets rank r's ``input_list[j]``
+        (one list per rank, each as long as ``input_list``; the inputs may differ in shape)."""
+        n = self.team.size
+        if len(output_lists) != n or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(f"all_gather_coalesced: need {n} output lists (one per rank) of "
+                             f"{len(input_list)} tensors each, got "
+                             f"{[len(outs) for outs in output_lists]}")
+        works = [self.allgather([[output_lists[r][j] for r in range(n)]], [x], opts)
+                 for j, x in enumerate(input_list)]
         return self._merge(works, output_lists)
 
     def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],

@@ -161,6 +161,17 @@ def test_coalesced(r, n, gloo):
     for k in range(2):
         want = torch.cat([data(q, (k + 1,), torch.float32) for q in range(n)])
         check(outs[k], want, "coalesced all_gather")
+    # all_gather_coalesced: one output list per rank, inputs of different shapes; as gloo does
+    ins = [data(r, (2, 2), torch.float32), data(r, (3,), torch.float32, salt=1)]
+    for group in (None, gloo):
+        got = [[torch.zeros(2, 2), torch.zeros(3)] for _ in range(n)]
+        dist.all_gather_coalesced(got, ins, group=group)
+        if group is None:
+            mine = got
+    for q in range(n):
+        check(mine[q][0], got[q][0], f"all_gather_coalesced rank {q}'s first tensor vs gloo")
+        check(mine[q][1], got[q][1], f"all_gather_coalesced rank {q}'s second tensor vs gloo")
+        check(mine[q][1], data(q, (3,), torch.float32, salt=1), f"all_gather_coalesced rank {q}")
     rs = [torch.empty(k + 1) for k in range(2)]
     with dist._coalescing_manager():
         for k in range(2):
