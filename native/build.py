@@ -27,7 +27,7 @@ typedef struct {
     uint64_t gen; uint64_t chunk; uint64_t nchunks; int phase; uint64_t spins;
     const uint64_t *layout; uint64_t src_count;
     const uint64_t *rlayout; uint32_t wait_rank; int wait_which; uint64_t wait_gen;
-    uint32_t yield_every;
+    uint32_t yield_every; uint64_t gen0, seq;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
@@ -35,6 +35,8 @@ int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
+int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,
+                   uint64_t *out);
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);

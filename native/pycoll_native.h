@@ -25,6 +25,8 @@ enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LO
 #define PC_ESTATE -4      /* a peer's control block holds an impossible value */
 #define PC_EDISAGREE -5   /* the ranks disagree on the blocks of a collective (their sizes) */
 #define PC_ECMA -6        /* reading a peer's memory (process_vm_readv) failed */
+#define PC_EMISMATCH -7   /* the ranks called different collectives, or the same one with other
+                           * arguments (count, dtype, op, root): their signatures differ */
 
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
@@ -32,7 +34,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 4
+#define PC_SHM_VERSION 5
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -68,8 +70,20 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
                     uint64_t *out); /* copies khash, step, nbytes, addr, seq of a POSTED descriptor */
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
-#define PC_CTRL_BYTES 256
+#define PC_CTRL_BYTES 512
 #define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
+/* A collective's signature: what each rank says it calls, written when it starts the collective
+ * (first generation gen0), in entry (its number of signed collectives) % PC_SIGS of its control
+ * block; every rank compares the others' with its own before it returns. A rank gets at most a
+ * few generations, so a few collectives, ahead of another (it would need their flags), so an
+ * entry is not overwritten while a peer may still read it. */
+#define PC_SIGS 8
+typedef struct {
+    uint64_t gen;           /* the collective's first generation (atomic; written last) */
+    uint64_t what;          /* collective | dtype << 8 | op << 16 | root << 32 (0xff.. where none) */
+    uint64_t agree;         /* what every rank must give alike: the count, or a digest of the counts */
+    uint64_t count;         /* this rank's own count (elements), for the root's checks and messages */
+} pc_shm_sig_t;
 typedef struct {
     uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
     uint32_t arrive_sleepers;  /* ranks asleep in the kernel on arrive (futex; atomic) */
@@ -88,7 +102,9 @@ typedef struct {
      * it publishes that generation's arrive flag: the chunks it needs and its block's elements
      * (gather, scatter, alltoall: the ranks agree on the number of chunks from these) */
     uint64_t info[2][2];
-    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32];
+    pc_shm_sig_t sig[PC_SIGS];
+    uint64_t signs;         /* collectives this rank has signed (written by this rank only) */
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 32 - 8];
 } pc_shm_ctrl_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
@@ -96,6 +112,10 @@ int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid */
+/* Rank `rank`'s signature of the collective whose first generation is gen0 into out (what, agree,
+ * count): 1 if it signed that collective, 0 if not (not there yet, or gone on), < 0 error. */
+int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,
+                   uint64_t *out);
 
 /* One collective on the segment, advanced by pycoll_shm_progress() without blocking for long.
  * Collectives on one segment run one at a time, in the same order on every rank; gen counts
@@ -140,11 +160,16 @@ typedef struct {
     /* give the core away (sched_yield) every yield_every polls of a flag that is not ready: ranks
      * that outnumber the cores wait this way (0: never, spin only) */
     uint32_t yield_every;
+    /* the collective's first generation and its number among the collectives this rank signed
+     * (set when it signs, at its start) */
+    uint64_t gen0, seq;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
-int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls); /* 1 done, 0 waiting, <0 error */
+/* 1 done, 0 waiting, <0 error. A collective signs at its start, and is done only once every rank's
+ * signature matches its own (else PC_EMISMATCH, as soon as a signature that differs is seen). */
+int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
 /* Start c (bound to its buffers) at generation *next_gen and progress it, in one call: the express
  * lane of a collective run again on the same buffers. As progress; when done, *next_gen is the
  * generation after it. */

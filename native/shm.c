@@ -612,12 +612,165 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ signatures
+ *
+ * Ranks that call different collectives, or the same one with a different count, dtype, op or
+ * root, would otherwise read each other's slots as if they agreed: a wrong result, silently. So
+ * each rank signs every collective when it starts it (sign), and a collective is done only once
+ * every rank has arrived at its first generation with the same signature (verify); a rank that
+ * waits also looks at the signatures there already (scan), so a disagreement that leaves the
+ * ranks waiting on each other fails at once instead of timing out. */
+#define PC_PHASE_VERIFY 99
+
+static int base_coll(int coll) {
+    switch (coll) {
+    case PC_COLL_BCAST_CMA: return PC_COLL_BCAST;
+    case PC_COLL_GATHER_CMA: return PC_COLL_GATHER;
+    case PC_COLL_SCATTER_CMA: return PC_COLL_SCATTER;
+    case PC_COLL_ALLTOALL_CMA: return PC_COLL_ALLTOALL;
+    default: return coll;
+    }
+}
+
+/* a digest of the block counts every rank must give alike (allgather(v), reduce_scatter(v)) */
+static uint64_t counts_digest(const uint64_t *layout, uint32_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* (not the displacements, nor the buffer: each rank's own) */
+    for (uint32_t r = 0; r < n; r++) h = (h ^ layout[2 * r + 1]) * 0x100000001b3ULL;
+    return h;
+}
+
+static void sign(pc_shm_coll_t *c) {
+    int coll = base_coll(c->coll);
+    int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER;
+    uint64_t what = (uint64_t)coll | (uint64_t)(coll == PC_COLL_BARRIER ? 0xff : (c->dtype & 0xff)) << 8 |
+                    (uint64_t)(reduces ? (c->op & 0xff) : 0xff) << 16 |
+                    (uint64_t)(rooted(c->coll) ? (uint32_t)c->root : 0xffffffffu) << 32;
+    uint64_t agree = 0, count = c->count;
+    switch (coll) {
+    case PC_COLL_ALLREDUCE: case PC_COLL_BCAST: case PC_COLL_REDUCE: agree = c->count; break;
+    case PC_COLL_ALLGATHER: agree = counts_digest(c->layout, c->nranks); count = c->src_count; break;
+    case PC_COLL_REDUCE_SCATTER: agree = counts_digest(c->layout, c->nranks); break;
+    case PC_COLL_GATHER: case PC_COLL_ALLTOALL: count = c->src_count; break;
+    case PC_COLL_BARRIER: count = 0; break;
+    default: break; /* scatter: this rank's block, the count */
+    }
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    pc_shm_sig_t *s = &me->sig[++me->signs % PC_SIGS];
+    s->what = what, s->agree = agree, s->count = count;
+    atomic_store_explicit((_Atomic uint64_t *)&s->gen, c->gen, memory_order_release);
+    c->gen0 = c->gen, c->seq = me->signs;
+}
+
+/* rank r's signature of the collective that started at gen0: 1 and *out, or 0 if it has not
+ * signed that collective (yet). Its entry is where this rank's is when the ranks have signed
+ * the same collectives (else any of them). */
+static int signature(const pc_shm_coll_t *c, uint32_t r, uint64_t gen0, pc_shm_sig_t *out) {
+    const pc_shm_ctrl_t *b = ctrl(c->base, r);
+    for (uint64_t i = 0; i < PC_SIGS; i++) {
+        const pc_shm_sig_t *s = &b->sig[(c->seq + i) % PC_SIGS];
+        if (atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire) != gen0) continue;
+        out->what = s->what, out->agree = s->agree, out->count = s->count;
+        return atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire) == gen0;
+    }
+    return 0;
+}
+
+/* PC_EMISMATCH if rank r's signature differs from this rank's (or, at a gather's or scatter's
+ * root, if r's block is not the size the root's counts give it) */
+static int compare(const pc_shm_coll_t *c, uint32_t r, const pc_shm_sig_t *mine, const pc_shm_sig_t *theirs) {
+    if (theirs->what != mine->what || theirs->agree != mine->agree) return PC_EMISMATCH;
+    int coll = base_coll(c->coll);
+    if ((coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER) && (int)c->rank == c->root && c->layout &&
+        theirs->count != c->layout[2 * r + 1])
+        return PC_EMISMATCH;
+    return PC_OK;
+}
+
+/* every signature of the collective already there: PC_EMISMATCH if one differs */
+static int scan(const pc_shm_coll_t *c) {
+    pc_shm_sig_t mine, theirs;
+    if (!signature(c, c->rank, c->gen0, &mine)) return PC_OK;
+    for (uint32_t r = 0; r < c->nranks; r++)
+        if (r != c->rank && signature(c, r, c->gen0, &theirs) && compare(c, r, &mine, &theirs)) return PC_EMISMATCH;
+    return PC_OK;
+}
+
+/* every rank has signed the collective (it is there: a rank signs when it starts) with this rank's
+ * signature: 1; 0 not yet; < 0 error. (A rank does not wait for the others to have done anything
+ * else: a root whose data the readers still copy is done.) A peer is at most one collective
+ * ahead (its next verify needs this rank's next signature), so its entry is still there. */
+static int verify(pc_shm_coll_t *c, uint64_t max_polls) {
+    pc_shm_sig_t mine, theirs;
+    if (!signature(c, c->rank, c->gen0, &mine)) return PC_ESTATE;
+    uint64_t polls = 0;
+    for (uint32_t r = 0; r < c->nranks; r++) {
+        if (r == c->rank) continue;
+        while (!signature(c, r, c->gen0, &theirs)) {
+            /* not there yet: a rank that sleeps waits for r's arrive flag of the collective's first
+             * generation, which r publishes after it signed */
+            c->wait_rank = r, c->wait_which = 0, c->wait_gen = c->gen0;
+            c->spins++;
+            if (++polls >= max_polls) return 0;
+            if (c->yield_every && polls % c->yield_every == 0)
+                sched_yield();
+            else
+                relax();
+        }
+        int rc = compare(c, r, &mine, &theirs);
+        if (rc) return rc;
+    }
+    c->wait_rank = UINT32_MAX;
+    return 1;
+}
+
+int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,
+                   uint64_t *out) {
+    int rc = pycoll_shm_check(base, mapped, nranks);
+    if (rc) return rc;
+    if (rank >= nranks) return PC_EINVAL;
+    pc_shm_coll_t c = {.base = (void *)base, .mapped = mapped, .nranks = nranks, .seq = 0};
+    pc_shm_sig_t s;
+    if (!signature(&c, rank, gen0, &s)) return 0;
+    out[0] = s.what, out[1] = s.agree, out[2] = s.count;
+    return 1;
+}
+
+static int progress(pc_shm_coll_t *c, uint64_t max_polls);
+
+/* A collective that waits (rc 0) or failed (a peer's header or sizes were not what this rank
+ * expected): PC_EMISMATCH instead if a signature there already differs, the cause behind it. */
+static int unsigned_by_all(const pc_shm_coll_t *c, int rc) {
+    if (rc == 0 || rc == PC_ESTATE || rc == PC_EDISAGREE) {
+        int m = scan(c);
+        if (m) return m;
+    }
+    return rc;
+}
+
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
     int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);
     if (rc) return rc;
     if (c->rank >= c->nranks || c->coll < 0 || c->coll >= PC_NCOLLS ||
         (rooted(c->coll) && (c->root < 0 || (uint32_t)c->root >= c->nranks)))
         return PC_EINVAL;
+    if (c->phase != PC_PHASE_VERIFY) {
+        /* a collective with nothing to move takes no generation: it neither signs (the next one
+         * signs for the same generation) nor waits */
+        int signs = c->nchunks != 0;
+        if (signs && c->chunk == 0 && c->phase == 0 && c->gen0 != c->gen) sign(c); /* (once) */
+        rc = progress(c, max_polls);
+        if (rc != 1) return signs ? unsigned_by_all(c, rc) : rc;
+        if (!signs) return 1;
+        c->phase = PC_PHASE_VERIFY;
+    }
+    rc = verify(c, max_polls);
+    if (rc != 1) return unsigned_by_all(c, rc);
+    c->phase = 0;
+    return 1;
+}
+
+static int progress(pc_shm_coll_t *c, uint64_t max_polls) {
+    int rc;
     const pc_shm_header_t *h = c->base;
     char *base = c->base;
     pc_shm_ctrl_t *me = ctrl(c->base, c->rank);

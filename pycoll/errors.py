@@ -31,5 +31,11 @@ class TransportError(PycollError):
     """A transport failed: a peer vanished, a message was malformed, a library call failed."""
 
 
+class MismatchError(PycollError):
+    """The ranks of a team called different collectives, or the same one with arguments that must
+    agree and do not (count, dtype, op, root). The message names each rank's call side by side,
+    e.g. ``rank 0: allreduce 100 x float32 sum; rank 1: allreduce 101 x float32 sum``."""
+
+
 class ConfigError(PycollError, ValueError):
     """A setting (a ``PYCOLL_*`` variable or an argument naming one) could not be parsed."""

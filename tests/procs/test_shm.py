@@ -120,3 +120,11 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
         assert f"RANK {r} ERROR" in outs[r], outs[r]
         assert "has died" in outs[r] or "TimeoutError" in outs[r], outs[r]
     assert shm_entries() == before  # segments are memfds: never in /dev/shm
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
+    """Different counts (inline, one chunk, several chunks), dtypes, ops, roots, collectives and
+    v-counts on the shared segment, through the Team API and pycoll.mpi.Comm: MismatchError on
+    every rank, naming each rank's call; never a result."""
+    mpirun(n, "tests/procs/scripts/mismatch.py", timeout=120)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 native = pytest.importorskip("pycoll.native", reason="the native module is not built")
+#: Bytes of a rank's control block in the segment (PC_CTRL_BYTES in native/pycoll_native.h).
+CTRL_BYTES = 512
 
 
 def test_native_header_validation():
@@ -69,8 +71,8 @@ def test_corrupted_segment_is_an_error_not_a_crash():
     st = segs[0].new_state(0, OP_CODES[pycoll.ReduceOp.SUM], DTYPE_CODES[np.dtype(np.float32)])
     segs[0].start(st, src, dst, True)
     # a peer's flag far ahead of anything possible
-    ctrl = np.frombuffer(segs[0].mm, np.uint64, count=(4096 + 256 * 2) // 8)
-    ctrl[(4096 + 256) // 8] = 1 << 40  # rank 1's arrive flag
+    ctrl = np.frombuffer(segs[0].mm, np.uint64, count=(4096 + CTRL_BYTES * 2) // 8)
+    ctrl[(4096 + CTRL_BYTES) // 8] = 1 << 40  # rank 1's arrive flag
     with pytest.raises(pycoll.TransportError, match="impossible value"):
         for _ in range(10):
             segs[0].progress(st, 0.0)
@@ -149,11 +151,12 @@ def test_scatter_and_alltoall_headers_are_checked():
     from pycoll.tl.shm.segment import COLL_ALLTOALL, COLL_SCATTER
 
     segs = two_rank_segments()
-    # scatter: the root writes its slot (header + pieces) and is done
+    # scatter: the root writes its slot (header + pieces), then waits for rank 1 to be there (and
+    # to have signed the same scatter)
     whole = np.arange(8, dtype=np.int32)
     root_out = np.zeros(4, np.int32)
     st0, rc, keep0 = _run(segs[0], COLL_SCATTER, whole, root_out, layout=[0, 4, 4, 4])
-    assert rc == 1 and (root_out == whole[:4]).all()
+    assert rc == 0 and (root_out == whole[:4]).all()
     out = np.full(4, -1, np.int32)
     slot = np.frombuffer(segs[1].mm, np.uint64, count=2, offset=segs[1].slot_offset(st0.gen - 1, 0, st0))
     assert list(slot) == [4, 4]
@@ -227,10 +230,11 @@ def test_gather_ranks_that_disagree():
     st0, rc0, keep0 = _run(segs[0], COLL_GATHER, np.arange(4, dtype=np.int32), out, layout=[0, 4, 4, 4])
     assert rc0 == 0  # waits for rank 1
     st1, rc1, keep1 = _run(segs[1], COLL_GATHER, np.arange(3, dtype=np.int32), np.zeros(3, np.int32))
-    assert rc1 == 1  # eager: rank 1 is done
+    assert rc1 == 1  # rank 1 wrote its block and found the root there, signed alike
     from pycoll.native import lib
 
-    assert lib.pycoll_shm_progress(st0, 1000) == -5 and (out[4:] == -1).all()
+    # the root: rank 1's signature says 3 elements, its counts 4: a mismatch, nothing copied
+    assert lib.pycoll_shm_progress(st0, 1000) == -7 and (out[4:] == -1).all()
     for s in segs:
         s.close()
     segs = two_rank_segments(slot_bytes=64)
@@ -249,7 +253,7 @@ def test_inline_small_collectives_check_their_header():
     from pycoll.tl.shm.segment import COLL_ALLREDUCE, COLL_BCAST
 
     def line(seg, rank):  # rank's arrive line: flag, sleepers, inline bytes, inline generation
-        off = 4096 + 256 * rank
+        off = 4096 + CTRL_BYTES * rank
         return (np.frombuffer(seg.mm, np.uint32, count=4, offset=off),
                 np.frombuffer(seg.mm, np.uint64, count=1, offset=off + 16))
 
@@ -270,14 +274,14 @@ def test_inline_small_collectives_check_their_header():
     st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, np.arange(3, dtype=np.int32), np.zeros(3, np.int32))
     out = np.full(2, -1, np.int32)
     st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE, x0, out)
-    assert rc0 == -5 and (out == -1).all()
+    assert rc0 == -7 and (out == -1).all()  # the signatures differ (PC_EMISMATCH)
     for s in segs:
         s.close()
     # a corrupted header: the generation of a bcast root's data is not this collective's
     segs = two_rank_segments()
     data = np.array([7, 8], np.int32)
     st0, rc0, keep0 = _run(segs[0], COLL_BCAST, data, data)
-    assert rc0 == 1  # the root is done at once (eager)
+    assert rc0 == 0  # the root wrote its data; it is done once rank 1 is there (signed alike)
     words, gen = line(segs[1], 0)
     gen[0] = 99
     out = np.full(2, -1, np.int32)
@@ -308,3 +312,48 @@ def test_budget_of_a_native_call_never_exceeds_polls_and_a_closed_segment_is_bro
     assert seg.budget == 100
     seg.close()
     assert not seg.free() and "closed" in str(seg.broken)
+
+
+def test_signatures_catch_ranks_that_disagree():
+    """Every segment collective is signed at its start and done only once every rank's signature
+    matches: ranks whose count, dtype, op, root or collective differ get PC_EMISMATCH (-7), never
+    a result, and the error names each rank's call; ranks that agree finish as before."""
+    import pycoll
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE, COLL_BARRIER, COLL_BCAST
+
+    mismatch = -7
+    a32, b32 = np.ones(100, np.int32), np.ones(101, np.int32)
+    cases = [  # (rank 0's call, rank 1's call): kind, src, dst, root
+        ((COLL_ALLREDUCE, a32, np.zeros(100, np.int32), 0),
+         (COLL_ALLREDUCE, b32, np.zeros(101, np.int32), 0)),
+        ((COLL_BCAST, a32, a32.copy(), 0), (COLL_BCAST, a32, a32.copy(), 1)),  # two roots: nobody reads
+        ((COLL_ALLREDUCE, a32, np.zeros(100, np.int32), 0), (COLL_BARRIER, a32, a32, 0)),
+        ((COLL_BCAST, a32[:2], a32[:2].copy(), 0), (COLL_BCAST, a32[:3], a32[:3].copy(), 0)),  # inline
+    ]
+    for call0, call1 in cases:
+        segs = two_rank_segments()
+        st0, rc0, keep0 = _run(segs[0], call0[0], call0[1], call0[2], root=call0[3])
+        st1, rc1, keep1 = _run(segs[1], call1[0], call1[1], call1[2], root=call1[3])
+        rcs = [rc0, rc1]
+        for _ in range(20):
+            rcs = [native.lib.pycoll_shm_progress(st, 1000) if rc == 0 else rc for st, rc in ((st0, rcs[0]),
+                                                                                             (st1, rcs[1]))]
+        assert rcs == [mismatch, mismatch], (call0[0], call1[0], rcs)
+        with pytest.raises(pycoll.MismatchError, match="rank 0: .*; rank 1: ") as err:
+            segs[0].raise_native(rcs[0])
+        assert "differ" in str(err.value)
+        for s in segs:
+            s.close()
+    # the same call on both ranks: done, and the message of a mismatch names the calls
+    segs = two_rank_segments()
+    x0, x1 = np.full(100, 1, np.int32), np.full(100, 2, np.int32)
+    y0, y1 = np.zeros(100, np.int32), np.zeros(100, np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE, x0, y0)
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, x1, y1)
+    for _ in range(20):
+        rc0 = native.lib.pycoll_shm_progress(st0, 1000) if rc0 == 0 else rc0
+        rc1 = native.lib.pycoll_shm_progress(st1, 1000) if rc1 == 0 else rc1
+    assert (rc0, rc1) == (1, 1) and (y0 == 3).all() and (y1 == 3).all()
+    assert "rank 0: allreduce 100 x int32 sum; rank 1: allreduce 100 x int32 sum" in segs[0].mismatch()
+    for s in segs:
+        s.close()

@@ -23,7 +23,9 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from pycoll.errors import TransportError
+from pycoll.dtypes import DTYPE_CODES
+from pycoll.errors import MismatchError, TransportError
+from pycoll.ops import OP_CODES
 
 LIVENESS_S = 0.05
 #: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
@@ -34,10 +36,32 @@ POLLS_PER_CALL = 4000
 MIN_POLLS_PER_CALL = 64
 #: The native error of a failed read of a peer's memory (PC_ECMA).
 CMA_FAILED = -6
+#: The native errors of ranks whose blocks' sizes (PC_EDISAGREE) or signatures of a collective
+#: (PC_EMISMATCH) differ.
+DISAGREE, MISMATCH = -5, -7
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
  COLL_ALLTOALL_CMA) = range(13)
+#: The collectives' names by native code (the single-copy forms are their collective's).
+COLL_NAMES = ("allreduce", "bcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
+              "alltoall")
+_DTYPE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
+_OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  # SUM, not AVG
+
+
+def describe_signature(what: int, count: int) -> str:
+    """A rank's call as its signature says it (``allreduce 100 x float32 sum``, ``bcast 8 x int64
+    root 1``, ``barrier``)."""
+    coll, dtype, op, root = what & 0xff, (what >> 8) & 0xff, (what >> 16) & 0xff, what >> 32
+    text = COLL_NAMES[coll] if coll < len(COLL_NAMES) else f"collective {coll}"
+    if coll != COLL_BARRIER:
+        text += f" {count} x {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')}"
+    if op != 0xff:
+        text += f" {_OP_NAMES.get(op, f'op {op}')}"
+    if root != 0xffffffff:
+        text += f" root {root}"
+    return text
 
 
 def shm_available() -> bool:
@@ -264,8 +288,27 @@ class ShmSegment:
         if rc == CMA_FAILED:
             self._next_check = 0.0
             self.check_peers()
+        if rc == MISMATCH:
+            self.broken = MismatchError(self.mismatch())
+            raise self.broken
+        if rc == DISAGREE:
+            self.broken = MismatchError(f"the ranks disagree on the sizes of the blocks (counts) of this "
+                                        f"collective: {self.mismatch()}")
+            raise self.broken
         self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
         raise self.broken
+
+    def mismatch(self) -> str:
+        """What each rank called in the collective in progress (its signature in the segment), side
+        by side: the text of a :class:`MismatchError`."""
+        gen0, out = self._gen[0], self.ffi.new("uint64_t[3]")
+        calls = []
+        for r in range(self.size):
+            rc = self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, gen0, out)
+            calls.append(f"rank {r}: " + (describe_signature(out[0], out[2]) if rc == 1 else "not there yet"))
+        return (f"the ranks' calls of collective #{gen0} on the shared segment differ: " + "; ".join(calls)
+                + " (every rank must call the same collectives in the same order, with the same count, "
+                "dtype, op and root)")
 
     def fail(self, error: BaseException) -> None:
         """A collective on the segment stopped halfway: the segment's state is unknown now."""

@@ -1,0 +1,89 @@
+"""Run under mpiexec by tests/procs/test_shm.py: ranks that call a collective with arguments that
+must agree and do not (count, dtype, op, root, the collective itself, v-counts), on the shared
+segment, through the Team API and through ``pycoll.mpi.Comm``: every rank raises
+``pycoll.MismatchError`` naming each rank's call, and no rank returns a result. (A gather's block
+sizes are known at the root alone: the root raises; the others, which have no output, may
+return.)"""
+
+import numpy as np
+from mpi4py import MPI
+
+import pycoll
+from pycoll import Team
+from pycoll.mpi import Comm
+from tests.rank import run_rank
+
+
+def cases(r, n):
+    """(name, call(team), words every rank's message must hold): rank n-1 differs from the rest."""
+    odd = r == n - 1
+    for count in (4, 1000, 300_000):  # inline on the flag's line, one chunk, several chunks
+        yield (f"allreduce count {count}", lambda t, c=count: t.allreduce(np.ones(c + odd, np.float32)),
+               [f"allreduce {count} x float32 sum", f"allreduce {count + 1} x float32 sum"])
+    yield ("allreduce dtype", lambda t: t.allreduce(np.ones(100, np.float64 if odd else np.float32)),
+           ["x float32", "x float64"])
+    yield ("allreduce op", lambda t: t.allreduce(np.ones(100, np.float32), op="max" if odd else "sum"),
+           ["float32 sum", "float32 max"])
+    yield ("bcast root", lambda t: t.bcast(np.ones(100, np.float32), root=n - 1 if odd else 0),
+           ["root 0", f"root {n - 1}"])
+    yield ("reduce root", lambda t: t.reduce(np.ones(100, np.float32), np.empty(100, np.float32),
+                                             root=n - 1 if odd else 0), ["root 0", f"root {n - 1}"])
+    yield ("allreduce against bcast", lambda t: (t.bcast(np.ones(100, np.float32)) if odd
+                                                 else t.allreduce(np.ones(100, np.float32))),
+           ["allreduce", "bcast"])
+    yield ("allgather count", lambda t: t.allgather(np.ones(10 + odd, np.float32),
+                                                    np.empty(n * (10 + odd), np.float32)),
+           ["allgather 10 x float32", "allgather 11 x float32"])
+    counts = [3] * n if odd else [2] + [3] * (n - 1)
+    yield ("allgatherv counts", lambda t: t.allgatherv(np.ones(counts[r], np.float32),
+                                                       np.empty(sum(counts), np.float32), counts),
+           ["allgather"])
+    if r == 0:
+        yield ("gather block",
+               lambda t: t.gather(np.ones(5, np.float32), np.empty(n * 5, np.float32), root=0),
+               ["gather 5 x float32", "gather 6 x float32"])
+    else:
+        yield ("gather block", lambda t: t.gather(np.ones(5 + odd, np.float32), None, root=0), None)
+
+
+def expect_mismatch(name, post, words):
+    """``post()`` raises MismatchError holding ``words`` (None: it may also return)."""
+    try:
+        post()
+    except pycoll.MismatchError as exc:
+        text = str(exc)
+        for w in words or ():
+            assert w in text, f"{name}: {w!r} not in {text!r}"
+        assert "rank 0:" in text and "rank 1:" in text, text
+        return
+    if words is None:
+        return
+    raise AssertionError(f"{name}: rank {MPI.COMM_WORLD.rank} got a result, not a MismatchError")
+
+
+def main():
+    world = MPI.COMM_WORLD
+    r, n = world.rank, world.size
+    for name, call, words in cases(r, n):
+        team = Team.from_mpi(world)
+        assert team.shared is not None, "these checks are for the shared segment"
+        expect_mismatch(name, lambda c=call, t=team: c(t).wait(timeout=30), words)
+        team.close()
+        world.Barrier()
+    # the mpi4py drop-in: the same error, on every rank
+    odd = r == n - 1
+    comm = Comm(world)
+    expect_mismatch("Comm.Allreduce count", lambda: comm.Allreduce(np.ones(50 + odd), np.empty(50 + odd),
+                                                                   op=MPI.SUM),
+                    ["allreduce 50 x float64 sum", "allreduce 51 x float64 sum"])
+    comm.team.close()
+    world.Barrier()
+    # ranks that agree are unaffected: a fresh team computes as before
+    team = Team.from_mpi(world)
+    out = team.allreduce(np.full(1000, r + 1.0), np.empty(1000)).wait()
+    assert (out == n * (n + 1) / 2).all()
+    team.close()
+
+
+if __name__ == "__main__":
+    run_rank(main)
