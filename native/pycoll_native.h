@@ -163,6 +163,8 @@ typedef struct {
     /* the collective's first generation and its number among the collectives this rank signed
      * (set when it signs, at its start) */
     uint64_t gen0, seq;
+    /* the collective averages (op is PC_SUM, the caller divides): its signature says so */
+    int avg;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

@@ -621,6 +621,8 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
  * waits also looks at the signatures there already (scan), so a disagreement that leaves the
  * ranks waiting on each other fails at once instead of timing out. */
 #define PC_PHASE_VERIFY 99
+/* the op of an averaging collective in its signature (it reduces as PC_SUM) */
+#define PC_SIG_AVG 0xfe
 
 static int base_coll(int coll) {
     switch (coll) {
@@ -643,7 +645,7 @@ static void sign(pc_shm_coll_t *c) {
     int coll = base_coll(c->coll);
     int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER;
     uint64_t what = (uint64_t)coll | (uint64_t)(coll == PC_COLL_BARRIER ? 0xff : (c->dtype & 0xff)) << 8 |
-                    (uint64_t)(reduces ? (c->op & 0xff) : 0xff) << 16 |
+                    (uint64_t)(reduces ? (c->avg ? PC_SIG_AVG : (c->op & 0xff)) : 0xff) << 16 |
                     (uint64_t)(rooted(c->coll) ? (uint32_t)c->root : 0xffffffffu) << 32;
     uint64_t agree = 0, count = c->count;
     switch (coll) {

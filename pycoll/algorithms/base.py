@@ -271,6 +271,7 @@ class SegmentTask(Task):
         self.since = 0.0
         #: Whether :meth:`finished` has work (an average to divide; the op never changes).
         self.averages = args.op is ReduceOp.AVG
+        self.native.avg = self.averages  # (AVG reduces as SUM; its signature says AVG)
 
     def codes(self) -> tuple:
         """(op, dtype) codes of the native state machine."""

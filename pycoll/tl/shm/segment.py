@@ -48,6 +48,7 @@ COLL_NAMES = ("allreduce", "bcast", "barrier", "reduce", "allgather", "reduce_sc
               "alltoall")
 _DTYPE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 _OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  # SUM, not AVG
+_OP_NAMES[0xfe] = "avg"  # PC_SIG_AVG: an average reduces as SUM, its signature says AVG
 
 
 def describe_signature(what: int, count: int) -> str:

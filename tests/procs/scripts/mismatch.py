@@ -24,6 +24,9 @@ def cases(r, n):
            ["x float32", "x float64"])
     yield ("allreduce op", lambda t: t.allreduce(np.ones(100, np.float32), op="max" if odd else "sum"),
            ["float32 sum", "float32 max"])
+    yield ("allreduce sum against avg",
+           lambda t: t.allreduce(np.ones(100, np.float32), op="avg" if odd else "sum"),
+           ["float32 sum", "float32 avg"])
     yield ("bcast root", lambda t: t.bcast(np.ones(100, np.float32), root=n - 1 if odd else 0),
            ["root 0", f"root {n - 1}"])
     yield ("reduce root", lambda t: t.reduce(np.ones(100, np.float32), np.empty(100, np.float32),
