@@ -252,7 +252,15 @@ def run_priority() -> None:
     overtakes, credited = 0, 0
     ctx.on_start = rec.on_start
     try:
-        for step in range(6):
+        # at least 6 steps; then on until a later bucket overtook an earlier one on every rank
+        # (whether one does in a given step depends on when the buckets' parts get queued: timing;
+        # the ranks agree on when to stop, as DDP needs), at most 30
+        for step in range(30):
+            if step >= 6:
+                done = torch.tensor([int(bool(overtakes) or not credited)], dtype=torch.int32)
+                dist.all_reduce(done, op=dist.ReduceOp.MIN)
+                if done.item():
+                    break
             rec.reset(hold=step >= 2)  # step 0: one bucket for all (DDP rebuilds them after it)
             x = torch.randn(BATCH, 48, generator=torch.Generator().manual_seed(step + 100 * dist.get_rank()))
             ddp(x).square().mean().backward()
