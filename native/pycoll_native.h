@@ -74,9 +74,9 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
 #define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
 /* A collective's signature: what each rank says it calls, written when it starts the collective
  * (first generation gen0), in entry (its number of signed collectives) % PC_SIGS of its control
- * block; every rank compares the others' with its own before it returns. A rank gets at most a
- * few generations, so a few collectives, ahead of another (it would need their flags), so an
- * entry is not overwritten while a peer may still read it. */
+ * block; every rank compares the others' with its own before it returns. So no rank finishes a
+ * collective before every rank has signed it: a rank is at most one signed collective ahead of
+ * another, and an entry is not overwritten while a peer may still read it. */
 #define PC_SIGS 8
 typedef struct {
     uint64_t gen;           /* the collective's first generation (atomic; written last) */

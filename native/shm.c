@@ -644,7 +644,9 @@ static uint64_t counts_digest(const uint64_t *layout, uint32_t n) {
 static void sign(pc_shm_coll_t *c) {
     int coll = base_coll(c->coll);
     int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER;
-    uint64_t what = (uint64_t)coll | (uint64_t)(coll == PC_COLL_BARRIER ? 0xff : (c->dtype & 0xff)) << 8 |
+    /* the form itself (c->coll): a rank on the single-copy form and one on the segment form of the
+     * same collective would read each other's slots wrongly */
+    uint64_t what = (uint64_t)c->coll | (uint64_t)(coll == PC_COLL_BARRIER ? 0xff : (c->dtype & 0xff)) << 8 |
                     (uint64_t)(reduces ? (c->avg ? PC_SIG_AVG : (c->op & 0xff)) : 0xff) << 16 |
                     (uint64_t)(rooted(c->coll) ? (uint32_t)c->root : 0xffffffffu) << 32;
     uint64_t agree = 0, count = c->count;
@@ -671,8 +673,10 @@ static int signature(const pc_shm_coll_t *c, uint32_t r, uint64_t gen0, pc_shm_s
     for (uint64_t i = 0; i < PC_SIGS; i++) {
         const pc_shm_sig_t *s = &b->sig[(c->seq + i) % PC_SIGS];
         if (atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire) != gen0) continue;
+        /* (no seqlock needed: an entry is rewritten only PC_SIGS collectives later, and a peer is
+         * at most one signed collective ahead, since its verify needs this rank's signature) */
         out->what = s->what, out->agree = s->agree, out->count = s->count;
-        return atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire) == gen0;
+        return 1;
     }
     return 0;
 }
@@ -756,9 +760,10 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls) {
         (rooted(c->coll) && (c->root < 0 || (uint32_t)c->root >= c->nranks)))
         return PC_EINVAL;
     if (c->phase != PC_PHASE_VERIFY) {
-        /* a collective with nothing to move takes no generation: it neither signs (the next one
-         * signs for the same generation) nor waits */
-        int signs = c->nchunks != 0;
+        /* a collective with nothing to move takes no generation (but the small ones that travel
+         * inline, count 0 too): it neither signs (the next one signs for the same generation)
+         * nor waits */
+        int signs = c->nchunks != 0 || inline_ok(c, pycoll_dtype_size(c->dtype));
         if (signs && c->chunk == 0 && c->phase == 0 && c->gen0 != c->gen) sign(c); /* (once) */
         rc = progress(c, max_polls);
         if (rc != 1) return signs ? unsigned_by_all(c, rc) : rc;

@@ -43,9 +43,10 @@ DISAGREE, MISMATCH = -5, -7
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
  COLL_ALLTOALL_CMA) = range(13)
-#: The collectives' names by native code (the single-copy forms are their collective's).
+#: The collectives' names by native code.
 COLL_NAMES = ("allreduce", "bcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
-              "alltoall")
+              "alltoall", "bcast (single copy)", "gather (single copy)", "scatter (single copy)",
+              "alltoall (single copy)")
 _DTYPE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 _OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  # SUM, not AVG
 _OP_NAMES[0xfe] = "avg"  # PC_SIG_AVG: an average reduces as SUM, its signature says AVG
@@ -307,7 +308,8 @@ class ShmSegment:
         for r in range(self.size):
             rc = self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, gen0, out)
             calls.append(f"rank {r}: " + (describe_signature(out[0], out[2]) if rc == 1 else "not there yet"))
-        return (f"the ranks' calls of collective #{gen0} on the shared segment differ: " + "; ".join(calls)
+        return (f"the ranks' calls of the collective at generation {gen0} of the shared segment differ: "
+                + "; ".join(calls)
                 + " (every rank must call the same collectives in the same order, with the same count, "
                 "dtype, op and root)")
 

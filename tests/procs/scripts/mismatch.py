@@ -20,6 +20,10 @@ def cases(r, n):
     for count in (4, 1000, 300_000):  # inline on the flag's line, one chunk, several chunks
         yield (f"allreduce count {count}", lambda t, c=count: t.allreduce(np.ones(c + odd, np.float32)),
                [f"allreduce {count} x float32 sum", f"allreduce {count + 1} x float32 sum"])
+    for count in (4, 1000):  # nothing to reduce on all ranks but one
+        yield (f"allreduce count 0 against {count}",
+               lambda t, c=count: t.allreduce(np.ones(c if odd else 0, np.float32)),
+               ["allreduce 0 x float32 sum", f"allreduce {count} x float32 sum"])
     yield ("allreduce dtype", lambda t: t.allreduce(np.ones(100, np.float64 if odd else np.float32)),
            ["x float32", "x float64"])
     yield ("allreduce op", lambda t: t.allreduce(np.ones(100, np.float32), op="max" if odd else "sum"),
