@@ -148,6 +148,18 @@ int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns) {
     return v >= c->wait_gen;
 }
 
+/* One poll found what it waits for not ready: count it, and give the core a moment (or away, every
+ * yield_every polls). 0 once max_polls polls are spent: return to the engine. */
+static int pause_poll(pc_shm_coll_t *c, uint64_t *polls, uint64_t max_polls) {
+    c->spins++;
+    if (++*polls >= max_polls) return 0;
+    if (c->yield_every && *polls % c->yield_every == 0)
+        sched_yield();
+    else
+        relax();
+    return 1;
+}
+
 /* Wait (up to max_polls polls) until every rank's flag (0 arrive, 1 reduced) reaches gen, or only
  * rank `only` if only >= 0. Returns 1 ready, 0 not yet, PC_ESTATE if a flag is impossible.
  *
@@ -177,12 +189,7 @@ static int wait_flags(pc_shm_coll_t *c, int which, uint64_t gen, int only, uint6
             c->wait_rank = UINT32_MAX;
             return 1;
         }
-        c->spins++;
-        if (++polls >= max_polls) return 0;
-        if (c->yield_every && polls % c->yield_every == 0)
-            sched_yield();
-        else
-            relax();
+        if (!pause_poll(c, &polls, max_polls)) return 0;
     }
 }
 
@@ -715,12 +722,7 @@ static int verify(pc_shm_coll_t *c, uint64_t max_polls) {
             /* not there yet: a rank that sleeps waits for r's arrive flag of the collective's first
              * generation, which r publishes after it signed */
             c->wait_rank = r, c->wait_which = 0, c->wait_gen = c->gen0;
-            c->spins++;
-            if (++polls >= max_polls) return 0;
-            if (c->yield_every && polls % c->yield_every == 0)
-                sched_yield();
-            else
-                relax();
+            if (!pause_poll(c, &polls, max_polls)) return 0;
         }
         int rc = compare(c, r, &mine, &theirs);
         if (rc) return rc;

@@ -52,6 +52,31 @@ def _index(value: Any, what: str, name: str) -> int:
     return out
 
 
+def _unpack(spec: Sequence[Any], pairs: tuple, what: str) -> tuple:
+    """``(buf, count, displ, datatype)`` of an mpi4py buffer specification list (2 to 4 items), as
+    mpi4py unpacks one: a count that is an instance of ``pairs`` is ``(count, displ)`` (mpi4py
+    takes a list or tuple there for one buffer, only a tuple for a vector buffer)."""
+    count = displ = datatype = None
+    if len(spec) == 2:
+        buf, count = spec
+        if isinstance(count, MPI.Datatype):
+            count, datatype = None, count
+        elif isinstance(count, pairs):
+            count, displ = count
+    elif len(spec) == 3:
+        buf, count, datatype = spec
+        if isinstance(count, pairs):
+            count, displ = count
+    elif len(spec) == 4:
+        buf, count, displ, datatype = spec
+    else:
+        raise ValueError(f"{what}: expected 2 to 4 items ([buf, count, displ, datatype] or a shorter "
+                         f"form), got {len(spec)}")
+    if datatype is not None and not isinstance(datatype, MPI.Datatype):
+        raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+    return buf, count, displ, datatype
+
+
 def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str = "buffer") -> np.ndarray:
     """A typed 1-D numpy view of an mpi4py buffer specification, read as mpi4py reads one
     (``message_simple``): ``buf``, ``[buf, datatype]``, ``[buf, count]``, ``[buf, (count, displ)]``,
@@ -61,24 +86,7 @@ def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str =
     view is ``count * blocks`` elements."""
     if not isinstance(spec, (list, tuple)):
         return as_array(spec, writable=writable, what=what)
-    count = displ = datatype = None
-    if len(spec) == 2:
-        buf, count = spec
-        if isinstance(count, MPI.Datatype):
-            count, datatype = None, count
-        elif isinstance(count, (list, tuple)):
-            count, displ = count
-    elif len(spec) == 3:
-        buf, count, datatype = spec
-        if isinstance(count, (list, tuple)):
-            count, displ = count
-    elif len(spec) == 4:
-        buf, count, displ, datatype = spec
-    else:
-        raise ValueError(f"{what}: expected 2 to 4 items ([buf, count, displ, datatype] or a shorter "
-                         f"form), got {len(spec)}")
-    if datatype is not None and not isinstance(datatype, MPI.Datatype):
-        raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+    buf, count, displ, datatype = _unpack(spec, (list, tuple), what)
     arr = _typed(buf, datatype, writable, what)
     start = 0 if displ is None else _index(displ, what, "displacement")
     if start > arr.size:
@@ -153,26 +161,9 @@ def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buf
     int (block i at ``i * displs``); without counts the buffer is split into ``size`` blocks as
     evenly as it goes (the first ``len % size`` one longer); without displacements the blocks lie
     back to back."""
-    counts = displs = datatype = None
-    buf = spec
+    buf, counts, displs, datatype = spec, None, None, None
     if isinstance(spec, (list, tuple)):
-        if len(spec) == 2:
-            buf, counts = spec
-            if isinstance(counts, MPI.Datatype):
-                counts, datatype = None, counts
-            elif isinstance(counts, tuple):
-                counts, displs = counts
-        elif len(spec) == 3:
-            buf, counts, datatype = spec
-            if isinstance(counts, tuple):
-                counts, displs = counts
-        elif len(spec) == 4:
-            buf, counts, displs, datatype = spec
-        else:
-            raise ValueError(f"{what}: expected 2 to 4 items ([buf, counts, displs, datatype] or a shorter "
-                             f"form), got {len(spec)}")
-        if datatype is not None and not isinstance(datatype, MPI.Datatype):
-            raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+        buf, counts, displs, datatype = _unpack(spec, (tuple,), what)
     arr = _typed(buf, datatype, writable, what)
     if counts is None:
         counts = [arr.size // size + (arr.size % size > i) for i in range(size)]
