@@ -154,12 +154,14 @@ class Case:
                 f"{' in-place' if self.in_place else ''}{' persistent' if self.persistent else ''}")
 
 
-def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: bool = False,
+def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: int = 0,
                  cma: bool = False) -> Iterator[Case]:
     """The matrix for a team of ``n``; ``shared``: the team has a shared segment (shm algorithms
     run); ``dtypes``: sweep every dtype x op of the reducing collectives (else float32 SUM only);
-    ``thin`` (large teams): counts 0, odd and large, persistent only for the odd count."""
-    roots = sorted({0, n // 2, n - 1})
+    ``thin`` (large teams): 1: counts 0, odd and large, persistent only for the odd count; 2: that,
+    with one root (the middle rank: relative ranks wrap) instead of three, in place only for the
+    odd count."""
+    roots = [n // 2] if thin >= 2 else sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
             if (alg == "shm" and not shared) or (alg == "cma" and not cma):
@@ -174,6 +176,8 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: bo
                     for in_place in ((False, True) if coll in IN_PLACE else (False,)):
                         for persistent in (False, True):
                             if (coll == "barrier" and count) or (thin and persistent and count != 7):
+                                continue
+                            if thin >= 2 and in_place and count != 7:
                                 continue
                             yield Case(coll, alg, dtype, ReduceOp.SUM, count, in_place, persistent, root)
 
@@ -368,7 +372,7 @@ def run_case(teams: List[pycoll.Team], case: Case) -> None:
 
 
 def run_matrix(teams: List[pycoll.Team], n: int, shared: bool, large: int, dtypes: bool = True,
-            thin: bool = False, cma: bool = False) -> Dict[str, int]:
+            thin: int = 0, cma: bool = False) -> Dict[str, int]:
     """Every case for a team of ``n``; returns how many ran per collective."""
     done: Dict[str, int] = {}
     for case in matrix_cases(n, shared, large, dtypes, thin, cma):

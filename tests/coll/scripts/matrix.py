@@ -16,7 +16,7 @@ def main(dtypes: str, large: str, thin: str = "0") -> None:
     t0 = time.monotonic()
     seg = team.shared
     done = run_matrix([team], team.size, seg is not None, int(large), dtypes=dtypes == "1",
-                      thin=thin == "1", cma=seg is not None and seg.cma)
+                      thin=int(thin), cma=seg is not None and seg.cma)
     if team.rank == 0:
         print(f"{team.size} ranks: {sum(done.values())} cases in {time.monotonic() - t0:.1f} s", flush=True)
 
