@@ -220,6 +220,7 @@ class Planner:
         seg = team.shared
         name = algorithms.select(coll, team.size, nbytes, shared=seg is not None and tag is None,
                                  cma=seg is not None and seg.cma, hier=team.hierarchical,
+                                 cma_slow=seg is not None and seg.cma_slow,
                                  default=COLLECTIVES[coll].default if coll in COLLECTIVES else None)
         if len(self._selected) > 4096:
             self._selected.clear()

@@ -50,10 +50,14 @@ class Rule:
     team: Tuple[float, float] = (1, INF)
     mem: Optional[str] = None
     source: str = "default"
+    #: Only where the single copy is not slow (a ``cma`` rule; see ``ShmSegment.cma_slow``).
+    fast_cma: bool = False
 
     def matches(self, size: int, nbytes: int, mem: str, shared: bool, cma: bool = False,
-                hier: bool = False) -> bool:
+                hier: bool = False, cma_slow: bool = False) -> bool:
         if (self.algorithm == "shm" and not shared) or (self.algorithm == "cma" and not cma):
+            return False
+        if self.fast_cma and cma_slow:
             return False
         if self.algorithm in HIERARCHICAL and not hier:
             return False
@@ -67,6 +71,7 @@ class Rule:
         team = "any" if self.team == (1, INF) else f"{int(self.team[0])}-{size(self.team[1])}"
         msg = f"{size(self.msg[0])}-{size(self.msg[1])}"
         where = ", teams spanning nodes" if self.algorithm in HIERARCHICAL else ""
+        where += ", where the single copy is fast" if self.fast_cma else ""
         return (f"{self.coll:<10} bytes {msg:<9} team {team:<6} mem {self.mem or 'any':<5} -> "
                 f"{self.algorithm} ({self.source}{where})")
 
@@ -148,9 +153,10 @@ def parse(text: str, known: Dict[str, Iterable[str]]) -> List[Rule]:
 
 
 def choose(rules: Sequence[Rule], coll: str, size: int, nbytes: int, mem: str = "host",
-           shared: bool = False, cma: bool = False, hier: bool = False) -> Optional[str]:
+           shared: bool = False, cma: bool = False, hier: bool = False,
+           cma_slow: bool = False) -> Optional[str]:
     """The algorithm of the first rule that matches, or None."""
     for rule in rules:
-        if rule.coll == coll and rule.matches(size, nbytes, mem, shared, cma, hier):
+        if rule.coll == coll and rule.matches(size, nbytes, mem, shared, cma, hier, cma_slow):
             return rule.algorithm
     return None

@@ -25,6 +25,30 @@ def test_defaults():
     assert algorithms.select("allgather", 4, 4 << 20, shared=True, cma=True) == "shm"
 
 
+@pytest.mark.parametrize("coll,nbytes,fast,slow", [
+    ("scatter", 64 << 10, "cma", "shm"), ("scatter", 4 << 20, "cma", "shm"),
+    ("gather", 256 << 10, "cma", "shm"), ("alltoall", 64 << 10, "cma", "shm"),
+    ("alltoall", 256 << 10, "cma", "cma"), ("bcast", 256 << 10, "cma", "cma")])
+def test_a_slow_single_copy_keeps_two_ranks_on_the_segment(coll, nbytes, fast, slow):
+    """Where process_vm_readv costs more than two copies (measured when the team is made), the
+    two-rank scatter, gather and mid-size alltoall stay on the segment."""
+    assert algorithms.select(coll, 2, nbytes, shared=True, cma=True) == fast
+    assert algorithms.select(coll, 2, nbytes, shared=True, cma=True, cma_slow=True) == slow
+    # more ranks: the cma rules measured on 4 and 16 ranks stand
+    assert algorithms.select("scatter", 4, 1 << 20, shared=True, cma=True, cma_slow=True) == "cma"
+
+
+def test_cma_cost_is_measured_in_copies():
+    from pycoll.tl.shm import shm_available
+    if not shm_available():
+        pytest.skip("no native build")
+    import os
+
+    from pycoll.tl.shm.transport import cma_cost
+    assert 0 < cma_cost(os.getpid(), 64 << 10, reps=3) < 100
+    assert cma_cost(2 ** 22 + 12345, 4096, reps=1) == float("inf")  # no such process: no single copy
+
+
 def test_parse_the_documented_examples():
     rules = tuning.parse("allreduce:0-4K:rd#allreduce:4K-inf:ring;bcast:0-inf:knomial", algorithms.ALGORITHMS)
     assert [(r.coll, r.algorithm, r.msg) for r in rules] == [

@@ -159,6 +159,10 @@ class ShmSegment:
         self.broken: Optional[BaseException] = None
         #: Whether the ranks may read each other's memory (process_vm_readv); set by the team.
         self.cma = False
+        #: Whether such a read costs more than two in-cache copies of the same bytes on this
+        #: machine (measured by every rank when the team is made, agreed: the median); set by
+        #: the team. The selection then keeps the segment where the single copy does not pay.
+        self.cma_slow = False
         self._polls = POLLS_PER_CALL
         #: Yield the core every this many polls of a flag not ready (0: spin); set before the
         #: first collective, for ranks that outnumber the cores (see :meth:`oversubscribed`).

@@ -21,6 +21,7 @@ and the others) and the cma allgather's reads move data without this transport: 
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from collections import defaultdict, deque
@@ -46,8 +47,49 @@ class _Recv(TransportRequest):
     __slots__ = ("buf",)
 
 
+#: A read by process_vm_readv that costs more than this many in-cache copies of the same bytes
+#: makes the team's single copy "slow" (:attr:`ShmSegment.cma_slow`): on a 2-core x86 VM where
+#: :func:`cma_cost` gives 2.4-3.4, the segment's two copies beat the single copy for scatter and
+#: gather up to 2 MiB and alltoall below 256 KiB (docs/selection.md); on the VM the cma rules were
+#: first measured on the single copy won from 64 KiB.
+CMA_SLOW_RATIO = 2.0
+#: The bytes :func:`cma_cost` reads and copies (the middle of the range the cma rules decide).
+CMA_PROBE_BYTES = 256 << 10
+
+
+def cma_cost(pid: int, nbytes: int = CMA_PROBE_BYTES, reps: int = 16) -> float:
+    """What reading ``nbytes`` of process ``pid``'s memory (this process's own: the same kernel
+    path) with process_vm_readv costs, in copies of the same bytes in cache (best of ``reps``
+    each, after one of each untimed); inf when the read fails."""
+    # fresh mappings of their own: where malloc would place them (heap or mmap, reused or new)
+    # changes what a copy costs by up to 10x on some VMs
+    src_map, dst_map = mmap.mmap(-1, nbytes), mmap.mmap(-1, nbytes)
+    src, dst = np.frombuffer(src_map, np.uint8), np.frombuffer(dst_map, np.uint8)
+    src.fill(1)
+    dst.fill(1)
+    to, at = ffi.from_buffer(dst), address(src)
+    best_read = best_copy = float("inf")
+    lib.pycoll_cma_read(pid, to, at, nbytes)
+    np.copyto(dst, src)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        n = lib.pycoll_cma_read(pid, to, at, nbytes)
+        t1 = time.perf_counter()
+        np.copyto(dst, src)
+        t2 = time.perf_counter()
+        if n != nbytes:
+            best_read = float("inf")
+            break
+        best_read, best_copy = min(best_read, t1 - t0), min(best_copy, t2 - t1)
+    del to, src, dst
+    src_map.close()
+    dst_map.close()
+    return float("inf") if best_read == float("inf") else best_read / max(best_copy, 1e-9)
+
+
 def cma_works(seg: ShmSegment, allgather: Callable[[bytes], List[bytes]]) -> bool:
-    """Whether every rank may read rank 0's memory with process_vm_readv (collective)."""
+    """Whether every rank may read rank 0's memory with process_vm_readv (collective); sets
+    ``seg.cma_slow`` from every rank's :func:`cma_cost` (the median, so every rank decides alike)."""
     probe = np.array([0x5043434D41], np.uint64)  # "PCCMA"
     infos = allgather(f"{address(probe)}".encode())
     ok = True
@@ -55,9 +97,11 @@ def cma_works(seg: ShmSegment, allgather: Callable[[bytes], List[bytes]]) -> boo
         got = np.zeros(1, np.uint64)
         n = lib.pycoll_cma_read(seg.pids[0], ffi.from_buffer(got), int(infos[0]), 8)
         ok = n == 8 and got[0] == probe[0]
-    votes = allgather(b"1" if ok else b"0")
+    cost = cma_cost(os.getpid()) if ok else float("inf")
+    votes = [v.decode().split("|") for v in allgather(f"{int(ok)}|{cost!r}".encode())]
     del probe  # kept alive until every rank has read it (the allgather above)
-    return all(v == b"1" for v in votes)
+    seg.cma_slow = float(np.median([float(c) for _, c in votes])) > CMA_SLOW_RATIO
+    return all(w == "1" for w, _ in votes)
 
 
 class ShmTransport(Transport):

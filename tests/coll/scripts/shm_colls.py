@@ -369,6 +369,8 @@ def main(mode):
         return
     if mode == "data-cma":  # the single-copy forms (small slots: the segment forms between them chunk)
         assert team.shared.cma, "this host does not let the ranks read each other's memory"
+        slow = comm.allgather(team.shared.cma_slow)  # measured by each, agreed by all
+        assert len(set(slow)) == 1, f"ranks disagree on whether the single copy is slow: {slow}"
         check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
         check_bcast_cma(team)
         return
