@@ -34,7 +34,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 5
+#define PC_SHM_VERSION 6
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -78,6 +78,8 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
  * collective before every rank has signed it: a rank is at most one signed collective ahead of
  * another, and an entry is not overwritten while a peer may still read it. */
 #define PC_SIGS 8
+#define PC_LEFT_WHY 48
+enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED = 3, PC_LEFT_FAILED = 4 };
 typedef struct {
     uint64_t gen;           /* the collective's first generation (atomic; written last) */
     uint64_t what;          /* collective | dtype << 8 | op << 16 | root << 32 (0xff.. where none) */
@@ -104,14 +106,26 @@ typedef struct {
     uint64_t info[2][2];
     pc_shm_sig_t sig[PC_SIGS];
     uint64_t signs;         /* collectives this rank has signed (written by this rank only) */
-    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 32 - 8];
+    /* How this rank left (PC_LEFT_*; 0 while it is here), written once by the rank itself at
+     * interpreter exit, on an uncaught exception, when it closes the team or when a collective
+     * failed on it (the segment is unusable then), after left_why (a NUL-terminated text: the
+     * error). Its peers read it while they wait for it: a rank whose process stays alive after it
+     * left (inside MPI_Finalize, or its launcher) is not waited for until the timeout. */
+    uint64_t left;
+    char left_why[PC_LEFT_WHY];
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 32 - 16 - PC_LEFT_WHY];
 } pc_shm_ctrl_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
 int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
-uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid */
+uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid, left */
+/* This rank leaves (how: PC_LEFT_*; why: a text, cut to PC_LEFT_WHY - 1 bytes): written once,
+ * the first call wins; wakes the peers asleep on its flags so they look at it at once. */
+void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why);
+/* Rank `rank`'s left_why into out (PC_LEFT_WHY bytes, NUL-terminated); its left value. */
+uint64_t pycoll_shm_left(const void *base, uint32_t rank, char *out);
 /* Rank `rank`'s signature of the collective whose first generation is gen0 into out (what, agree,
  * count): 1 if it signed that collective, 0 if not (not there yet, or gone on), < 0 error. */
 int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,

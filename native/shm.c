@@ -97,7 +97,7 @@ void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid) {
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which) {
     pc_shm_ctrl_t *c = ctrl((void *)base, rank);
     if (which == 3) return c->pid;
-    uint64_t *p = which == 0 ? &c->arrive : which == 1 ? &c->reduced : &c->attached;
+    uint64_t *p = which == 0 ? &c->arrive : which == 1 ? &c->reduced : which == 4 ? &c->left : &c->attached;
     return atomic_load_explicit((_Atomic uint64_t *)p, memory_order_acquire);
 }
 
@@ -128,6 +128,28 @@ static void publish(uint64_t *flag, uint32_t *sleepers, uint64_t gen) {
 
 static void arrive(pc_shm_ctrl_t *me, uint64_t gen) { publish(&me->arrive, &me->arrive_sleepers, gen); }
 static void reduced(pc_shm_ctrl_t *me, uint64_t gen) { publish(&me->reduced, &me->reduced_sleepers, gen); }
+
+void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why) {
+    pc_shm_ctrl_t *me = ctrl(base, rank);
+    if (atomic_load_explicit((_Atomic uint64_t *)&me->left, memory_order_acquire)) return;
+    size_t n = why ? strnlen(why, PC_LEFT_WHY - 1) : 0;
+    memcpy(me->left_why, why ? why : "", n);
+    me->left_why[n] = 0;
+    atomic_store_explicit((_Atomic uint64_t *)&me->left, how ? how : PC_LEFT_EXITED, memory_order_seq_cst);
+    /* whoever sleeps on this rank's flags: wake up and look (the flags do not change) */
+    if (atomic_load_explicit((_Atomic uint32_t *)&me->arrive_sleepers, memory_order_seq_cst))
+        syscall(SYS_futex, low_word(&me->arrive), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    if (atomic_load_explicit((_Atomic uint32_t *)&me->reduced_sleepers, memory_order_seq_cst))
+        syscall(SYS_futex, low_word(&me->reduced), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+uint64_t pycoll_shm_left(const void *base, uint32_t rank, char *out) {
+    const pc_shm_ctrl_t *c = ctrl((void *)base, rank);
+    uint64_t how = atomic_load_explicit((_Atomic uint64_t *)&c->left, memory_order_acquire);
+    memcpy(out, c->left_why, PC_LEFT_WHY);
+    out[PC_LEFT_WHY - 1] = 0; /* whatever the peer wrote there */
+    return how;
+}
 
 int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns) {
     int rc = pycoll_shm_check(c->base, c->mapped, c->nranks);

@@ -5,7 +5,15 @@ per process starts work by priority while credit allows; transports move the byt
 """
 
 from pycoll.engine import Context, Request, get_context, wait_all
-from pycoll.errors import CanceledError, ConfigError, MismatchError, PycollError, TimeoutError, TransportError
+from pycoll.errors import (
+    CanceledError,
+    ConfigError,
+    MismatchError,
+    PeerLostError,
+    PycollError,
+    TimeoutError,
+    TransportError,
+)
 from pycoll.events import Event, EventManager
 from pycoll.ops import ReduceOp
 from pycoll.tasks import PipelinedSchedule, PipelineOrder, Schedule, Task, TaskState
@@ -14,7 +22,8 @@ from pycoll.team import Team, local_teams
 __version__ = "0.1.0"
 
 __all__ = [
-    "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError", "PipelineOrder",
-    "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "Schedule", "Task", "TaskState", "Team",
-    "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all", "__version__",
+    "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError", "PeerLostError",
+    "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "Schedule", "Task",
+    "TaskState", "Team", "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all",
+    "__version__",
 ]

@@ -31,6 +31,16 @@ class TransportError(PycollError):
     """A transport failed: a peer vanished, a message was malformed, a library call failed."""
 
 
+class PeerLostError(TransportError):
+    """A peer left while this rank waited for it: its process died, exited, raised an uncaught
+    exception or closed the team. ``rank`` and ``pid`` name it, ``how`` says how it left (the
+    exception's text when it raised one)."""
+
+    def __init__(self, message: str, rank: int = -1, pid: int = 0, how: str = "") -> None:
+        super().__init__(message)
+        self.rank, self.pid, self.how = rank, pid, how
+
+
 class MismatchError(PycollError):
     """The ranks of a team called different collectives, or the same one with arguments that must
     agree and do not (count, dtype, op, root). The message names each rank's call side by side,

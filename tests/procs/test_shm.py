@@ -2,11 +2,12 @@
 TCP store): errors on the others, not a hang, and nothing left behind."""
 
 import signal
+import sys
 import textwrap
 
 import pytest
 
-from tests.launch import shm_entries
+from tests.launch import ROOT, mpiexec, shm_entries
 
 native = pytest.importorskip("pycoll.native", reason="the native module is not built")
 
@@ -118,7 +119,8 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
     assert codes[-1] == -signal.SIGKILL
     for r in range(size - 1):
         assert f"RANK {r} ERROR" in outs[r], outs[r]
-        assert "has died" in outs[r] or "TimeoutError" in outs[r], outs[r]
+        named = f"rank {size - 1} (pid" in outs[r] and "has died" in outs[r]  # (maybe as the root's cause)
+        assert named or "TimeoutError" in outs[r], outs[r]
     assert shm_entries() == before  # segments are memfds: never in /dev/shm
 
 
@@ -128,3 +130,26 @@ def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
     v-counts on the shared segment, through the Team API and pycoll.mpi.Comm: MismatchError on
     every rank, naming each rank's call; never a result."""
     mpirun(n, "tests/procs/scripts/mismatch.py", timeout=120)
+
+
+@pytest.mark.parametrize("mode,via,n", [("return", "team", 2), ("raise", "team", 3), ("close", "comm", 2),
+                                        ("return", "comm", 3)])
+def test_a_rank_that_leaves_is_known_at_once(mode, via, n, run_cmd):
+    """A rank that returns from main (its process lives on in MPI_Finalize), raises an uncaught
+    exception or closes its team while the others wait for it in a collective on the segment:
+    every other rank raises PeerLostError within a second (not the 20 s timeout), naming it and
+    how it left; nothing is left in /dev/shm."""
+    before = shm_entries()
+    script = str(ROOT / "tests/procs/scripts/peer_left.py")
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-u", script, mode, via]
+    rc, out, _ = run_cmd(cmd, timeout=90, merge=True)
+    last = n - 1
+    how = {"return": "exited", "raise": f"raised ValueError: boom in rank {last}",
+           "close": "closed its team"}[mode]
+    for r in range(last):
+        line = next((x for x in out.splitlines() if x.startswith(f"RANK {r} ")), "")
+        assert f"RANK {r} LOST after" in line and f"rank {last} (pid" in line and how in line, out
+        assert f"while rank {r} waited in allreduce" in line, out
+        assert float(line.split("after ")[1].split(" s")[0]) < 1.0, out
+    assert (rc != 0) == (mode == "raise"), out  # the rank that raised exits with an error
+    assert shm_entries() == before

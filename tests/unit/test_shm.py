@@ -357,3 +357,44 @@ def test_signatures_catch_ranks_that_disagree():
     assert "rank 0: allreduce 100 x int32 sum; rank 1: allreduce 100 x int32 sum" in segs[0].mismatch()
     for s in segs:
         s.close()
+
+
+def test_a_peer_that_left_is_lost_only_if_it_did_not_do_its_part():
+    """A rank that says it left (exited, raised, closed) makes a peer waiting for it raise
+    PeerLostError naming it and how it left; a rank that left after finishing its part of the
+    generation being waited on is not waited for, so it is not lost; the text is cut to fit."""
+    import pycoll
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE, LEFT_RAISED
+
+    segs = two_rank_segments()
+    x1, y1 = np.ones(2, np.int32), np.zeros(2, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, x1, y1)
+    assert rc1 == 0  # rank 1 waits for rank 0, which never comes: it leaves
+    segs[1].check_peers(st1)  # nobody left yet
+    segs[0].leave(LEFT_RAISED, "ValueError: " + "x" * 100)
+    segs[0].leave(LEFT_RAISED, "a second call changes nothing")
+    segs[1]._next_check = 0.0
+    with pytest.raises(pycoll.PeerLostError, match=r"rank 0 \(pid \d+, host .*\) raised ValueError: x+ while "
+                       r"rank 1 waited in allreduce \(generation 1\)") as info:
+        segs[1].check_peers(st1)
+    assert info.value.rank == 0 and len(info.value.how) < 60 and isinstance(info.value, pycoll.TransportError)
+    for s in segs:
+        s.close()
+    # both do a collective; rank 1 finishes first and leaves; rank 0, behind, still finishes it
+    segs = two_rank_segments()
+    x0, y0 = np.ones(2, np.int32), np.zeros(2, np.int32)
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE, x0, y0)
+    assert rc0 == 0  # waits for rank 1
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE, x1, y1)
+    assert rc1 == 1 and (y1 == 2).all()
+    segs[1].close()  # closed its team: left
+    segs[0]._next_check = 0.0
+    segs[0].check_peers(st0)  # it reached this generation: not lost
+    from pycoll.native import lib
+
+    assert lib.pycoll_shm_progress(st0, 1000) == 1 and (y0 == 2).all()
+    assert st0.gen == 2  # the next collective's: it would need rank 1
+    segs[0]._next_check = 0.0
+    with pytest.raises(pycoll.PeerLostError, match="closed its team"):
+        segs[0].check_peers(st0)
+    segs[0].close()

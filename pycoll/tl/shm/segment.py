@@ -16,15 +16,19 @@ waits for (:meth:`ShmSegment.sleep`): the peer that sets it wakes it.
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
+import socket
+import sys
 import time
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll.dtypes import DTYPE_CODES
-from pycoll.errors import MismatchError, TransportError
+from pycoll.errors import MismatchError, PeerLostError, TransportError
 from pycoll.ops import OP_CODES
 
 LIVENESS_S = 0.05
@@ -75,6 +79,41 @@ def shm_available() -> bool:
     except Exception:
         return False
     return True
+
+
+#: How a rank left (PC_LEFT_*), as its peers' errors say it.
+LEFT_EXITED, LEFT_RAISED, LEFT_CLOSED, LEFT_FAILED = 1, 2, 3, 4
+_LEFT = {LEFT_EXITED: "exited", LEFT_RAISED: "raised", LEFT_CLOSED: "closed its team",
+         LEFT_FAILED: "failed:"}
+#: The segments this process has mapped: each says it left when the interpreter exits or an
+#: exception nobody caught ends the main thread (see :func:`_watch_exit`).
+_LIVE: weakref.WeakSet[ShmSegment] = weakref.WeakSet()
+_watching = False
+
+
+def _leave_all(how: int, why: str) -> None:
+    for seg in list(_LIVE):
+        seg.leave(how, why)
+
+
+def _watch_exit() -> None:
+    """Once per process: at interpreter exit, and on an uncaught exception (before the previous
+    ``sys.excepthook`` prints it), every live segment says this rank left, so peers waiting for
+    it raise :class:`PeerLostError` at once, even while this process lives on in MPI_Finalize."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    atexit.register(_leave_all, LEFT_EXITED, "")
+    previous = sys.excepthook
+
+    def hook(kind: type, value: BaseException, tb: Any) -> None:
+        try:
+            _leave_all(LEFT_RAISED, f"{kind.__name__}: {value}")
+        finally:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _zombie(pid: int) -> bool:
@@ -148,6 +187,8 @@ class ShmSegment:
         rc = lib.pycoll_shm_check(self.base, self.total, size)
         if rc:
             raise TransportError(f"shm: {ERRORS.get(rc, rc)}")
+        _watch_exit()
+        _LIVE.add(self)
         lib.pycoll_shm_attach(self.base, rank, os.getpid())
         allgather(b"attached")
         self.pids = [int(lib.pycoll_shm_load(self.base, r, 3)) for r in range(size)]
@@ -244,7 +285,7 @@ class ShmSegment:
         elif budget > MIN_POLLS_PER_CALL:
             self.budget = budget // 2
         if waited_since and time.monotonic() - waited_since > LIVENESS_S:
-            self.check_peers()
+            self.check_peers(st)
         return False
 
     def oversubscribed(self) -> None:
@@ -295,14 +336,11 @@ class ShmSegment:
             self._next_check = 0.0
             self.check_peers()
         if rc == MISMATCH:
-            self.broken = MismatchError(self.mismatch())
-            raise self.broken
+            raise self.broke(MismatchError(self.mismatch()))
         if rc == DISAGREE:
-            self.broken = MismatchError(f"the ranks disagree on the sizes of the blocks (counts) of this "
-                                        f"collective: {self.mismatch()}")
-            raise self.broken
-        self.broken = TransportError(f"shm: {self.errors.get(rc, rc)}")
-        raise self.broken
+            raise self.broke(MismatchError(f"the ranks disagree on the sizes of the blocks (counts) of this "
+                                           f"collective: {self.mismatch()}"))
+        raise self.broke(TransportError(f"shm: {self.errors.get(rc, rc)}"))
 
     def mismatch(self) -> str:
         """What each rank called in the collective in progress (its signature in the segment), side
@@ -320,7 +358,15 @@ class ShmSegment:
     def fail(self, error: BaseException) -> None:
         """A collective on the segment stopped halfway: the segment's state is unknown now."""
         if self.broken is None:  # keep the first cause (later failures are its consequences)
-            self.broken = TransportError(f"shm: the segment is unusable after an earlier failure: {error}")
+            self.broke(TransportError(f"shm: the segment is unusable after an earlier failure: {error}"))
+
+    def broke(self, error: BaseException) -> BaseException:
+        """The segment is unusable from now on because of ``error`` (returned, to be raised): the
+        peers are told at once (this rank left, "failed: <error>"), so that those waiting for it
+        raise :class:`PeerLostError` with the cause instead of waiting for the timeout."""
+        self.broken = error
+        self.leave(LEFT_FAILED, str(error))
+        return error
 
     def flags(self) -> str:
         """Every rank's (arrive, reduced) generations, for diagnostics."""
@@ -328,26 +374,61 @@ class ShmSegment:
         return ", ".join(f"rank {r}: {load(self.base, r, 0)}/{load(self.base, r, 1)}"
                          for r in range(self.size))
 
-    def check_peers(self) -> None:
-        """Raise if a peer's process is gone (or a zombie nobody has reaped yet); at most once
-        per ``LIVENESS_S``."""
+    def check_peers(self, st: Any = None) -> None:
+        """Raise :class:`PeerLostError` if a peer this rank waits for has left: its process is
+        gone (or a zombie nobody has reaped yet), or it said it left (exited, raised, closed the
+        team; its process may live on inside MPI_Finalize); at most once per ``LIVENESS_S``.
+        With the state ``st`` of the collective that waits, a peer that left only counts if it
+        did not reach that collective's current generation (one that finished its part and left
+        is not waited for); without, any peer that left counts."""
         now = time.monotonic()
         if now < self._next_check:
             return
         self._next_check = now + LIVENESS_S
+        load = self.lib.pycoll_shm_load
+        lost = []  # (first cause first, rank, pid, how)
         for r, pid in enumerate(self.pids):
             if r == self.rank:
                 continue
-            try:
-                os.kill(pid, 0)
-                dead = _zombie(pid)
-            except ProcessLookupError:
-                dead = True
-            except PermissionError:
-                dead = False
-            if dead:
-                self.broken = TransportError(f"shm: rank {r} (pid {pid}) has died")
-                raise self.broken from None
+            left = int(load(self.base, r, 4))
+            if left:
+                why = self.ffi.new("char[]", 48)  # PC_LEFT_WHY
+                self.lib.pycoll_shm_left(self.base, r, why)
+                text = self.ffi.string(why).decode(errors="replace")
+                how = _LEFT.get(left, f"left ({left})") + (f" {text}" if text else "")
+            else:
+                try:
+                    os.kill(pid, 0)
+                    dead = _zombie(pid)
+                except ProcessLookupError:
+                    dead = True
+                except PermissionError:
+                    dead = False
+                if not dead:
+                    continue
+                how = "has died"
+            if st is not None and min(load(self.base, r, 0), load(self.base, r, 1)) >= st.gen:
+                continue  # it did its part of what this rank waits for
+            # a rank that died, raised or failed comes first: one that exited or closed its team
+            # afterwards may have done so because of it
+            lost.append((left not in (0, LEFT_RAISED, LEFT_FAILED), r, pid, how))
+        if not lost:
+            return
+        lost.sort()
+        waiting = ""
+        if st is not None:
+            name = COLL_NAMES[st.coll] if 0 <= st.coll < len(COLL_NAMES) else f"collective {st.coll}"
+            waiting = f" while rank {self.rank} waited in {name} (generation {st.gen})"
+        host = socket.gethostname()
+        _, r, pid, how = lost[0]
+        text = "; ".join(f"rank {r} (pid {p}, host {host}) {h}" for _, r, p, h in lost)
+        raise self.broke(PeerLostError(f"shm: {text}{waiting}", rank=r, pid=pid, how=how)) from None
+
+    def leave(self, how: int = LEFT_EXITED, why: str = "") -> None:
+        """Say in the segment that this rank left (``how``: LEFT_*; ``why``: the exception's
+        text), once: peers waiting for it raise :class:`PeerLostError` instead of timing out."""
+        if getattr(self, "mm", None) is not None and self.base is not None:
+            self.lib.pycoll_shm_leave(self.base, self.rank, how, why.encode(errors="replace")[:47])
 
     def sleep(self, st: Any, timeout_s: float) -> bool:
         """Sleep in the kernel until the flag ``st``'s last progress call waited for is set (the
@@ -371,6 +452,8 @@ class ShmSegment:
         remembered call) finds it broken instead of touching the memory."""
         if self.broken is None:
             self.broken = TransportError("shm: the segment is closed (its team was closed)")
+        self.leave(LEFT_CLOSED)
+        _LIVE.discard(self)
         if getattr(self, "mm", None) is not None:
             self.base = None
             try:
