@@ -35,6 +35,7 @@ int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which);
+int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out);
 void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why);
 uint64_t pycoll_shm_left(const void *base, uint32_t rank, char *out);
 int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,

@@ -121,6 +121,9 @@ int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid, left */
+/* Rank `rank`'s last signed collective, for diagnostics (read while it may change): out = (its
+ * number among the collectives it signed, what, count, first generation); 0 if it signed none. */
+int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out);
 /* This rank leaves (how: PC_LEFT_*; why: a text, cut to PC_LEFT_WHY - 1 bytes): written once,
  * the first call wins; wakes the peers asleep on its flags so they look at it at once. */
 void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why);

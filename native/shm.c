@@ -765,6 +765,19 @@ int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t 
     return 1;
 }
 
+int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out) {
+    int rc = pycoll_shm_check(base, mapped, nranks);
+    if (rc) return rc;
+    if (rank >= nranks) return PC_EINVAL;
+    const pc_shm_ctrl_t *b = ctrl((void *)base, rank);
+    uint64_t signs = atomic_load_explicit((_Atomic uint64_t *)&b->signs, memory_order_relaxed);
+    if (!signs) return 0;
+    const pc_shm_sig_t *s = &b->sig[signs % PC_SIGS];
+    out[0] = signs, out[1] = s->what, out[2] = s->count;
+    out[3] = atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire);
+    return 1;
+}
+
 static int progress(pc_shm_coll_t *c, uint64_t max_polls);
 
 /* A collective that waits (rc 0) or failed (a peer's header or sizes were not what this rank

@@ -361,8 +361,7 @@ class SegmentTask(Task):
         if not self.started:
             return (f"{self.name}: waiting for shm collective #{self.seg.turn} to finish "
                     f"(this is #{self.ticket})")
-        return (f"{self.name}: shm chunk {s.chunk}/{s.nchunks} phase {s.phase} (generation {s.gen}); "
-                f"peers: {self.seg.flags()}")
+        return f"{self.name}: {self.seg.waiting_for(s)}"
 
 
 def copy_in(args: CollArgs) -> None:

@@ -368,6 +368,34 @@ class ShmSegment:
         self.leave(LEFT_FAILED, str(error))
         return error
 
+    def waiting_for(self, st: Any) -> str:
+        """What the collective of state ``st`` (started, not finished) waits for, peer by peer,
+        for a timeout's message: who has not entered it yet and what each one's last collective
+        on the segment was, or where the others are. E.g. ``collective #42 on the segment, chunk
+        0/1 (generation 57): rank 1 has not entered it (its last: #41, bcast 8 x float32 root 0)``."""
+        out = self.ffi.new("uint64_t[4]")
+        sig = self.ffi.new("uint64_t[3]")
+        load = self.lib.pycoll_shm_load
+        peers = []
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            signed = st.seq and self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, st.gen0,
+                                                        sig) == 1
+            if signed or not st.seq:  # (a collective that signs nothing: the flags say it all)
+                arrive, reduced = int(load(self.base, r, 0)), int(load(self.base, r, 1))
+                if min(arrive, reduced) < st.gen:
+                    peers.append(f"rank {r} is in it, at generation {arrive}/{reduced} (arrive/reduced)")
+                continue
+            if self.lib.pycoll_shm_last(self.base, self.total, self.size, r, out) == 1:
+                last = f"#{out[0]}, {describe_signature(out[1], out[2])}"
+            else:
+                last = "none"
+            peers.append(f"rank {r} has not entered it (its last: {last})")
+        where = (f"collective #{st.seq} on the segment" if st.seq else "a collective on the segment") + \
+            f", chunk {st.chunk}/{st.nchunks} (generation {st.gen})"
+        return where + (": " + "; ".join(peers) if peers else ": every peer is there")
+
     def flags(self) -> str:
         """Every rank's (arrive, reduced) generations, for diagnostics."""
         load = self.lib.pycoll_shm_load

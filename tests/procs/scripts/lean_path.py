@@ -89,6 +89,9 @@ def times_out(post, within: str) -> None:
         took = time.monotonic() - t0
         assert took < 10, took
         assert f"did not finish within {within}" in str(exc) and "shm" in str(exc), str(exc)
+        # who it waits for, and what that rank did last on the segment
+        text = str(exc)
+        assert "rank 1 has not entered it (its last: #" in text and "allreduce 2 x float32 sum" in text, text
         print(f"timed out after {took:.2f} s: {exc}", flush=True)
     else:
         raise AssertionError("the collective whose peer never called did not time out")
