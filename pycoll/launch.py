@@ -1,13 +1,18 @@
-"""Launching ranks with the mpiexec that the ``mpich`` wheel installs next to Python."""
+"""Launching ranks with the mpiexec that the ``mpich`` wheel installs next to Python, and ending
+them cleanly: on a timeout or Ctrl-C the ranks are interrupted, given a moment, then killed, and
+the shared-memory files MPICH left in ``/dev/shm`` are removed (pycoll's own segments are memfds,
+which never appear there)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional
+import time
+from typing import List, Optional, Set
 
 from pycoll.errors import PycollError
 
@@ -42,18 +47,129 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     if servers:
         argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
         env["PYCOLL_NUM_SERVERS"] = str(servers)
+    before = mpich_files()
+    job = f"{os.getpid()}.{time.monotonic_ns()}"
+    env[JOB_VAR] = job  # every rank carries it, whichever session mpiexec starts it in
     proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"pycoll: ranks did not finish within {timeout:g} s; killing them", file=sys.stderr)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        print(f"pycoll: ranks did not finish within {timeout:g} s; ending them", file=sys.stderr)
+        end_job(proc, job)
         return 124
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        end_job(proc, job)
         return 130
     finally:
+        if proc.poll() is None or job_processes(job):
+            end_job(proc, job, grace=0.0)
+        remove_left_behind(before)
+
+
+#: Where MPICH keeps its shared memory (``mpich_shm_*``), and how long ranks may take to end
+#: themselves after SIGINT (their ``finally`` blocks and atexit handlers run) before SIGKILL.
+MPICH_SHM = "/dev/shm/mpich_shm_*"
+GRACE_S = 2.0
+#: The environment variable that marks a job's processes (mpiexec starts its proxies and ranks in
+#: sessions of their own: the launcher's process group does not hold them).
+JOB_VAR = "PYCOLL_JOB"
+
+
+def job_processes(job: str) -> List[int]:
+    """The processes (but this one) whose environment says they belong to ``job``."""
+    mark = f"{JOB_VAR}={job}\0".encode()
+    pids = []
+    for entry in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(entry, "rb") as f:
+                if mark in f.read():
+                    pids.append(int(entry.split("/")[2]))
+        except (OSError, ValueError):
+            continue
+    return [p for p in pids if p != os.getpid()]
+
+
+def _signal(pids: List[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> None:
+    """End mpiexec (``proc``) and every process of ``job``: SIGINT (Python ranks unwind, tell
+    their peers they left, and may finalize), then, after ``grace`` seconds or once they are gone,
+    SIGKILL, until none is left (a few seconds at most). A second Ctrl-C skips the wait."""
+    _signal([proc.pid, *job_processes(job)], signal.SIGINT)
+    deadline = time.monotonic() + grace
+    try:
+        while time.monotonic() < deadline and (proc.poll() is None or job_processes(job)):
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [p for p in job_processes(job) if p != proc.pid]
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            left.append(proc.pid)
+        if not left or time.monotonic() > deadline:
+            break
+        _signal(left, signal.SIGKILL)
+        time.sleep(0.02)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def mpich_files() -> Set[str]:
+    """MPICH's shared-memory files in /dev/shm that belong to this user."""
+    uid = os.getuid()
+    found = set()
+    for path in glob.glob(MPICH_SHM):
+        try:
+            if os.stat(path).st_uid == uid:
+                found.add(path)
+        except OSError:
+            pass
+    return found
+
+
+def _mapped_shm() -> Set[str]:
+    """The /dev/shm files some live process maps (or holds open)."""
+    used = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps, "rb") as f:
+                for line in f:
+                    at = line.find(b"/dev/shm/")
+                    if at >= 0:
+                        used.add(line[at:].split(b" (deleted)")[0].strip().decode(errors="replace"))
+        except OSError:
+            pass
+    for fd in glob.glob("/proc/[0-9]*/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/"):
+            used.add(target)
+    return used
+
+
+def remove_left_behind(before: Set[str]) -> List[str]:
+    """Remove the MPICH shared-memory files that appeared since ``before`` (this job's: they were
+    not there when it started) and that no live process uses any more (a job that ended well has
+    removed its own); returns their paths."""
+    new = mpich_files() - before
+    if not new:
+        return []
+    removed = []
+    for path in sorted(new - _mapped_shm()):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed

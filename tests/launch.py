@@ -73,7 +73,7 @@ def _mapped(names: set) -> set:
     return found
 
 
-def _tagged(tag: str) -> List[int]:
+def tagged(tag: str) -> List[int]:
     """The processes whose environment holds ``LAUNCH_VAR=tag`` (a launch's, at any depth)."""
     mark = f"{LAUNCH_VAR}={tag}\0".encode()
     pids = []
@@ -92,7 +92,7 @@ def kill_tagged(tag: str, wait: float = 5.0) -> None:
     of its own, so killing mpiexec's group is not enough) and wait until they are gone."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        pids = [p for p in _tagged(tag) if p != os.getpid()]
+        pids = [p for p in tagged(tag) if p != os.getpid()]
         if not pids:
             return
         for pid in pids:

@@ -2,7 +2,16 @@
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
+
+import pytest
+
+from tests import launch
+from tests.launch import ROOT, child_env, launched, shm_entries
 
 
 def test_version_and_python_dash_m(run_cmd):
@@ -64,3 +73,44 @@ def test_perf_other_dtype_algorithm_and_ranks(cli):
     assert "3 ranks, bfloat16, op max, algorithm knomial" in out
     rc, out, err = cli("perf", "allreduce", "-n", "2", "--op", "band", "--max-bytes", "64")
     assert rc != 0 and "BAND is not defined for float32" in out + err
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "ctrl-c ignored"])
+def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
+    """``pycoll run`` ended by ``--timeout`` or Ctrl-C (SIGINT), with ranks that are inside MPI
+    (MPICH's shared memory mapped) and may ignore SIGINT: every rank ends (SIGINT, then SIGKILL),
+    the status is 124 or 130, and MPICH's files in /dev/shm are removed."""
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent(f"""
+        import signal, time
+        import numpy as np
+        from mpi4py import MPI
+        c = MPI.COMM_WORLD
+        b = np.empty(1000)
+        c.Allreduce(np.ones(1000), b)
+        if {how == "ctrl-c ignored"!r}:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("UP", c.rank, flush=True)
+        time.sleep(120)
+    """))
+    before = set(shm_entries("mpich"))
+    with launched(f"pycoll run ({how})") as tag:
+        argv = [sys.executable, "-m", "pycoll.cli", "run", "-n", "2",
+                "--timeout", "4" if how == "timeout" else "100", "--", sys.executable, str(script)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**child_env(), **tag}, cwd=str(ROOT))
+        lines = []
+        t0 = time.monotonic()
+        while "".join(lines).count("UP") < 2 and time.monotonic() - t0 < 60:  # (lines may interleave)
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        if how != "timeout":
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == (124 if how == "timeout" else 130), "".join(lines) + out
+        time.sleep(0.2)
+        left = [p for p in launch.tagged(tag[launch.LAUNCH_VAR]) if p != os.getpid()]
+        assert not left, f"processes of the job left running: {left}"
+        assert set(shm_entries("mpich")) <= before, "MPICH's shared memory left in /dev/shm"
