@@ -24,10 +24,11 @@ import pycoll
 from pycoll import config
 
 
-def chosen_by_size(n: int, max_bytes: int = 128 << 20) -> List[str]:
+def chosen_by_size(n: int, max_bytes: int = 128 << 20, cma_slow: bool = False) -> List[str]:
     """What the selection picks for each collective on ``n`` ranks of one host, from 1 B to
     ``max_bytes`` in powers of two: one line per collective, runs of sizes with the same choice
-    merged (``alltoall        1-128K shm, 256K-128M pairwise``); barrier: its one choice."""
+    merged (``alltoall        1-128K shm, 256K-128M pairwise``); barrier: its one choice.
+    ``cma_slow``: as a team where process_vm_readv costs more than two copies chooses."""
     from pycoll import algorithms
     from pycoll.algorithms.tuning import human_bytes as human
 
@@ -39,7 +40,7 @@ def chosen_by_size(n: int, max_bytes: int = 128 << 20) -> List[str]:
             lines.append(f"{coll:<15} {algorithms.select(coll, n, 0, shared=n > 1, cma=n > 1, default='-')}")
             continue
         for nbytes in sizes:
-            name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, default="-")
+            name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, cma_slow=cma_slow, default="-")
             if runs and runs[-1][2] == name:
                 runs[-1][1] = nbytes
             else:
@@ -91,9 +92,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     for rule in algorithms.rules():
         print(f"  {rule}")
     if args.n is not None:
-        print(f"\nchosen for {args.n} ranks on one host (untagged calls, shared segment and CMA usable; "
-              "bytes as the call counts them: the whole buffer of the block collectives):")
-        for line in chosen_by_size(args.n):
+        slow = False
+        try:
+            from pycoll.tl.shm.transport import CMA_SLOW_RATIO, cma_cost
+
+            cost = cma_cost(os.getpid())
+            slow = cost > CMA_SLOW_RATIO
+            cma = f"a process_vm_readv here costs {cost:.1f} copies: {'slow' if slow else 'fast'}"
+        except ImportError:  # (no native build)
+            cma = "taken as fast"
+        print(f"\nchosen for {args.n} ranks on one host (untagged calls, shared segment and CMA usable, "
+              f"{cma}; bytes as the call counts them: the whole buffer of the block collectives):")
+        for line in chosen_by_size(args.n, cma_slow=slow):
             print(f"  {line}")
     print("\nsettings (environment variables):")
     for name, value, doc in config.describe():
