@@ -13,6 +13,11 @@ Buffer arguments are what mpi4py accepts, read as mpi4py reads them: a buffer, `
 MPI.FLOAT]`` (a count of a buffer that holds one block per rank is one block's, as in MPI), the
 vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer.
 Everything pycoll does not implement is passed through to the mpi4py communicator.
+
+pycoll's errors reach mpi4py callers as ``MPI.Exception`` (that are pycoll's errors too): ranks
+that disagree raise :class:`MismatchMPIError` (class ``MPI.ERR_TRUNCATE``), a peer that left
+:class:`PeerLostMPIError` (``MPI.ERR_PROC_FAILED``), a timeout or another transport failure
+``MPI.ERR_OTHER``; each carries pycoll's text and attributes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
+from pycoll.errors import MismatchError, PeerLostError, PycollError, TimeoutError, TransportError
 from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
@@ -100,6 +106,57 @@ def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str =
     return arr[start:start + n]
 
 
+# ---------------------------------------------------------------------- errors as mpi4py's
+class _MPIFlavour(MPI.Exception):
+    """An ``MPI.Exception`` of error class :attr:`error_class_code` whose text is pycoll's."""
+
+    error_class_code = MPI.ERR_OTHER
+
+    def __init__(self, message: str, *args: Any, **kw: Any) -> None:
+        MPI.Exception.__init__(self, self.error_class_code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# (the MPI flavour first: its __init__ and __str__ win over the pycoll error's)
+class MismatchMPIError(_MPIFlavour, MismatchError):
+    """Ranks called a collective with arguments that must agree and do not (MPI.ERR_TRUNCATE)."""
+
+    error_class_code = MPI.ERR_TRUNCATE
+
+
+class PeerLostMPIError(_MPIFlavour, PeerLostError):
+    """A peer left while this rank waited for it (MPI.ERR_PROC_FAILED, as ULFM's)."""
+
+    error_class_code = MPI.ERR_PROC_FAILED
+
+
+class TimeoutMPIError(_MPIFlavour, TimeoutError):
+    """A collective did not finish in time (MPI.ERR_OTHER)."""
+
+
+class TransportMPIError(_MPIFlavour, TransportError):
+    """A transport failed (MPI.ERR_OTHER)."""
+
+
+#: pycoll's error types and their MPI flavours, the most specific first.
+_FLAVOURS = ((MismatchError, MismatchMPIError), (PeerLostError, PeerLostMPIError),
+             (TimeoutError, TimeoutMPIError), (TransportError, TransportMPIError))
+
+
+def mpi_error(exc: PycollError) -> BaseException:
+    """``exc`` as mpi4py's callers catch it: an ``MPI.Exception`` that is also ``exc``'s pycoll
+    type, with its text and attributes (``exc`` itself when it has no MPI flavour)."""
+    for kind, flavour in _FLAVOURS:
+        if isinstance(exc, kind):
+            err = flavour(str(exc))
+            err.__dict__.update(exc.__dict__)
+            return err.with_traceback(exc.__traceback__)
+    return exc
+
+
 class Request:
     """What the ``I`` methods return: mpi4py's ``Wait()``/``Test()`` over a pycoll request."""
 
@@ -109,11 +166,17 @@ class Request:
         self.request = request
 
     def Wait(self, status: Any = None) -> bool:  # noqa: N802 - mpi4py's name
-        self.request.wait()
+        try:
+            self.request.wait()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
         return True
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802
-        return self.request.test()
+        try:
+            return self.request.test()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
 
     def Cancel(self) -> None:  # noqa: N802
         self.request.cancel()
@@ -132,14 +195,23 @@ class Prequest:
         self.persistent = persistent
 
     def Start(self) -> None:  # noqa: N802
-        self.persistent.start()
+        try:
+            self.persistent.start()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
 
     def Wait(self, status: Any = None) -> bool:  # noqa: N802
-        self.persistent.wait()
+        try:
+            self.persistent.wait()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
         return True
 
     def Test(self, status: Any = None) -> bool:  # noqa: N802
-        return self.persistent.test()
+        try:
+            return self.persistent.test()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
 
     def Free(self) -> None:  # noqa: N802
         self.persistent.free()
@@ -280,16 +352,19 @@ def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
 # of the same dtypes) checked inline and run as a start of its persistent form.
 _BLOCKING = """
 def {name}(self, {params}**kw):
-    entry = self.recent.get(({name!r}, {first}))
-    if entry is not None and not kw and {same}True:
-        lane = entry.lane
-        req = lane.run() if lane is not None else None
-        if req is None:
-            req = entry.again()
-        if req is not None:
-            req.wait()
-            return
-    post(self, {name!r}, ({args}), kw).wait()
+    try:
+        entry = self.recent.get(({name!r}, {first}))
+        if entry is not None and not kw and {same}True:
+            lane = entry.lane
+            req = lane.run() if lane is not None else None
+            if req is None:
+                req = entry.again()
+            if req is not None:
+                req.wait()
+                return
+        post(self, {name!r}, ({args}), kw).wait()
+    except PycollError as exc:
+        raise mpi_error(exc) from None
 """
 _NONBLOCKING = """
 def {name}(self, {params}**kw):
@@ -341,7 +416,8 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
 
     names = row.mpi_params
-    namespace: Dict[str, Any] = {"post": post, "Request": Request}
+    namespace: Dict[str, Any] = {"post": post, "Request": Request, "PycollError": PycollError,
+                                 "mpi_error": mpi_error}
     params = []
     for p in names:
         if p in _DEFAULTS:

@@ -29,6 +29,7 @@ from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.ops import ReduceOp
+from pycoll.torch.errors import torch_error
 
 #: The ProcessGroup method that serves each ``torch.distributed`` function of the table of
 #: collectives (``Collective.torch``); list forms and coalesced forms are built on these.
@@ -141,6 +142,8 @@ class PycollWork(dist.Work):
                 self.on_finish()
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 error = exc
+        if error is not None:
+            error = torch_error(error)  # (a DistBackendError, as torch's backends raise)
         self._error = error
         if error is None:
             self._future.set_result(self._result)
@@ -152,7 +155,10 @@ class PycollWork(dist.Work):
         """Block until the call finished (driving the engine here); re-raise its error. A
         ``timeout`` of ``timedelta(0)`` or None means the group's timeout."""
         seconds = _seconds(timeout) or self._timeout
-        self._pg.progress.wait(self.watch, seconds)
+        try:
+            self._pg.progress.wait(self.watch, seconds)
+        except PycollError as exc:
+            raise torch_error(exc) from None
         if self._error is not None:
             raise self._error
         return True

@@ -42,6 +42,8 @@ def main(mode: str, via: str) -> None:
         call()
         print(f"RANK {team.rank} NO ERROR", flush=True)
     except pycoll.PeerLostError as exc:
+        if comm is not None:  # as mpi4py users catch it: ULFM's class
+            assert isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_PROC_FAILED, repr(exc)
         print(f"RANK {team.rank} LOST after {time.monotonic() - t0:.3f} s: {exc}", flush=True)
 
 

@@ -18,3 +18,9 @@ def test_collectives_mpiexec(n, torchrun):
 def test_vanished_peer_fails_fast(n, torchrun):
     """A rank that dies makes the others' collectives raise a pycoll error, not hang."""
     torchrun(n, "tests/procs/torch/scripts/collectives.py", "vanish", launcher="env", timeout=60)
+
+
+def test_ranks_that_disagree_raise_dist_backend_errors(torchrun):
+    """all_reduce with one element more on the last rank: DistBackendError (pycoll's
+    MismatchError) on every rank, never a result."""
+    torchrun(3, "tests/procs/torch/scripts/collectives.py", "mismatch", launcher="env", timeout=60)

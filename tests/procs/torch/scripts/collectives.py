@@ -342,12 +342,29 @@ def test_vanished_peer(r, n):
         dist.all_reduce(torch.ones(1 << 12))
     except Exception as exc:  # noqa: BLE001 - checked below
         assert isinstance(exc, pycoll.PycollError), f"{type(exc).__name__}: {exc}"
+        assert isinstance(exc, dist.DistBackendError), f"{type(exc).__name__}: {exc}"  # as torch's backends
         assert "has died" in str(exc) or "lost rank" in str(exc), exc
         assert time.monotonic() - start < 20, "the error came only at the timeout"
     else:
         raise AssertionError("all_reduce with a dead peer did not fail")
     print(f"RANK {r} OK", flush=True)
     os._exit(0)  # no clean shutdown with a dead peer
+
+
+def test_mismatch(r, n):
+    """The last rank all_reduces one element more than the others: every rank raises a
+    DistBackendError (what torch's backends raise) that is pycoll's MismatchError naming each
+    rank's call, never a result."""
+    t = torch.ones(100 + (r == n - 1))
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, pycoll.MismatchError), f"{type(exc).__name__}: {exc}"
+        assert "allreduce 100 x float32 sum" in str(exc) and "allreduce 101 x float32 sum" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}: all_reduce of ranks that disagree returned {t[:3]}")
+    print(f"RANK {r} OK", flush=True)
+    os._exit(0)  # the group's segment is unusable after a mismatch
 
 
 def test_repeated(r, n):
@@ -393,6 +410,9 @@ def main(mode):
     if mode == "vanish":
         dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
         test_vanished_peer(dist.get_rank(), dist.get_world_size())
+    if mode == "mismatch":
+        dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
+        test_mismatch(dist.get_rank(), dist.get_world_size())
     dist.init_process_group("pycoll")
     r, n = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "pycoll"

@@ -1,0 +1,45 @@
+"""pycoll's errors as torch.distributed users catch them: ``DistBackendError`` (a ``RuntimeError``,
+what NCCL's and gloo's failures raise) that are pycoll's errors too, with pycoll's text and
+attributes: ranks that disagree, a peer that left, a timeout, a transport failure."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from pycoll.errors import MismatchError, PeerLostError, PycollError, TimeoutError, TransportError
+
+
+class MismatchDistError(MismatchError, dist.DistBackendError):
+    """Ranks called a collective with arguments that must agree and do not."""
+
+
+class PeerLostDistError(PeerLostError, dist.DistBackendError):
+    """A peer left while this rank waited for it."""
+
+
+class TimeoutDistError(TimeoutError, dist.DistBackendError):
+    """A collective did not finish in time."""
+
+
+class TransportDistError(TransportError, dist.DistBackendError):
+    """A transport failed."""
+
+
+#: pycoll's error types and their torch flavours, the most specific first.
+_FLAVOURS = ((MismatchError, MismatchDistError), (PeerLostError, PeerLostDistError),
+             (TimeoutError, TimeoutDistError), (TransportError, TransportDistError))
+
+
+def torch_error(exc: BaseException) -> BaseException:
+    """``exc`` as torch's callers catch it: a ``DistBackendError`` that is also ``exc``'s pycoll
+    type, with its text and attributes (``exc`` itself when it is not a pycoll error with a torch
+    flavour, or already one)."""
+    if not isinstance(exc, PycollError) or isinstance(exc, dist.DistBackendError):
+        return exc
+    for kind, flavour in _FLAVOURS:
+        if isinstance(exc, kind):
+            err = flavour.__new__(flavour)
+            Exception.__init__(err, str(exc))
+            err.__dict__.update(exc.__dict__)
+            return err.with_traceback(exc.__traceback__)
+    return exc
