@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 WAYS = ("sigkill", "os_exit", "raise", "sys_exit", "close")
 COLLS = ("allreduce", "bcast", "allgather", "alltoall", "gather", "scatter", "reduce", "barrier")
@@ -60,7 +60,8 @@ def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str,
         try:
             t0 = time.time()
             if rank == victim and i == die_at:  # sigkill: in the middle of the collective
-                team.shared and setattr(team.shared, "polls", 1)
+                if team.shared is not None:
+                    team.shared.polls = 1  # give up waiting at once: the collective stays half done
                 req = post(team, coll, x, count, root, size)
                 req.test()
                 print(json.dumps({"rank": rank, "left": time.time()}), flush=True)
@@ -77,7 +78,8 @@ def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str,
     print(json.dumps({"rank": rank, "finished": True}), flush=True)
 
 
-def leave(team, way: str) -> None:
+def leave(team: Any, way: str) -> None:
+    """Leave the team in ``way`` (between calls), having said when."""
     print(json.dumps({"rank": team.rank, "left": time.time()}), flush=True)
     if way == "os_exit":
         os._exit(3)
@@ -90,7 +92,8 @@ def leave(team, way: str) -> None:
         time.sleep(600)
 
 
-def post(team, coll: str, x, count: int, root: int, size: int):
+def post(team: Any, coll: str, x: Any, count: int, root: int, size: int) -> Any:
+    """Post ``coll`` on ``x`` (``count`` elements, every rank's ``arange + rank``): its request."""
     import numpy as np
 
     if coll == "allreduce":
@@ -111,7 +114,8 @@ def post(team, coll: str, x, count: int, root: int, size: int):
     return team.barrier()
 
 
-def check(coll: str, out, count: int, root: int, rank: int, size: int, np) -> bool:
+def check(coll: str, out: Any, count: int, root: int, rank: int, size: int, np: Any) -> bool:
+    """Whether ``out`` is what numpy says this rank holds after ``coll``."""
     base = np.arange(count, dtype=np.float64)
     if coll in ("allreduce",) or (coll == "reduce" and rank == root):
         return np.array_equal(out, base * size + sum(range(size)))

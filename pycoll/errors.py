@@ -36,6 +36,8 @@ class PeerLostError(TransportError):
     exception or closed the team. ``rank`` and ``pid`` name it, ``how`` says how it left (the
     exception's text when it raised one)."""
 
+    rank, pid, how = -1, 0, ""  # (for subclasses built from the text alone)
+
     def __init__(self, message: str, rank: int = -1, pid: int = 0, how: str = "") -> None:
         super().__init__(message)
         self.rank, self.pid, self.how = rank, pid, how

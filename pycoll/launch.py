@@ -51,19 +51,20 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     job = f"{os.getpid()}.{time.monotonic_ns()}"
     env[JOB_VAR] = job  # every rank carries it, whichever session mpiexec starts it in
     proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
+    used: Set[str] = set()  # the /dev/shm files the job's processes used when it was ended
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"pycoll: ranks did not finish within {timeout:g} s; ending them", file=sys.stderr)
-        end_job(proc, job)
+        used = end_job(proc, job)
         return 124
     except KeyboardInterrupt:
-        end_job(proc, job)
+        used = end_job(proc, job)
         return 130
     finally:
-        if proc.poll() is None or job_processes(job):
-            end_job(proc, job, grace=0.0)
-        remove_left_behind(before)
+        if proc.poll() is None or job_processes(job):  # (an exception here, or ranks left behind)
+            used |= end_job(proc, job)
+        remove_left_behind(before, used)
 
 
 #: Where MPICH keeps its shared memory (``mpich_shm_*``), and how long ranks may take to end
@@ -97,11 +98,16 @@ def _signal(pids: List[int], sig: int) -> None:
             pass
 
 
-def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> None:
+def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> Set[str]:
     """End mpiexec (``proc``) and every process of ``job``: SIGINT (Python ranks unwind, tell
     their peers they left, and may finalize), then, after ``grace`` seconds or once they are gone,
-    SIGKILL, until none is left (a few seconds at most). A second Ctrl-C skips the wait."""
-    _signal([proc.pid, *job_processes(job)], signal.SIGINT)
+    SIGKILL, until none is left (a few seconds at most). A second Ctrl-C skips the wait. Returns
+    the /dev/shm files the job's processes mapped or held open before they were signalled."""
+    pids = job_processes(job)
+    used = shm_used_by(pids)
+    if proc.poll() is None:  # (a reaped launcher's pid may be another process's by now)
+        pids.append(proc.pid)
+    _signal(pids, signal.SIGINT)
     deadline = time.monotonic() + grace
     try:
         while time.monotonic() < deadline and (proc.poll() is None or job_processes(job)):
@@ -121,6 +127,7 @@ def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+    return used
 
 
 def mpich_files() -> Set[str]:
@@ -136,37 +143,41 @@ def mpich_files() -> Set[str]:
     return found
 
 
-def _mapped_shm() -> Set[str]:
-    """The /dev/shm files some live process maps (or holds open)."""
+def shm_used_by(pids: Optional[List[int]] = None) -> Set[str]:
+    """The /dev/shm files the processes ``pids`` (None: every process) map or hold open."""
+    if pids is None:
+        procs = [entry.split("/")[2] for entry in glob.glob("/proc/[0-9]*")]
+    else:
+        procs = [str(p) for p in pids]
     used = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
+    for pid in procs:
         try:
-            with open(maps, "rb") as f:
+            with open(f"/proc/{pid}/maps", "rb") as f:
                 for line in f:
                     at = line.find(b"/dev/shm/")
                     if at >= 0:
                         used.add(line[at:].split(b" (deleted)")[0].strip().decode(errors="replace"))
         except OSError:
             pass
-    for fd in glob.glob("/proc/[0-9]*/fd/*"):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("/dev/shm/"):
-            used.add(target)
+        for fd in glob.glob(f"/proc/{pid}/fd/*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                used.add(target)
     return used
 
 
-def remove_left_behind(before: Set[str]) -> List[str]:
-    """Remove the MPICH shared-memory files that appeared since ``before`` (this job's: they were
-    not there when it started) and that no live process uses any more (a job that ended well has
-    removed its own); returns their paths."""
-    new = mpich_files() - before
+def remove_left_behind(before: Set[str], used: Set[str]) -> List[str]:
+    """Remove the MPICH shared-memory files of an ended job: those its processes ``used`` (read
+    before they were ended), that appeared since ``before`` and that no live process uses any
+    more (another job's files are never among them); returns their paths."""
+    new = (mpich_files() - before) & used
     if not new:
         return []
     removed = []
-    for path in sorted(new - _mapped_shm()):
+    for path in sorted(new - shm_used_by()):
         try:
             os.unlink(path)
             removed.append(path)

@@ -119,6 +119,9 @@ class _MPIFlavour(MPI.Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
 
 # (the MPI flavour first: its __init__ and __str__ win over the pycoll error's)
 class MismatchMPIError(_MPIFlavour, MismatchError):
@@ -368,15 +371,18 @@ def {name}(self, {params}**kw):
 """
 _NONBLOCKING = """
 def {name}(self, {params}**kw):
-    entry = self.recent.get(({name!r}, {first}))
-    if entry is not None and not kw and {same}True:
-        lane = entry.lane
-        req = lane.run() if lane is not None else None
-        if req is None:
-            req = entry.again()
-        if req is not None:
-            return Request(req)
-    return Request(post(self, {name!r}, ({args}), kw))
+    try:
+        entry = self.recent.get(({name!r}, {first}))
+        if entry is not None and not kw and {same}True:
+            lane = entry.lane
+            req = lane.run() if lane is not None else None
+            if req is None:
+                req = entry.again()
+            if req is not None:
+                return Request(req)
+        return Request(post(self, {name!r}, ({args}), kw))
+    except PycollError as exc:
+        raise mpi_error(exc) from None
 """
 #: Arguments that are the same whenever they are the same object (for the others, see
 #: :func:`pycoll.persistent.buffer_dtype`).
@@ -413,7 +419,10 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
 
     def persistent(self: Comm, *args: Any, **kw: Any) -> Prequest:
         values = _bind(row, args, kw)
-        return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
+        try:
+            return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
+        except PycollError as exc:
+            raise mpi_error(exc) from None
 
     names = row.mpi_params
     namespace: Dict[str, Any] = {"post": post, "Request": Request, "PycollError": PycollError,

@@ -101,7 +101,7 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatter", "ring"),
     # alltoall: on one host the single copy from 64 KiB (two ranks; 256 KiB where it is slow) or
     # 128 KiB, the segment below; Bruck for small messages on 4+ ranks, else pairwise exchange.
-    Rule("alltoall", "cma", msg=(64 << 10, INF), team=(2, 2), fast_cma=True),
+    Rule("alltoall", "cma", msg=(64 << 10, INF), team=(2, 2), cma_speed="fast"),
     Rule("alltoall", "cma", msg=(256 << 10, INF), team=(2, 2)),
     Rule("alltoall", "cma", msg=(128 << 10, INF), team=(3, INF)),
     Rule("alltoall", "shm", msg=(0, 256 << 10), team=(2, INF)),
@@ -109,16 +109,16 @@ DEFAULT_RULES: List[Rule] = [
     Rule("alltoall", "pairwise"),
     # gather and scatter on one host: the single copy (gather: two ranks, 128 KiB to 1 MiB;
     # scatter: from 64 KiB on two ranks, 256 KiB on more; on two ranks only where it is fast),
-    # else the segment (scatter below 512 KiB, on two ranks at every size where the single copy
-    # is slow); the k-nomial tree gathers 1-8 MiB on 3+ ranks across hosts; linear otherwise.
-    Rule("gather", "cma", msg=(128 << 10, 1 << 20), team=(2, 2), fast_cma=True),
+    # else the segment (scatter below 512 KiB; where the single copy is slow, on two ranks below
+    # 4 MiB: measured to 2 MiB); the k-nomial tree gathers 1-8 MiB on 3+ ranks across hosts; linear otherwise.
+    Rule("gather", "cma", msg=(128 << 10, 1 << 20), team=(2, 2), cma_speed="fast"),
     Rule("gather", "shm", team=(2, INF)),
     Rule("gather", "knomial", msg=(1 << 20, 8 << 20), team=(3, INF)),
     Rule("gather", "linear"),
-    Rule("scatter", "cma", msg=(64 << 10, INF), team=(2, 2), fast_cma=True),
+    Rule("scatter", "cma", msg=(64 << 10, INF), team=(2, 2), cma_speed="fast"),
     Rule("scatter", "cma", msg=(256 << 10, INF), team=(3, INF)),
     Rule("scatter", "shm", msg=(0, 512 << 10), team=(2, INF)),
-    Rule("scatter", "shm", team=(2, 2)),
+    Rule("scatter", "shm", msg=(512 << 10, 4 << 20), team=(2, 2), cma_speed="slow"),
     Rule("scatter", "linear"),
     # The v-forms: as their block forms, except the trees (knomial needs counts on every rank).
     Rule("allgatherv", "cma", msg=(2 << 20, INF), team=(2, 2)),
@@ -160,7 +160,7 @@ def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "
     """The algorithm for a collective of ``nbytes`` on a team of ``size``; ``shared``: the team
     has a shared-memory segment and the call is untagged (so ``shm`` rules apply); ``cma``: its
     ranks may read each other's memory (``cma`` rules apply); ``cma_slow``: such a read costs
-    more than two copies here (``fast_cma`` rules do not apply); ``hier``: it spans several nodes and
+    more than two copies here (``cma_speed`` rules say which apply); ``hier``: it spans several nodes and
     has node sub-teams (hierarchical rules apply). When no rule matches: ``default`` (a collective
     with no rule yet falls back to its default algorithm), or ValueError when it is None."""
     if coll not in ALGORITHMS:

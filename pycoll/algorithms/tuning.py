@@ -50,14 +50,16 @@ class Rule:
     team: Tuple[float, float] = (1, INF)
     mem: Optional[str] = None
     source: str = "default"
-    #: Only where the single copy is not slow (a ``cma`` rule; see ``ShmSegment.cma_slow``).
-    fast_cma: bool = False
+    #: Only on teams whose single copy (process_vm_readv) measured "fast" or "slow" (see
+    #: ``ShmSegment.cma_slow``); None: any.
+    cma_speed: Optional[str] = None
 
     def matches(self, size: int, nbytes: int, mem: str, shared: bool, cma: bool = False,
                 hier: bool = False, cma_slow: bool = False) -> bool:
         if (self.algorithm == "shm" and not shared) or (self.algorithm == "cma" and not cma):
             return False
-        if self.fast_cma and cma_slow:
+        speed = "" if not cma else "slow" if cma_slow else "fast"
+        if self.cma_speed is not None and self.cma_speed != speed:
             return False
         if self.algorithm in HIERARCHICAL and not hier:
             return False
@@ -71,7 +73,7 @@ class Rule:
         team = "any" if self.team == (1, INF) else f"{int(self.team[0])}-{size(self.team[1])}"
         msg = f"{size(self.msg[0])}-{size(self.msg[1])}"
         where = ", teams spanning nodes" if self.algorithm in HIERARCHICAL else ""
-        where += ", where the single copy is fast" if self.fast_cma else ""
+        where += f", where the single copy is {self.cma_speed}" if self.cma_speed else ""
         return (f"{self.coll:<10} bytes {msg:<9} team {team:<6} mem {self.mem or 'any':<5} -> "
                 f"{self.algorithm} ({self.source}{where})")
 

@@ -364,7 +364,8 @@ def test_a_peer_that_left_is_lost_only_if_it_did_not_do_its_part():
     PeerLostError naming it and how it left; a rank that left after finishing its part of the
     generation being waited on is not waited for, so it is not lost; the text is cut to fit."""
     import pycoll
-    from pycoll.tl.shm.segment import COLL_ALLREDUCE, LEFT_RAISED
+    from pycoll.tl.shm.leaving import LEFT_RAISED
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE
 
     segs = two_rank_segments()
     x1, y1 = np.ones(2, np.int32), np.zeros(2, np.int32)

@@ -16,13 +16,10 @@ waits for (:meth:`ShmSegment.sleep`): the peer that sets it wakes it.
 
 from __future__ import annotations
 
-import atexit
 import mmap
 import os
 import socket
-import sys
 import time
-import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
@@ -30,6 +27,15 @@ import numpy as np
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError, PeerLostError, TransportError
 from pycoll.ops import OP_CODES
+from pycoll.tl.shm.leaving import (
+    LEFT_CLOSED,
+    LEFT_EXITED,
+    LEFT_FAILED,
+    LEFT_RAISED,
+    LEFT_TEXT,
+    unwatch,
+    watch,
+)
 
 LIVENESS_S = 0.05
 #: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
@@ -79,41 +85,6 @@ def shm_available() -> bool:
     except Exception:
         return False
     return True
-
-
-#: How a rank left (PC_LEFT_*), as its peers' errors say it.
-LEFT_EXITED, LEFT_RAISED, LEFT_CLOSED, LEFT_FAILED = 1, 2, 3, 4
-_LEFT = {LEFT_EXITED: "exited", LEFT_RAISED: "raised", LEFT_CLOSED: "closed its team",
-         LEFT_FAILED: "failed:"}
-#: The segments this process has mapped: each says it left when the interpreter exits or an
-#: exception nobody caught ends the main thread (see :func:`_watch_exit`).
-_LIVE: weakref.WeakSet[ShmSegment] = weakref.WeakSet()
-_watching = False
-
-
-def _leave_all(how: int, why: str) -> None:
-    for seg in list(_LIVE):
-        seg.leave(how, why)
-
-
-def _watch_exit() -> None:
-    """Once per process: at interpreter exit, and on an uncaught exception (before the previous
-    ``sys.excepthook`` prints it), every live segment says this rank left, so peers waiting for
-    it raise :class:`PeerLostError` at once, even while this process lives on in MPI_Finalize."""
-    global _watching
-    if _watching:
-        return
-    _watching = True
-    atexit.register(_leave_all, LEFT_EXITED, "")
-    previous = sys.excepthook
-
-    def hook(kind: type, value: BaseException, tb: Any) -> None:
-        try:
-            _leave_all(LEFT_RAISED, f"{kind.__name__}: {value}")
-        finally:
-            previous(kind, value, tb)
-
-    sys.excepthook = hook
 
 
 def _zombie(pid: int) -> bool:
@@ -187,8 +158,8 @@ class ShmSegment:
         rc = lib.pycoll_shm_check(self.base, self.total, size)
         if rc:
             raise TransportError(f"shm: {ERRORS.get(rc, rc)}")
-        _watch_exit()
-        _LIVE.add(self)
+        self._pid = os.getpid()  # (a forked child never speaks for this rank)
+        watch(self)
         lib.pycoll_shm_attach(self.base, rank, os.getpid())
         allgather(b"attached")
         self.pids = [int(lib.pycoll_shm_load(self.base, r, 3)) for r in range(size)]
@@ -358,14 +329,16 @@ class ShmSegment:
     def fail(self, error: BaseException) -> None:
         """A collective on the segment stopped halfway: the segment's state is unknown now."""
         if self.broken is None:  # keep the first cause (later failures are its consequences)
-            self.broke(TransportError(f"shm: the segment is unusable after an earlier failure: {error}"))
+            self.broke(TransportError(f"shm: the segment is unusable after an earlier failure: {error}"),
+                       why=str(error))
 
-    def broke(self, error: BaseException) -> BaseException:
+    def broke(self, error: BaseException, why: Optional[str] = None) -> BaseException:
         """The segment is unusable from now on because of ``error`` (returned, to be raised): the
-        peers are told at once (this rank left, "failed: <error>"), so that those waiting for it
-        raise :class:`PeerLostError` with the cause instead of waiting for the timeout."""
+        peers are told at once (this rank left, "failed: <why>", ``why`` by default the error's
+        text; 47 bytes reach them), so that those waiting for it raise :class:`PeerLostError`
+        with the cause instead of waiting for the timeout."""
         self.broken = error
-        self.leave(LEFT_FAILED, str(error))
+        self.leave(LEFT_FAILED, (str(error) if why is None else why).removeprefix("shm: "))
         return error
 
     def waiting_for(self, st: Any) -> str:
@@ -423,7 +396,7 @@ class ShmSegment:
                 why = self.ffi.new("char[]", 48)  # PC_LEFT_WHY
                 self.lib.pycoll_shm_left(self.base, r, why)
                 text = self.ffi.string(why).decode(errors="replace")
-                how = _LEFT.get(left, f"left ({left})") + (f" {text}" if text else "")
+                how = LEFT_TEXT.get(left, f"left ({left})") + (f" {text}" if text else "")
             else:
                 try:
                     os.kill(pid, 0)
@@ -437,9 +410,9 @@ class ShmSegment:
                 how = "has died"
             if st is not None and min(load(self.base, r, 0), load(self.base, r, 1)) >= st.gen:
                 continue  # it did its part of what this rank waits for
-            # a rank that died, raised or failed comes first: one that exited or closed its team
-            # afterwards may have done so because of it
-            lost.append((left not in (0, LEFT_RAISED, LEFT_FAILED), r, pid, how))
+            # a rank that died or raised comes first, then one that failed (maybe because of it),
+            # then one that exited or closed its team (maybe after failing)
+            lost.append((0 if left in (0, LEFT_RAISED) else 1 if left == LEFT_FAILED else 2, r, pid, how))
         if not lost:
             return
         lost.sort()
@@ -450,12 +423,13 @@ class ShmSegment:
         host = socket.gethostname()
         _, r, pid, how = lost[0]
         text = "; ".join(f"rank {r} (pid {p}, host {host}) {h}" for _, r, p, h in lost)
-        raise self.broke(PeerLostError(f"shm: {text}{waiting}", rank=r, pid=pid, how=how)) from None
+        raise self.broke(PeerLostError(f"shm: {text}{waiting}", rank=r, pid=pid, how=how),
+                         why=f"rank {r} {how}") from None
 
     def leave(self, how: int = LEFT_EXITED, why: str = "") -> None:
         """Say in the segment that this rank left (``how``: LEFT_*; ``why``: the exception's
         text), once: peers waiting for it raise :class:`PeerLostError` instead of timing out."""
-        if getattr(self, "mm", None) is not None and self.base is not None:
+        if getattr(self, "mm", None) is not None and self.base is not None and os.getpid() == self._pid:
             self.lib.pycoll_shm_leave(self.base, self.rank, how, why.encode(errors="replace")[:47])
 
     def sleep(self, st: Any, timeout_s: float) -> bool:
@@ -481,7 +455,7 @@ class ShmSegment:
         if self.broken is None:
             self.broken = TransportError("shm: the segment is closed (its team was closed)")
         self.leave(LEFT_CLOSED)
-        _LIVE.discard(self)
+        unwatch(self)
         if getattr(self, "mm", None) is not None:
             self.base = None
             try:
