@@ -33,6 +33,7 @@ from pycoll.tl.shm.leaving import (
     LEFT_FAILED,
     LEFT_RAISED,
     LEFT_TEXT,
+    LEFT_WHY_BYTES,
     unwatch,
     watch,
 )
@@ -304,8 +305,7 @@ class ShmSegment:
         broken from now on). A peer's memory that cannot be read usually means the peer has
         died: then the error names it."""
         if rc == CMA_FAILED:
-            self._next_check = 0.0
-            self.check_peers()
+            self.check_peers(now=True)
         if rc == MISMATCH:
             raise self.broke(MismatchError(self.mismatch()))
         if rc == DISAGREE:
@@ -375,17 +375,18 @@ class ShmSegment:
         return ", ".join(f"rank {r}: {load(self.base, r, 0)}/{load(self.base, r, 1)}"
                          for r in range(self.size))
 
-    def check_peers(self, st: Any = None) -> None:
+    def check_peers(self, st: Any = None, now: bool = False) -> None:
         """Raise :class:`PeerLostError` if a peer this rank waits for has left: its process is
         gone (or a zombie nobody has reaped yet), or it said it left (exited, raised, closed the
         team; its process may live on inside MPI_Finalize); at most once per ``LIVENESS_S``.
         With the state ``st`` of the collective that waits, a peer that left only counts if it
         did not reach that collective's current generation (one that finished its part and left
-        is not waited for); without, any peer that left counts."""
-        now = time.monotonic()
-        if now < self._next_check:
+        is not waited for); without, any peer that left counts. ``now``: check even if the last
+        check was less than ``LIVENESS_S`` ago."""
+        t = time.monotonic()
+        if t < self._next_check and not now:
             return
-        self._next_check = now + LIVENESS_S
+        self._next_check = t + LIVENESS_S
         load = self.lib.pycoll_shm_load
         lost = []  # (first cause first, rank, pid, how)
         for r, pid in enumerate(self.pids):
@@ -393,7 +394,7 @@ class ShmSegment:
                 continue
             left = int(load(self.base, r, 4))
             if left:
-                why = self.ffi.new("char[]", 48)  # PC_LEFT_WHY
+                why = self.ffi.new("char[]", LEFT_WHY_BYTES)
                 self.lib.pycoll_shm_left(self.base, r, why)
                 text = self.ffi.string(why).decode(errors="replace")
                 how = LEFT_TEXT.get(left, f"left ({left})") + (f" {text}" if text else "")
@@ -429,8 +430,10 @@ class ShmSegment:
     def leave(self, how: int = LEFT_EXITED, why: str = "") -> None:
         """Say in the segment that this rank left (``how``: LEFT_*; ``why``: the exception's
         text), once: peers waiting for it raise :class:`PeerLostError` instead of timing out."""
-        if getattr(self, "mm", None) is not None and self.base is not None and os.getpid() == self._pid:
-            self.lib.pycoll_shm_leave(self.base, self.rank, how, why.encode(errors="replace")[:47])
+        if getattr(self, "mm", None) is not None and self.base is not None \
+                and os.getpid() == getattr(self, "_pid", None):
+            text = why.encode(errors="replace")[:LEFT_WHY_BYTES - 1]
+            self.lib.pycoll_shm_leave(self.base, self.rank, how, text)
 
     def sleep(self, st: Any, timeout_s: float) -> bool:
         """Sleep in the kernel until the flag ``st``'s last progress call waited for is set (the
