@@ -7,7 +7,7 @@ import pytest
 from tests.launch import need_ucx
 
 
-@pytest.mark.parametrize("mode,rpn,quick", [("mpi", "4", False), ("store", "3", False), ("mpi", "2", False),
+@pytest.mark.parametrize("mode,rpn,quick", [("mpi", "4", False), ("store", "3", False), ("mpi", "2", True),
                                             ("mpi", "1,4,3", True), ("store", "5,3", True)])
 def test_hierarchical_mpiexec(mode, rpn, quick, mpirun):
     """8 ranks as 2, 3 (uneven) and 4 nodes, every dtype and op, roots on every node; the node

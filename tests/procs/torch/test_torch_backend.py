@@ -9,7 +9,7 @@ def test_collectives_env(n, torchrun):
     torchrun(n, "tests/procs/torch/scripts/collectives.py", "all", launcher="env", timeout=120)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2])  # (3 ranks run under env:// above: only the launcher differs)
 def test_collectives_mpiexec(n, torchrun):
     torchrun(n, "tests/procs/torch/scripts/collectives.py", "all", launcher="mpiexec", timeout=120)
 
