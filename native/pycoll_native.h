@@ -182,6 +182,14 @@ typedef struct {
     uint64_t gen0, seq;
     /* the collective averages (op is PC_SUM, the caller divides): its signature says so */
     int avg;
+    /* single-copy scatter(v) and alltoall(v): a block of at most this many bytes travels through
+     * the sender's slot (copied in and out, while it has room) instead of being read from the
+     * sender's memory; the sender says which in the pair it publishes, so the readers follow it
+     * whatever their own setting (0: every block is read from the sender's memory) */
+    uint64_t inline_max;
+    /* set by the collective: this rank published a block that a peer reads from its memory, so it
+     * waits for its readers before it returns */
+    int lent;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

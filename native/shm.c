@@ -540,6 +540,40 @@ static uint64_t *pairs(const pc_shm_coll_t *c, uint32_t r) {
                         (uint64_t)r * h->slot_bytes);
 }
 
+/* Small blocks of the single-copy scatter and alltoall travel through the sender's slot, after its
+ * pairs: a copy in and a copy out cost less than a system call and the wait for the readers. The
+ * pair then holds PC_PAIR_INLINE | the block's offset in the slot (a user-space address never has
+ * the top bit set). */
+#define PC_PAIR_INLINE (1ULL << 63)
+static uint64_t inline_start(const pc_shm_coll_t *c) {
+    return round_up(2 * sizeof(uint64_t) * c->nranks, PC_LINE);
+}
+
+/* The pair a sender publishes for a block of nbytes at from: the block copied into its slot at
+ * *used (while it is small and fits), else its address (and the sender waits for its readers). */
+static uint64_t lend_or_copy(pc_shm_coll_t *c, const char *from, uint64_t nbytes, uint64_t *used) {
+    const pc_shm_header_t *h = c->base;
+    uint64_t at = inline_start(c) + *used;
+    if (nbytes && nbytes <= c->inline_max && at <= h->slot_bytes && nbytes <= h->slot_bytes - at) {
+        memcpy((char *)pairs(c, c->rank) + at, from, nbytes);
+        *used += round_up(nbytes, PC_LINE);
+        return PC_PAIR_INLINE | at;
+    }
+    if (nbytes) c->lent = 1;
+    return (uintptr_t)from;
+}
+
+/* Read the block that rank r's pair (addr, nbytes) describes: out of r's slot (checked against
+ * the slot's bounds) or out of r's memory. */
+static int read_block(const pc_shm_coll_t *c, uint32_t r, void *dst, uint64_t addr, uint64_t nbytes) {
+    if (!(addr & PC_PAIR_INLINE)) return read_peer(c, r, dst, addr, nbytes);
+    const pc_shm_header_t *h = c->base;
+    uint64_t at = addr & ~PC_PAIR_INLINE;
+    if (at < inline_start(c) || at > h->slot_bytes || nbytes > h->slot_bytes - at) return PC_ESTATE;
+    memcpy(dst, (const char *)pairs(c, r) + at, nbytes);
+    return PC_OK;
+}
+
 static int single_copy_check(const pc_shm_coll_t *c, size_t es) {
     const pc_shm_header_t *h = c->base;
     int me_root = (int)c->rank == c->root, rc = PC_OK;
@@ -567,13 +601,19 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
         rc = slot_free(c, max_polls); /* nobody reads this parity's slots of generation gen - 2 */
         if (rc <= 0) return rc;
         uint64_t *mine = pairs(c, rank);
+        c->lent = 0;
         if (c->coll == PC_COLL_BCAST_CMA && me_root) {
-            mine[0] = (uintptr_t)c->dst, mine[1] = c->count;
+            mine[0] = (uintptr_t)c->dst, mine[1] = c->count, c->lent = 1;
         } else if (c->coll == PC_COLL_GATHER_CMA && !me_root) {
-            mine[0] = (uintptr_t)c->src, mine[1] = c->src_count;
+            mine[0] = (uintptr_t)c->src, mine[1] = c->src_count, c->lent = 1;
         } else if ((c->coll == PC_COLL_SCATTER_CMA && me_root) || c->coll == PC_COLL_ALLTOALL_CMA) {
-            for (uint32_t b = 0; b < n; b++)
-                mine[2 * b] = (uintptr_t)(c->src + c->layout[2 * b] * es), mine[2 * b + 1] = c->layout[2 * b + 1];
+            uint64_t used = 0;
+            for (uint32_t b = 0; b < n; b++) {
+                const char *from = c->src + c->layout[2 * b] * es;
+                uint64_t cnt = c->layout[2 * b + 1];
+                mine[2 * b] = b == rank ? (uintptr_t)from : lend_or_copy(c, from, cnt * es, &used);
+                mine[2 * b + 1] = cnt;
+            }
         }
         arrive(me, c->gen);
         c->phase = 1;
@@ -585,7 +625,8 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
             const uint64_t *p = pairs(c, (uint32_t)root) + (c->coll == PC_COLL_SCATTER_CMA ? 2 * rank : 0);
             uint64_t addr = p[0], cnt = p[1];
             if (cnt != c->count) return PC_EDISAGREE;
-            rc = read_peer(c, (uint32_t)root, c->dst, addr, cnt * es);
+            rc = c->coll == PC_COLL_SCATTER_CMA ? read_block(c, (uint32_t)root, c->dst, addr, cnt * es)
+                                                : read_peer(c, (uint32_t)root, c->dst, addr, cnt * es);
             if (rc) return rc;
         } else if (c->coll == PC_COLL_SCATTER_CMA) { /* the root's own block */
             const char *from = c->src + c->layout[2 * rank] * es;
@@ -619,16 +660,19 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
                 const uint64_t *p = pairs(c, r) + 2 * rank;
                 uint64_t addr = p[0], cnt = p[1];
                 if (cnt != c->rlayout[2 * r + 1]) return PC_EDISAGREE;
-                rc = read_peer(c, r, to, addr, cnt * es);
+                rc = read_block(c, r, to, addr, cnt * es);
                 if (rc) return rc;
             }
         }
         reduced(me, c->gen);
         c->phase = 2;
     }
-    /* a sender stays until every rank that reads its memory has */
-    if (((c->coll == PC_COLL_BCAST_CMA || c->coll == PC_COLL_SCATTER_CMA) && me_root) ||
-        c->coll == PC_COLL_ALLTOALL_CMA) {
+    /* a sender stays until every rank that reads its memory has (what went through its slot is
+     * safe there until the slot's next use, which waits for the readers: slot_free) */
+    if (!c->lent) {
+        /* every block it sent went through its slot */
+    } else if (((c->coll == PC_COLL_BCAST_CMA || c->coll == PC_COLL_SCATTER_CMA) && me_root) ||
+               c->coll == PC_COLL_ALLTOALL_CMA) {
         rc = wait_flags(c, 1, c->gen, -1, max_polls);
         if (rc <= 0) return rc;
     } else if (c->coll == PC_COLL_GATHER_CMA && !me_root) {

@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def ucx_include_dir():
     """The UCX headers of the libucx wheel, or None."""
     try:
-        import libucx
+        import libucx  # noqa: PLC0415 - optional: the UCX wheel
     except ImportError:
         return None
     inc = os.path.join(os.path.dirname(libucx.__file__), "include")

@@ -128,17 +128,18 @@ def buffer_dtype(buf: Any) -> Any:
 class Repeated:
     """A call remembered by a team (or :class:`pycoll.mpi.Comm`): its argument objects (compared
     by identity) and the dtypes of its ndarray buffers. From the second call in a row with the
-    same arguments (no pycoll keywords but the same timeout), the call runs as a
+    same arguments (no pycoll keywords but the same timeout and algorithm), the call runs as a
     :class:`Persistent` made of it (``make(*made_of)``): one start, the engine's express lane when
     it is idle."""
 
-    __slots__ = ("args", "dtypes", "timeout", "make", "made_of", "persistent", "lane")
+    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
         self.args = args
         self.dtypes = dtypes
         self.timeout = timeout  # the call's timeout keyword (a repeat gives the same)
+        self.algorithm = algorithm  # the call's algorithm keyword (a repeat names the same)
         self.make = make
         self.made_of = made_of
         self.persistent: Optional[Persistent] = None
@@ -173,10 +174,11 @@ class Repeated:
             p.free()
 
 
-def persistent_of(planner: Planner, call: Call, timeout: Optional[float]) -> Persistent:
-    """A persistent collective of a checked call with no pycoll keywords but its timeout (what a
-    team's repeated call becomes)."""
-    return Persistent(planner, call, 0, None, None, timeout, {})
+def persistent_of(planner: Planner, call: Call, timeout: Optional[float],
+                  algorithm: Optional[str] = None) -> Persistent:
+    """A persistent collective of a checked call with no pycoll keywords but its timeout and
+    algorithm (what a team's repeated call becomes)."""
+    return Persistent(planner, call, 0, None, algorithm, timeout, {})
 
 
 #: Calls remembered per team (or Comm).
@@ -221,12 +223,12 @@ class RecentCalls(Dict[tuple, Repeated]):
         return True
 
     def add(self, key: tuple, args: tuple, dtypes: tuple, make: Callable[..., Persistent],
-            *made_of: Any, timeout: Optional[float] = None) -> None:
+            *made_of: Any, timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
         """Remember a call (after :meth:`admits`): ``dtypes`` are :func:`buffer_dtype` of each
         buffer argument and None for the others (a call with an :data:`UNSTABLE` one is not kept);
         ``make(*made_of)`` makes its persistent form when it repeats; ``timeout``: the call's
-        timeout keyword (a repeat gives the same)."""
+        timeout keyword and ``algorithm`` its algorithm keyword (a repeat gives the same)."""
         for d in dtypes:
             if d is UNSTABLE:  # (not ``in``: a dtype compared with another object is slow to say no)
                 return
-        self[key] = Repeated(args, dtypes, make, made_of, timeout)
+        self[key] = Repeated(args, dtypes, make, made_of, timeout, algorithm)

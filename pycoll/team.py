@@ -305,7 +305,7 @@ class Team:
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
     entry = self.recent.get(({name!r}, {first}))
-    if (entry is not None and {same}tag is None and algorithm is None and timeout == entry.timeout
+    if (entry is not None and {same}tag is None and algorithm == entry.algorithm and timeout == entry.timeout
             and not options):
         lane = entry.lane  # the same call as the last: its persistent form, run again at once ...
         if lane is not None:
@@ -319,11 +319,11 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
     if algorithm is not None and algorithm == "push_pull":
         return self.ps.allreduce(call, priority, tag, timeout)
     req = self.planner.post(call, priority, tag, algorithm, timeout, options)
-    if tag is None and algorithm is None and not options:
+    if tag is None and not options:
         recent = self.recent
         if recent.admits(({name!r}, {first}), ({tuple})):
             recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call, timeout,
-                       timeout=timeout)
+                       algorithm, timeout=timeout, algorithm=algorithm)
     return req
 """
 _INIT = """

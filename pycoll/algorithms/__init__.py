@@ -12,6 +12,9 @@ collectives of sub-teams). A module is an algorithm when it declares::
 
     def build(args: CollArgs) -> Task: ...      # starts with opts = options(args, OPTIONS)
 
+and, where a ``cma`` form publishes its addresses in the team's segment (so that, as the ``shm``
+algorithms, it runs only untagged), ``SEGMENT = True``: selection passes it over for tagged calls.
+
 Adding an algorithm is adding its file: this package and its sub-packages are walked (pkgutil)
 when it is imported, every module is imported, and those with a ``NAME`` are registered; the
 others (``base``, ``options``, ``patterns``, ``tuning``, ``push_pull``, ``hier.levels``) are not
@@ -129,11 +132,15 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatterv", "rhalving", msg=(0, 1 << 20)),
     Rule("reduce_scatterv", "ring"),
     # alltoallv, gatherv, scatterv select by team size alone (the ranks do not all know the
-    # sizes): the segment on one host, where small blocks gain most and large ones lose least.
+    # sizes). alltoallv and scatterv: the single copy where the ranks may read each other's
+    # memory (its sender passes small blocks through its slot, so it costs what the segment form
+    # does there and one copy less for large blocks), else the segment; gatherv: the segment.
+    Rule("alltoallv", "cma", team=(2, INF)),
     Rule("alltoallv", "shm", team=(2, INF)),
     Rule("alltoallv", "pairwise"),
     Rule("gatherv", "shm", team=(2, INF)),
     Rule("gatherv", "linear"),
+    Rule("scatterv", "cma", team=(2, INF)),
     Rule("scatterv", "shm", team=(2, INF)),
     Rule("scatterv", "linear"),
 ]
@@ -165,6 +172,7 @@ def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "
     with no rule yet falls back to its default algorithm), or ValueError when it is None."""
     if coll not in ALGORITHMS:
         raise ValueError(f"unknown collective {coll!r}")
+    cma = cma and (shared or not getattr(MODULES[coll].get("cma"), "SEGMENT", False))  # tagged: not there
     name = tuning.choose(rules(), coll, size, nbytes, mem, shared, cma, hier, cma_slow)
     if name is None:
         if default is not None:

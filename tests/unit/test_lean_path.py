@@ -328,6 +328,25 @@ def test_repeated_calls_become_one_persistent_collective_in_process():
     assert ("bcast", id(buf)) not in teams[0].planner.recent
 
 
+def test_repeated_calls_that_name_an_algorithm_run_it_as_a_persistent_collective():
+    """A loop that names its algorithm gets the repeat's fast path too, with that algorithm; a call
+    that names another one is not served by it."""
+    n = 2
+    teams = pycoll.local_teams(n)
+    x = [np.full(8, r + 1.0, np.float32) for r in range(n)]
+    y = [np.zeros(8, np.float32) for _ in range(n)]
+    for _ in range(4):
+        reqs = [t.allreduce(a, b, algorithm="ring") for t, a, b in zip(teams, x, y)]
+        pycoll.wait_all(reqs)
+        assert all((b == 3.0).all() for b in y)
+    entry = teams[0].recent[("allreduce", id(x[0]))]
+    assert entry.algorithm == "ring" and entry.persistent is not None
+    assert reqs[0].task is entry.persistent.task
+    other = [t.allreduce(a, b, algorithm="rd") for t, a, b in zip(teams, x, y)]
+    pycoll.wait_all(other)
+    assert other[0].task is not entry.persistent.task and all((b == 3.0).all() for b in y)
+
+
 def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
     teams = pycoll.local_teams(2)
     bufs = [np.full(2, 1.5, np.float32) for _ in teams]

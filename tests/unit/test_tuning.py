@@ -23,6 +23,14 @@ def test_defaults():
     assert algorithms.select("allgather", 2, 64 << 10, shared=True, cma=True) == "shm"
     assert algorithms.select("allgatherv", 2, 4 << 20, shared=False, cma=True) == "cma"  # tagged calls too
     assert algorithms.select("allgather", 4, 4 << 20, shared=True, cma=True) == "shm"
+    # the v-forms that cannot select by size: the single copy wherever it is usable
+    assert algorithms.select("alltoallv", 16, 64, shared=True, cma=True) == "cma"
+    assert algorithms.select("scatterv", 3, 64 << 20, shared=True, cma=True, cma_slow=True) == "cma"
+    assert algorithms.select("alltoallv", 16, 64, shared=True) == "shm"
+    # tagged calls (not shared): the forms that publish addresses in the segment are passed over
+    assert algorithms.select("alltoall", 4, 1 << 20, shared=False, cma=True) == "pairwise"
+    assert algorithms.select("scatterv", 4, 1 << 20, shared=False, cma=True) == "linear"
+    assert algorithms.select("bcast", 2, 256 << 10, shared=False, cma=True) == "knomial"
 
 
 @pytest.mark.parametrize("coll,nbytes,fast,slow", [

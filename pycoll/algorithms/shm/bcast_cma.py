@@ -16,6 +16,7 @@ from pycoll.algorithms.shm.cma import cma_segment_of
 from pycoll.tasks.task import Task
 
 NAME = "cma"
+SEGMENT = True  # addresses published in the segment: untagged calls only
 COLLECTIVES = ("bcast",)
 OPTIONS: Dict[str, Option] = {}
 KIND = 9  # PC_COLL_BCAST_CMA

@@ -15,6 +15,7 @@ from pycoll.algorithms.shm.gather_shm import ShmGather
 from pycoll.tasks.task import Task
 
 NAME = "cma"
+SEGMENT = True  # addresses published in the segment: untagged calls only
 COLLECTIVES = ("gather", "gatherv")
 OPTIONS: Dict[str, Option] = {}
 KIND = 10  # PC_COLL_GATHER_CMA

@@ -41,6 +41,11 @@ from pycoll.tl.shm.leaving import (
 LIVENESS_S = 0.05
 #: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
 DEFAULT_SLOT_BYTES = 1 << 20
+#: The largest block of a single-copy scatter(v) or alltoall(v) that goes through the sender's slot
+#: (a copy in and one out) rather than being read from its memory, where the single copy is fast
+#: and where it is slow (``cma_slow``). Measured on 8 and 16 ranks of a 16-core x86 server: the
+#: single copy wins from blocks of 8-16 KiB (docs/selection.md).
+CMA_INLINE_BYTES = {False: 8 << 10, True: 64 << 10}
 #: Flag polls per native progress call before it returns to the engine.
 POLLS_PER_CALL = 4000
 #: The fewest a call halves down to while the peers keep it waiting (see ShmSegment.progress).
@@ -176,6 +181,10 @@ class ShmSegment:
         #: machine (measured by every rank when the team is made, agreed: the median); set by
         #: the team. The selection then keeps the segment where the single copy does not pay.
         self.cma_slow = False
+        #: Blocks of the single-copy scatter(v) and alltoall(v) up to this many bytes travel
+        #: through the sender's slot instead (None: :data:`CMA_INLINE_BYTES` by the copy's speed);
+        #: read when a collective's native state is made.
+        self.cma_inline: Optional[int] = None
         self._polls = POLLS_PER_CALL
         #: Yield the core every this many polls of a flag not ready (0: spin); set before the
         #: first collective, for ranks that outnumber the cores (see :meth:`oversubscribed`).
@@ -213,6 +222,7 @@ class ShmSegment:
         st.base, st.mapped, st.rank, st.nranks = self.base, self.total, self.rank, self.size
         st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
         st.yield_every = self.yield_every
+        st.inline_max = self.cma_inline if self.cma_inline is not None else CMA_INLINE_BYTES[self.cma_slow]
         return st
 
     def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:

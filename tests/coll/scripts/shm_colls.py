@@ -371,7 +371,13 @@ def main(mode):
         assert team.shared.cma, "this host does not let the ranks read each other's memory"
         slow = comm.allgather(team.shared.cma_slow)  # measured by each, agreed by all
         assert len(set(slow)) == 1, f"ranks disagree on whether the single copy is slow: {slow}"
+        # small blocks travel through the sender's slot while it has room, the others are read
+        # from its memory: small slots mix both in one call
         check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
+        if n == 3:  # every block read from the sender's memory
+            team.shared.cma_inline = 0
+            check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
+            team.shared.cma_inline = None
         check_bcast_cma(team)
         return
     if mode == "matrix":
@@ -424,6 +430,13 @@ def main(mode):
         whole = np.repeat(np.arange(n, dtype=np.int64), count) if r == root else None
         team.scatter(whole, sc, root=root).wait()
         assert (sc == r).all()
+        # tagged calls: never the forms that run on the segment in posting order, at any size
+        a2a.fill(-1)
+        team.alltoall(np.repeat(np.arange(n, dtype=np.int32) + 10 * r, count), a2a, tag=("a2a", count)).wait()
+        assert (a2a == np.repeat(np.arange(n, dtype=np.int32) * 10 + r, count)).all(), "tagged alltoall"
+        sc.fill(-1)
+        team.scatter(whole, sc, root=root, tag=("scatter", count)).wait()
+        assert (sc == r).all(), "tagged scatter"
     # persistent collectives, started three times with refilled buffers
     buf = np.zeros(300_000, np.float32)
     pa = team.allreduce_init(buf)
