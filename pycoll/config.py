@@ -77,6 +77,14 @@ def parse_ranks_per_node(text: str) -> Tuple[int, ...]:
     return counts
 
 
+def parse_check(text: str) -> str:
+    s = str(text).strip().lower()
+    s = {"1": "all", "always": "all", "0": "off", "none": "off"}.get(s, s)
+    if s not in ("auto", "all", "off"):
+        raise ConfigError(f"PYCOLL_CHECK must be auto, all or off, got {text!r}")
+    return s
+
+
 def parse_level(text: str) -> str:
     """Parse a logging level name."""
     s = str(text).strip().upper()
@@ -171,6 +179,13 @@ _declare("PYCOLL_TRACE", "", str,
          "name, priority, bytes and credit, plus the program's spans (pycoll.trace.tracer().span). "
          "Written at exit and by pycoll.trace.flush(). Combine and draw with 'pycoll trace merge' and "
          "'pycoll trace plot'. Empty: no tracing (no cost).")
+_declare("PYCOLL_CHECK", "auto", parse_check,
+         "Which collectives off the shared segment (MPI, TCP, UCX, several hosts, tagged calls) first "
+         "exchange a fingerprint of the call (collective, count, dtype, op, root) so that ranks that "
+         "disagree raise pycoll.MismatchError instead of computing a wrong result: auto = the first 8 "
+         "collectives of each team (and uses of each tag), then those whose number is a power of two; "
+         "all = every one; off = none. (The segment's collectives always check.) Must be equal on all "
+         "ranks.")
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 

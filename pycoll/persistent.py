@@ -69,7 +69,8 @@ class Persistent:
                 planner.credit_unit(task, key)
             self.lane = (planner.express_lane(task, call.out, self)
                          if tag is None and self.task is not None and has_express_lane(task) else None)
-            self.request = planner.submit(task, self.priority, self._timeout, call.out)
+            run = planner.checked(task, call, key)  # (behind the agreement check when it is due one)
+            self.request = planner.submit(run, self.priority, self._timeout, call.out)
         return self.request
 
     def rerun(self) -> Optional[Request]:

@@ -15,7 +15,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
 
-from pycoll import algorithms
+from pycoll import agreement, algorithms, config
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import Call, block_layout
@@ -57,6 +57,7 @@ class Planner:
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
+        self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
@@ -99,8 +100,12 @@ class Planner:
             else:
                 task, key, shape = self.build(call, tag, algorithm, options, reuse=False)
                 if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
-                    return self.submit(task, priority, timeout, call.out)
+                    return self.submit(self.checked(task, call, key), priority, timeout, call.out)
                 self.credit_unit(task, key)
+            if self._check != "off":
+                guarded = self.checked(task, call, key)
+                if guarded is not task:  # behind the agreement check: not pooled
+                    return self.submit(guarded, priority, timeout, call.out)
             t = ctx.timeout if timeout is None else timeout
             task.timeout = t if t is not None and 0 < t < _INF else None
             task.plan_shape = shape
@@ -126,6 +131,8 @@ class Planner:
         task.rebind(call.src, call.dst, key)
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
+        if self._check != "off":
+            task = self.checked(task, call, key)
         t = ctx.timeout if timeout is None else timeout
         task.timeout = t if t is not None and 0 < t < _INF else None
         return ctx.submit(task, priority, call.out)
@@ -145,7 +152,8 @@ class Planner:
                     task = self.credit_unit(task, key)
             if name is not None:
                 task.name = name
-            return self.submit(task, priority, timeout, call.out, shape)
+            guarded = self.checked(task, call, key)
+            return self.submit(guarded, priority, timeout, call.out, shape if guarded is task else None)
 
     def task(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str]) -> Task:
         """The collective as a task to add to a schedule, taking no credit (see ``Team.task``)."""
@@ -189,14 +197,33 @@ class Planner:
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.team.size > 1:
             sched = self.partitioned(build, call, tag, pb, name, options, credit)
+            sched.plan_name = name
             return sched, sched.key, None
         args = self.args(call, _UNKEYED, name, options)
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
+        task.plan_name = name
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
+
+    def checked(self, task: Task, call: Call, key: tuple) -> Task:
+        """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
+        when its call is due one (``PYCOLL_CHECK``) and runs off the shared segment."""
+        mode = self._check
+        if mode == "auto":  # (agreement.due, inline: this runs for every call posted)
+            k = key[1] if key[0] == "c" else key[2]
+            if k >= agreement.CHECK_FIRST and k & (k - 1):
+                return task
+        elif mode == "off":
+            return task
+        if self.team.size == 1:
+            return task
+        name = getattr(task, "plan_name", None)
+        if name is None or agreement.on_segment(call.coll, name):
+            return task
+        return agreement.checked_call(self, task, call, key, name)
 
     def shape(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict) -> tuple:
         """The plan-cache key of a call: what a finished task must share with it to be rebound to

@@ -87,8 +87,8 @@ def table(rows: List[Dict[str, Any]], counts: Sequence[int]) -> str:
 
 
 def plot(rows: List[Dict[str, Any]], counts: Sequence[int], path: str) -> str:
-    """One picture: a panel per collective, vs_mpi against the rank count, a line per size (needs
-    matplotlib). Returns the file written."""
+    """One picture: a panel per collective, vs_mpi against the message size, a line per rank count
+    (needs matplotlib). Returns the file written."""
     import matplotlib  # noqa: PLC0415 - optional dependency
 
     matplotlib.use("Agg")
@@ -102,24 +102,22 @@ def plot(rows: List[Dict[str, Any]], counts: Sequence[int], path: str) -> str:
     fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.2 * rows_n), squeeze=False)
     for i, coll in enumerate(colls):
         ax = axes[i // cols][i % cols]
-        by_size: Dict[int, List[Tuple[int, float]]] = {}
+        by_ranks: Dict[int, List[Tuple[int, float]]] = {}
         for r in rows:
             if r["coll"] == coll and r.get("vs_mpi") is not None:
-                by_size.setdefault(r["bytes"], []).append((r["ranks"], r["vs_mpi"]))
-        for nbytes, pts in sorted(by_size.items()):
+                by_ranks.setdefault(r["ranks"], []).append((max(r["bytes"], 1), r["vs_mpi"]))
+        for n, pts in sorted(by_ranks.items()):
             pts.sort()
-            ax.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=_size(nbytes),
+            ax.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, label=f"{n} ranks",
                         base=2)
         ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--")
         ax.set_title(coll)
-        ax.set_xticks(list(counts))
-        ax.set_xticklabels([str(n) for n in counts])
-        ax.set_xlabel("ranks")
+        ax.set_xlabel("bytes")
         ax.set_ylabel("vs MPI")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7)
     for j in range(len(colls), rows_n * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.suptitle("pycoll vs MPI by rank count (MPI's time / pycoll's; above 1: pycoll faster)")
+    fig.suptitle("pycoll vs MPI by size and rank count (MPI's time / pycoll's; above 1: pycoll faster)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

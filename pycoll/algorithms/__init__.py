@@ -102,11 +102,12 @@ DEFAULT_RULES: List[Rule] = [
     Rule("reduce_scatter", "shm", team=(2, INF)),
     Rule("reduce_scatter", "rhalving", msg=(0, 1 << 20)),
     Rule("reduce_scatter", "ring"),
-    # alltoall: on one host the single copy from 64 KiB (two ranks; 256 KiB where it is slow) or
-    # 128 KiB, the segment below; Bruck for small messages on 4+ ranks, else pairwise exchange.
+    # alltoall: on one host the single copy (two ranks: from 64 KiB, 256 KiB where it is slow;
+    # more: at every size, small blocks passing through the senders' slots), the segment below;
+    # Bruck for small messages on 4+ ranks, else pairwise exchange.
     Rule("alltoall", "cma", msg=(64 << 10, INF), team=(2, 2), cma_speed="fast"),
     Rule("alltoall", "cma", msg=(256 << 10, INF), team=(2, 2)),
-    Rule("alltoall", "cma", msg=(128 << 10, INF), team=(3, INF)),
+    Rule("alltoall", "cma", team=(3, INF)),
     Rule("alltoall", "shm", msg=(0, 256 << 10), team=(2, INF)),
     Rule("alltoall", "bruck", msg=(0, 128 << 10), team=(4, INF)),
     Rule("alltoall", "pairwise"),

@@ -130,7 +130,14 @@ def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
     """Different counts (inline, one chunk, several chunks), dtypes, ops, roots, collectives and
     v-counts on the shared segment, through the Team API and pycoll.mpi.Comm: MismatchError on
     every rank, naming each rank's call; never a result."""
-    mpirun(n, "tests/procs/scripts/mismatch.py", timeout=120)
+    mpirun(n, "tests/procs/scripts/mismatch.py", "segment", timeout=120)
+
+
+def test_ranks_that_disagree_off_the_segment_raise_mismatch_errors(mpirun):
+    """The same off the shared segment (MPI's point to point): the agreement check's fingerprints,
+    exchanged before any data moves, catch what the messages' sizes alone would let through
+    (float32 against int32, sum against max); the check is the planner's, whatever the transport."""
+    mpirun(3, "tests/procs/scripts/mismatch.py", "p2p", timeout=120, env={"PYCOLL_TLS": "mpi"})
 
 
 @pytest.mark.parametrize("mode,via,n", [("return", "team", 2), ("raise", "team", 3), ("close", "comm", 2),

@@ -112,7 +112,8 @@ def test_info_shows_the_choice_for_n_ranks_size_by_size(monkeypatch):
     from pycoll.cli import chosen_by_size
 
     lines = {line.split()[0]: line for line in chosen_by_size(16)}
-    assert lines["alltoall"].split(None, 1)[1] == "1-64K shm, 128K-128M cma"
+    assert lines["scatter"].split(None, 1)[1] == "1-128K shm, 256K-128M cma"
+    assert lines["alltoall"].split(None, 1)[1] == "1-128M cma"
     assert lines["barrier"].split() == ["barrier", "shm"]
     alone = {line.split()[0]: line for line in chosen_by_size(1)}
     assert "shm" not in alone["allreduce"]  # one rank: no segment

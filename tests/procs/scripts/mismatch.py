@@ -1,9 +1,12 @@
 """Run under mpiexec by tests/procs/test_shm.py: ranks that call a collective with arguments that
 must agree and do not (count, dtype, op, root, the collective itself, v-counts), on the shared
-segment, through the Team API and through ``pycoll.mpi.Comm``: every rank raises
-``pycoll.MismatchError`` naming each rank's call, and no rank returns a result. (A gather's block
-sizes are known at the root alone: the root raises; the others, which have no output, may
-return.)"""
+segment (``segment``) or off it (``p2p``: PYCOLL_TLS without shm, the agreement check of
+pycoll.agreement), through the Team API and through ``pycoll.mpi.Comm``: every rank raises
+``pycoll.MismatchError`` naming each rank's call, and no rank returns a result. (On the segment a
+gather's block sizes are known at the root alone: the root raises; the others, which have no
+output, may return.)"""
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -26,6 +29,8 @@ def cases(r, n):
                ["allreduce 0 x float32 sum", f"allreduce {count} x float32 sum"])
     yield ("allreduce dtype", lambda t: t.allreduce(np.ones(100, np.float64 if odd else np.float32)),
            ["x float32", "x float64"])
+    yield ("allreduce dtype of the same size", lambda t: t.allreduce(np.ones(100, np.int32 if odd else np.float32)),
+           ["100 x float32", "100 x int32"])
     yield ("allreduce op", lambda t: t.allreduce(np.ones(100, np.float32), op="max" if odd else "sum"),
            ["float32 sum", "float32 max"])
     yield ("allreduce sum against avg",
@@ -71,13 +76,22 @@ def expect_mismatch(name, post, words, mpi=False):
     raise AssertionError(f"{name}: rank {MPI.COMM_WORLD.rank} got a result, not a MismatchError")
 
 
-def main():
+def main(where):
     world = MPI.COMM_WORLD
     r, n = world.rank, world.size
     for name, call, words in cases(r, n):
         team = Team.from_mpi(world)
-        assert team.shared is not None, "these checks are for the shared segment"
+        assert (team.shared is not None) == (where == "segment"), f"these checks are for {where}"
         expect_mismatch(name, lambda c=call, t=team: c(t).wait(timeout=30), words)
+        team.close()
+        world.Barrier()
+    if where == "p2p":  # past the first calls the check thins out: collective #16 is checked again
+        team = Team.from_mpi(world)
+        for _ in range(16):
+            team.allreduce(np.ones(10, np.float32)).wait()
+        expect_mismatch("allreduce #16", lambda: team.allreduce(np.ones(10, np.int32 if r == n - 1
+                                                                        else np.float32)).wait(timeout=30),
+                        ["10 x float32", "10 x int32"])
         team.close()
         world.Barrier()
     # the mpi4py drop-in: the same error, on every rank
@@ -96,4 +110,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_rank(main)
+    run_rank(main, sys.argv[1] if len(sys.argv) > 1 else "segment")

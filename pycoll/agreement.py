@@ -1,0 +1,178 @@
+"""The agreement check of collectives that run off the shared segment.
+
+Ranks that call different collectives, or the same one with a count, dtype, op or root that must
+agree and does not, would otherwise exchange messages that match by key and size alone: a wrong
+result, silently, wherever the byte sizes happen to agree (float32 against int32, SUM against MAX).
+The segment's collectives sign every call in the segment (``native/shm.c``); the others, on MPI,
+TCP, UCX or several hosts, are checked here: before a checked call moves any data its ranks
+allgather a fingerprint of it (:func:`fingerprint`), and every rank raises
+:class:`pycoll.MismatchError` naming each rank's call when they differ.
+
+Which calls are checked (``PYCOLL_CHECK``): ``auto``, the first :data:`CHECK_FIRST` collectives of
+each team (and uses of each tag) and then those whose number is a power of two, so that a mistake
+in a script is caught at once and a late one soon, at a cost that vanishes over a long run; ``all``,
+every call; ``off``, none. The choice depends only on the collective's message key, which every
+rank gives alike, so the ranks always agree on which calls carry the extra exchange.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING, Callable, List, Optional
+
+import numpy as np
+
+from pycoll import algorithms
+from pycoll.calls import Call
+from pycoll.collectives import COLLECTIVES
+from pycoll.dtypes import DTYPE_CODES
+from pycoll.errors import MismatchError
+from pycoll.ops import ReduceOp
+from pycoll.tasks.schedule import Schedule
+from pycoll.tasks.task import COMPLETED, FINISHED, Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.planner import Planner
+
+#: Collectives checked before the check thins out to powers of two (``PYCOLL_CHECK=auto``).
+CHECK_FIRST = 8
+#: Words (uint64) of a fingerprint.
+WORDS = 6
+#: The allgather that exchanges the fingerprints (log2(n) messages, any team size).
+EXCHANGE = "bruck"
+
+_COLLS = list(COLLECTIVES)
+_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
+_OPS = list(ReduceOp)
+_REDUCING = frozenset(("allreduce", "reduce", "reduce_scatter", "reduce_scatterv"))
+_ROOTED = frozenset(("bcast", "reduce", "gather", "gatherv", "scatter", "scatterv"))
+#: The buffer whose dtype and size every rank gives alike, by collective (None: the count is not
+#: checked: each rank knows only its own blocks; "counts": the digest of the blocks' counts).
+_COUNTED = {"allreduce": "src", "bcast": "dst", "reduce": "src", "allgather": "src",
+            "reduce_scatter": "dst", "alltoall": "src", "gather": "src", "scatter": "dst",
+            "allgatherv": "counts", "reduce_scatterv": "counts", "alltoallv": None, "gatherv": None,
+            "scatterv": None, "barrier": None}
+_NONE = 0xFFFFFFFF
+
+
+def due(key: tuple, mode: str) -> bool:
+    """Whether the collective of message key ``key`` is checked under ``PYCOLL_CHECK=mode``."""
+    if mode == "off":
+        return False
+    if mode == "all":
+        return True
+    k = key[1] if key[0] == "c" else key[2]
+    return k < CHECK_FIRST or not (k & (k - 1))
+
+
+def on_segment(coll: str, name: str) -> bool:
+    """Whether algorithm ``name`` of ``coll`` runs on the shared segment (which signs its calls)."""
+    return name == "shm" or bool(getattr(algorithms.MODULES.get(coll, {}).get(name), "SEGMENT", False))
+
+
+def fingerprint(call: Call, name: str) -> np.ndarray:
+    """What must agree across ranks of ``call`` run by algorithm ``name``: collective, dtype, op,
+    root, count (or the digest of the v-forms' counts), algorithm."""
+    coll = call.coll
+    counted = _COUNTED.get(coll)
+    buf = call.dst if counted == "dst" or coll in ("scatterv", "alltoallv") else call.src
+    count: int = _NONE
+    if counted in ("src", "dst"):
+        count = buf.size
+    elif counted == "counts" and call.layout is not None:
+        count = zlib.crc32(repr([c for _, c in call.layout]).encode()) | 1 << 32
+    return np.array([_COLLS.index(coll) if coll in _COLLS else 0xFF,
+                     DTYPE_CODES.get(buf.dtype, 0xFF) if coll != "barrier" else 0xFF,
+                     _OPS.index(call.op) if coll in _REDUCING else 0xFF,
+                     call.root if coll in _ROOTED else _NONE,
+                     count, zlib.crc32(name.encode())], np.uint64)
+
+
+def describe(rec: np.ndarray, name: Optional[str] = None) -> str:
+    """A rank's call as its fingerprint says it: ``allreduce 100 x float32 sum``, ``bcast 8 x int64
+    root 1``, ``allgatherv x float32 counts #1a2b3c4d``, ``barrier`` (``name``: its algorithm)."""
+    coll, dtype, op, root, count, _ = (int(x) for x in rec)
+    text = _COLLS[coll] if coll < len(_COLLS) else f"collective {coll}"
+    if dtype != 0xFF:
+        kind = _NAMES.get(dtype, f"dtype {dtype}")
+        if count == _NONE:
+            text += f" x {kind}"
+        elif count >> 32:
+            text += f" x {kind} counts #{count & _NONE:08x}"
+        else:
+            text += f" {count} x {kind}"
+    if op != 0xFF:
+        text += f" {_OPS[op].value}" if op < len(_OPS) else f" op {op}"
+    if root != _NONE:
+        text += f" root {root}"
+    return text + (f" (algorithm {name})" if name else "")
+
+
+def disagreement(recs: np.ndarray, mine: str) -> Optional[str]:
+    """None when every rank's fingerprint (a row of ``recs``) is the same; else each rank's call
+    side by side (``mine``: this rank's algorithm, named where the algorithms differ)."""
+    if (recs == recs[0]).all():
+        return None
+    algos = len({int(r[5]) for r in recs}) > 1
+    shown: List[str] = []
+    for r, rec in enumerate(recs[:16]):
+        shown.append(f"rank {r}: {describe(rec)}" + (" (another algorithm)" if algos and rec[5] != recs[0][5]
+                                                     else ""))
+    more = f"; and {len(recs) - 16} more" if len(recs) > 16 else ""
+    return ("the ranks called different collectives, or the same one with arguments that must agree: "
+            + "; ".join(shown) + more + (f" (this rank's algorithm: {mine})" if algos else ""))
+
+
+class CheckedCall(Schedule):
+    """A collective preceded by the exchange of its ranks' fingerprints: the collective starts
+    only once they agree; otherwise the schedule fails with MismatchError on every rank. No
+    dependency edge ties the two (the collective may be kept and run again on its own: a pooled or
+    persistent task), and both are let go when the schedule finishes."""
+
+    takes_credit = False
+    polled = False
+
+    def __init__(self, exchange: Task, task: Task, compare: Callable[[], Optional[str]], name: str) -> None:
+        super().__init__(name=name)
+        self.add(exchange)
+        self.add(task)
+        self.exchange, self.task, self.compare = exchange, task, compare
+
+    def post(self) -> None:
+        self._n_done = 0
+        prio = self.effective_priority
+        for task in self.tasks:
+            task.effective_priority = prio if task.priority is None else task.priority
+        self.exchange.activate(self.ctx)
+
+    def child_finished(self, child: Task) -> None:
+        if child is self.exchange and child.state is COMPLETED and self.state not in FINISHED:
+            problem = self.compare()
+            if problem is not None:
+                self.fail(MismatchError(problem))
+            else:
+                self._n_done += 1
+                self.task.activate(self.ctx)
+        else:
+            super().child_finished(child)
+        if self.state in FINISHED:
+            for task in self.tasks:
+                if task.state in FINISHED:
+                    task.parent = None
+
+
+def checked_call(planner: Planner, task: Task, call: Call, key: tuple, name: str) -> Task:
+    """``task`` (collective ``call`` by algorithm ``name``, message key ``key``) preceded by the
+    fingerprint exchange, as one :class:`CheckedCall` to submit in its place."""
+    team = planner.team
+    n = team.size
+    mine = fingerprint(call, name)
+    recs = np.zeros((n, WORDS), np.uint64)
+    exchange_call = Call("allgather", mine, recs.reshape(-1), ReduceOp.SUM, 0, None, recs.nbytes)
+    exchange_key = (*key, "agree")
+    args = planner.args(exchange_call, exchange_key, EXCHANGE, {})
+    exchange = algorithms.get("allgather", EXCHANGE)(args)
+    exchange.credit = 0
+    task.parent = None  # a pooled or persistent task: let go by the schedule of its last run
+    return CheckedCall(exchange, task, lambda: disagreement(recs, name),
+                       name=f"{call.coll}#{key[1] if key[0] == 'c' else key[1:]}/checked@{team.rank}")

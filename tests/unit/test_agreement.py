@@ -1,0 +1,55 @@
+"""The agreement check of collectives off the shared segment (pycoll.agreement): which calls are
+checked, what a fingerprint holds, and in-process teams whose ranks disagree."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import agreement
+from pycoll.calls import allreduce, bcast
+
+
+def test_which_calls_are_checked():
+    auto = [k for k in range(300) if agreement.due(("c", k), "auto")]
+    assert auto == [0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256]
+    assert agreement.due(("u", "grads", 3), "auto") and not agreement.due(("u", "grads", 9), "auto")
+    assert agreement.due(("c", 1001), "all") and not agreement.due(("c", 0), "off")
+    assert agreement.on_segment("allreduce", "shm") and agreement.on_segment("alltoall", "cma")
+    assert not agreement.on_segment("allgather", "cma")  # reads peers' memory, over messages
+    assert not agreement.on_segment("allreduce", "ring")
+
+
+def test_fingerprints_say_what_must_agree():
+    x = np.ones(100, np.float32)
+    a = agreement.fingerprint(allreduce(0, 2, x, None, "sum"), "ring")
+    assert agreement.describe(a) == "allreduce 100 x float32 sum"
+    b = agreement.fingerprint(allreduce(0, 2, x.view(np.int32), None, "max"), "ring")
+    assert agreement.describe(b) == "allreduce 100 x int32 max"
+    c = agreement.fingerprint(bcast(1, 2, np.ones(3, np.int64), 1), "knomial")
+    assert agreement.describe(c).endswith("root 1")
+    text = agreement.disagreement(np.stack([a, b]), "ring")
+    assert "rank 0: allreduce 100 x float32 sum; rank 1: allreduce 100 x int32 max" in text
+    assert agreement.disagreement(np.stack([a, a]), "ring") is None
+
+
+@pytest.mark.parametrize("mode", ["auto", "all"])
+def test_in_process_ranks_that_disagree_raise_on_every_rank(mode, monkeypatch):
+    monkeypatch.setenv("PYCOLL_CHECK", mode)
+    teams = pycoll.local_teams(3)
+    bufs = [np.ones(8, np.int32 if r == 2 else np.float32) for r in range(3)]
+    reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
+    for req in reqs:
+        with pytest.raises(pycoll.MismatchError, match="rank 2: allreduce 8 x int32 sum"):
+            req.wait(timeout=10)
+    # the team goes on: the next calls agree and compute
+    out = [t.allreduce(np.full(4, r + 1.0)) for r, t in enumerate(teams)]
+    assert all((req.wait(timeout=10) == 6.0).all() for req in out)
+
+
+def test_off_lets_disagreeing_calls_through(monkeypatch):
+    """PYCOLL_CHECK=off: no exchange (what the check costs, measured against it)."""
+    monkeypatch.setenv("PYCOLL_CHECK", "off")
+    teams = pycoll.local_teams(2)
+    reqs = [t.allreduce(np.ones(4, np.float32)) for t in teams]
+    assert all((req.wait(timeout=10) == 2.0).all() for req in reqs)
+    assert all(type(req.task).__name__ != "CheckedCall" for req in reqs)
