@@ -174,5 +174,4 @@ def checked_call(planner: Planner, task: Task, call: Call, key: tuple, name: str
     exchange = algorithms.get("allgather", EXCHANGE)(args)
     exchange.credit = 0
     task.parent = None  # a pooled or persistent task: let go by the schedule of its last run
-    return CheckedCall(exchange, task, lambda: disagreement(recs, name),
-                       name=f"{call.coll}#{key[1] if key[0] == 'c' else key[1:]}/checked@{team.rank}")
+    return CheckedCall(exchange, task, lambda: disagreement(recs, name), name=f"{task.name} (checked)")

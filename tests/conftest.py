@@ -77,6 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
                 item.add_marker(pytest.mark.skip(reason="torch is not installed (pip install torch==2.13.0)"))
 
 
+@pytest.fixture
+def no_agreement_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PYCOLL_CHECK=off`` (here and in the processes a test launches): for the tests that count
+    messages, bytes or trace spans, or look inside a request's task, which the agreement check of
+    the first collectives of a team (pycoll.agreement: a fingerprint exchange before the call)
+    would add to or wrap. The check itself is tested in tests/unit/test_agreement.py and by
+    tests/procs/test_shm.py's mismatch tests."""
+    monkeypatch.setenv("PYCOLL_CHECK", "off")
+
+
 # ------------------------------------------------------------------ launch fixtures (tests/launch.py)
 @pytest.fixture
 def mpirun():

@@ -35,7 +35,7 @@ def test_info_lists_transports_algorithms_and_every_setting(cli):
     assert "chosen for" not in out
     rc, out, _ = cli("info", "-n", "16")
     assert rc == 0 and "chosen for 16 ranks on one host" in out
-    assert "  alltoall        1-64K shm, 128K-128M cma" in out
+    assert "  alltoall        1-128M cma" in out and "  scatter         1-128K shm, 256K-128M cma" in out
 
 
 def test_run_launches_ranks_and_returns_their_status(tmp_path, cli):

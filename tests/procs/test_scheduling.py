@@ -16,6 +16,7 @@ def test_tuning_changes_credit_and_partition_on_all_ranks_at_once(mpirun):
     assert "tuning log" in out
 
 
+@pytest.mark.usefixtures("no_agreement_check")  # counts tasks and spans
 def test_trace_shows_priority_order_and_partition_sizes(tmp_path, mpirun):
     path = tmp_path / "sched.json"
     mpirun(2, "tests/procs/scripts/scheduling.py", "trace", timeout=120, env={"PYCOLL_TRACE": str(path)})

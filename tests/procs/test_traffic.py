@@ -4,6 +4,11 @@ tests/unit/test_traffic.py."""
 
 import re
 
+import pytest
+
+# (they count messages, bytes or spans, or look inside a request's task: see the fixture)
+pytestmark = pytest.mark.usefixtures("no_agreement_check")
+
 
 def test_processes_mpi_tcp_shm_ucx(mpirun):
     """4 ranks: the ring figure over every transport (tagged and untagged), recursive doubling's

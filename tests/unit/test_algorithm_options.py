@@ -13,6 +13,10 @@ from pycoll import ReduceOp
 from pycoll.algorithms import ALGORITHMS, MODULES
 from pycoll.algorithms.base import CollArgs, equal_layout
 
+# (they count messages, bytes or spans, or look inside a request's task: see the fixture)
+pytestmark = pytest.mark.usefixtures("no_agreement_check")
+
+
 #: (collective, algorithm, option) proven below; every documented option must be here.
 COVERED = {
     ("allreduce", "ring", "fragment_bytes"), ("allreduce", "ring", "depth"),

@@ -17,6 +17,10 @@ from pycoll.tasks.task import COMPLETED
 from tests.conftest import Manual, Recorder
 from tests.unit.test_trace import spans, traced  # noqa: F401 - the fixture
 
+# (they count messages, bytes or spans, or look inside a request's task: see the fixture)
+pytestmark = pytest.mark.usefixtures("no_agreement_check")
+
+
 
 def test_idle_engine_starts_and_finishes_the_task_inside_submit():
     ctx = Context(credit_bytes=100, partition_bytes=0, timeout=0)

@@ -206,6 +206,7 @@ def test_single_copy_addresses_and_sizes_are_checked():
     for s in segs:
         s.close()
     segs = two_rank_segments()
+    segs[0].cma_inline = 0  # every block read from the sender's memory
     whole = np.arange(8, dtype=np.int32)
     st0, rc0, keep0 = _run(segs[0], COLL_SCATTER_CMA, whole, np.zeros(4, np.int32), layout=[0, 4, 4, 4])
     assert rc0 == 0
@@ -217,6 +218,22 @@ def test_single_copy_addresses_and_sizes_are_checked():
     assert rc1 == -6 and (out == -1).all()
     for s in segs:
         s.close()
+    # a small block goes through the sender's slot (the reader copies it out; the sender waits for
+    # nobody's reads, only for every rank's signature); an entry that points outside the slot is an
+    # impossible value, nothing is copied
+    for corrupt in (False, True):
+        segs = two_rank_segments()
+        st0, rc0, keep0 = _run(segs[0], COLL_SCATTER_CMA, whole, np.zeros(4, np.int32), layout=[0, 4, 4, 4])
+        assert rc0 == 0
+        pairs = np.frombuffer(segs[1].mm, np.uint64, count=4, offset=segs[1].slot_offset(st0.gen0, 0))
+        assert pairs[2] >> 63 == 1 and pairs[3] == 4
+        if corrupt:
+            pairs[2] = (1 << 63) | (segs[1].slot_bytes - 8)
+        out = np.full(4, -1, np.int32)
+        st1, rc1, keep1 = _run(segs[1], COLL_SCATTER_CMA, out, out)
+        assert (rc1, list(out)) == ((-4, [-1] * 4) if corrupt else (1, [4, 5, 6, 7]))
+        for s in segs:
+            s.close()
 
 
 def test_gather_ranks_that_disagree():

@@ -14,6 +14,10 @@ from pycoll.tasks import CopyTask
 from pycoll.trace import rank_path
 from tests.conftest import Manual
 
+# (they count messages, bytes or spans, or look inside a request's task: see the fixture)
+pytestmark = pytest.mark.usefixtures("no_agreement_check")
+
+
 LAUNCHER_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK")
 
 

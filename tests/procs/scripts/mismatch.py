@@ -29,7 +29,8 @@ def cases(r, n):
                ["allreduce 0 x float32 sum", f"allreduce {count} x float32 sum"])
     yield ("allreduce dtype", lambda t: t.allreduce(np.ones(100, np.float64 if odd else np.float32)),
            ["x float32", "x float64"])
-    yield ("allreduce dtype of the same size", lambda t: t.allreduce(np.ones(100, np.int32 if odd else np.float32)),
+    yield ("allreduce dtype of the same size",
+           lambda t: t.allreduce(np.ones(100, np.int32 if odd else np.float32)),
            ["100 x float32", "100 x int32"])
     yield ("allreduce op", lambda t: t.allreduce(np.ones(100, np.float32), op="max" if odd else "sum"),
            ["float32 sum", "float32 max"])
