@@ -12,7 +12,7 @@ from tests.launch import TORCH_VARS, child_env, free_port
 SCRIPT = "tests/procs/torch/scripts/ddp.py"
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # (2 ranks: test_ddp_matches_gloo_launchers and the examples)
 def test_ddp_matches_gloo(n, torchrun):
     """MLP and CNN (BatchNorm) trained 20 steps in every variant: pycoll's parameters and buffers
     equal gloo's (bit for bit on 2 ranks), and the same on every rank."""

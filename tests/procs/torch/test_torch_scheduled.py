@@ -9,7 +9,7 @@ import pytest
 SCRIPT = "tests/procs/torch/scripts/scheduled.py"
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # (2 ranks: the scheduled example under torchrun)
 def test_scheduled_optimizer_matches_ddp(n, torchrun):
     """SGD with momentum, AdamW (two groups), RMSprop and Adagrad on an MLP and a CNN, and an MLP
     with a head some ranks leave unused, 20 steps under 4 KiB partitions and 8 KiB credit: the
