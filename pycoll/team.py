@@ -256,7 +256,8 @@ class Team:
         submitting it: the levels of a hierarchical algorithm are such tasks on sub-teams (UCC's
         hierarchical task). Arguments as for the method of that name (``team.task("reduce",
         sendbuf, recvbuf, op, root)``). It takes its message key now, so build untagged ones in
-        the same order on every rank.
+        the same order on every rank, and as such a task on every rank (it is never behind the
+        agreement check of :mod:`pycoll.agreement`, which the same call posted directly may be).
 
         Such a task takes no credit: the engine's rule that a collective a peer started starts
         whatever the credit keeps ranks from waiting on each other only between independent
