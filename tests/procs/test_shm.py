@@ -125,6 +125,13 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
     assert shm_entries() == before  # segments are memfds: never in /dev/shm
 
 
+def test_a_stopped_rank_that_resumes_is_not_lost(mpirun):
+    """SIGSTOP on a rank for 1.5 s while the others wait in a collective on the segment, then
+    SIGCONT: the collective completes with the right sum on every rank; the stopped process was
+    alive throughout, so nobody raises PeerLostError (only PYCOLL_TIMEOUT would end the wait)."""
+    mpirun(3, "tests/procs/scripts/stopped_peer.py", "1.5", timeout=60)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
     """Different counts (inline, one chunk, several chunks), dtypes, ops, roots, collectives and
