@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Finished collectives kept per call shape for reuse, and shapes remembered per team.
 MAX_PLANS_PER_SHAPE = 4
 MAX_PLAN_SHAPES = 64
+#: Most bytes of buffers (the tasks' ``nbytes``, which their scratch follows) the kept collectives
+#: of a team may span: a program of many large sizes keeps fewer of them instead of more memory.
+MAX_PLAN_BYTES = 64 << 20
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
@@ -56,6 +59,7 @@ class Planner:
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
+        self._plan_bytes = 0  # the nbytes of the kept collectives (MAX_PLAN_BYTES)
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._recycle_done = self.recycle  # one bound method for every request
@@ -94,6 +98,7 @@ class Planner:
             if pool:
                 key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
                 task = pool.pop()
+                self._plan_bytes -= task.nbytes
                 task.rebind(call.src, call.dst, key)
                 if task.credit and ctx.credit_bytes:  # its credit was set when it was built
                     ctx.watch_demand(task, self.team.transport, key)
@@ -191,6 +196,7 @@ class Planner:
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
             task = pool.pop()
+            self._plan_bytes -= task.nbytes
             task.rebind(src, dst, key)
             return task, key, shape
         build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
@@ -323,19 +329,27 @@ class Planner:
         task = req.task
         shape = task.plan_shape
         pool = self._plans.get(shape)
-        if pool is not None and task.state is COMPLETED and len(pool) < MAX_PLANS_PER_SHAPE:
+        fits = self._plan_bytes + task.nbytes <= MAX_PLAN_BYTES
+        if pool is not None and fits and task.state is COMPLETED and len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)  # the common case (a pool holds tasks that can be rebound)
+            self._plan_bytes += task.nbytes
             return
-        if task.state is not COMPLETED or not hasattr(task, "rebind"):
+        if task.state is not COMPLETED or not hasattr(task, "rebind") or task.nbytes > MAX_PLAN_BYTES:
             task.finalize()
             return
+        while self._plans and (len(self._plans) >= MAX_PLAN_SHAPES and pool is None
+                               or self._plan_bytes + task.nbytes > MAX_PLAN_BYTES):
+            oldest = next(iter(self._plans))  # forget the oldest shape
+            for old in self._plans.pop(oldest):
+                self._plan_bytes -= old.nbytes
+                old.finalize()
+            if oldest == shape:
+                pool = None
         if pool is None:
-            if len(self._plans) >= MAX_PLAN_SHAPES:  # forget the oldest shape
-                for old in self._plans.pop(next(iter(self._plans))):
-                    old.finalize()
             pool = self._plans[shape] = []
         if len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)
+            self._plan_bytes += task.nbytes
         else:
             task.finalize()
 
@@ -344,6 +358,7 @@ class Planner:
         for task in (t for pool in self._plans.values() for t in pool):
             task.finalize()
         self._plans.clear()
+        self._plan_bytes = 0
         for entry in self.recent.values():
             entry.free()
         self.recent.clear()

@@ -186,6 +186,22 @@ def test_plans_are_reused_and_finalized_when_dropped(monkeypatch):
     assert finalized == ["first"]  # dropped when a third shape came
 
 
+@pytest.mark.usefixtures("no_agreement_check")  # (a checked call's task is not kept)
+def test_kept_plans_span_at_most_max_plan_bytes(monkeypatch):
+    """Finished collectives are kept by bytes as well as by shape: a large one pushes the oldest
+    shapes out, and one larger than the bound is not kept at all."""
+    import pycoll.planner as planner
+
+    monkeypatch.setattr(planner, "MAX_PLAN_BYTES", 1000)
+    teams = pycoll.local_teams(2)
+    for count in (10, 20, 30, 100, 40, 200):  # float64: 80 ... 1600 bytes
+        pycoll.wait_all([t.allreduce(np.ones(count)) for t in teams])
+        p = teams[0].planner
+        kept = [t for pool in p._plans.values() for t in pool]
+        assert p._plan_bytes == sum(t.nbytes for t in kept) <= 1000, (count, p._plan_bytes)
+    assert all(t.nbytes <= 1000 for t in kept) and kept, kept
+
+
 @pytest.mark.parametrize("alg", ALGS + [None])
 def test_persistent_allreduce_started_three_times_with_refilled_buffers(alg):
     n = 3
