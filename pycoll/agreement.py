@@ -88,9 +88,9 @@ def fingerprint(call: Call, name: str) -> np.ndarray:
                      count, zlib.crc32(name.encode())], np.uint64)
 
 
-def describe(rec: np.ndarray, name: Optional[str] = None) -> str:
+def describe(rec: np.ndarray) -> str:
     """A rank's call as its fingerprint says it: ``allreduce 100 x float32 sum``, ``bcast 8 x int64
-    root 1``, ``allgatherv x float32 counts #1a2b3c4d``, ``barrier`` (``name``: its algorithm)."""
+    root 1``, ``allgatherv x float32 counts #1a2b3c4d``, ``barrier``."""
     coll, dtype, op, root, count, _ = (int(x) for x in rec)
     text = _COLLS[coll] if coll < len(_COLLS) else f"collective {coll}"
     if dtype != 0xFF:
@@ -105,7 +105,7 @@ def describe(rec: np.ndarray, name: Optional[str] = None) -> str:
         text += f" {_OPS[op].value}" if op < len(_OPS) else f" op {op}"
     if root != _NONE:
         text += f" root {root}"
-    return text + (f" (algorithm {name})" if name else "")
+    return text
 
 
 def disagreement(recs: np.ndarray, mine: str) -> Optional[str]:

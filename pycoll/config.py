@@ -78,6 +78,7 @@ def parse_ranks_per_node(text: str) -> Tuple[int, ...]:
 
 
 def parse_check(text: str) -> str:
+    """Parse PYCOLL_CHECK: auto, all (or 1, always) or off (or 0, none)."""
     s = str(text).strip().lower()
     s = {"1": "all", "always": "all", "0": "off", "none": "off"}.get(s, s)
     if s not in ("auto", "all", "off"):

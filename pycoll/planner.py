@@ -334,8 +334,9 @@ class Planner:
             pool.append(task)  # the common case (a pool holds tasks that can be rebound)
             self._plan_bytes += task.nbytes
             return
-        if task.state is not COMPLETED or not hasattr(task, "rebind") or task.nbytes > MAX_PLAN_BYTES:
-            task.finalize()
+        if (task.state is not COMPLETED or not hasattr(task, "rebind") or task.nbytes > MAX_PLAN_BYTES
+                or (pool is not None and len(pool) >= MAX_PLANS_PER_SHAPE)):
+            task.finalize()  # (not kept: nothing else is pushed out for it)
             return
         while self._plans and (len(self._plans) >= MAX_PLAN_SHAPES and pool is None
                                or self._plan_bytes + task.nbytes > MAX_PLAN_BYTES):

@@ -46,7 +46,7 @@ def test_in_process_ranks_that_disagree_raise_on_every_rank(mode, monkeypatch):
     assert all((req.wait(timeout=10) == 6.0).all() for req in out)
 
 
-def test_off_lets_disagreeing_calls_through(monkeypatch):
+def test_off_adds_no_exchange(monkeypatch):
     """PYCOLL_CHECK=off: no exchange (what the check costs, measured against it)."""
     monkeypatch.setenv("PYCOLL_CHECK", "off")
     teams = pycoll.local_teams(2)
