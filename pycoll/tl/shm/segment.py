@@ -41,6 +41,9 @@ from pycoll.tl.shm.leaving import (
 LIVENESS_S = 0.05
 #: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
 DEFAULT_SLOT_BYTES = 1 << 20
+#: A collective's phase while it checks the ranks' signatures after its last generation
+#: (PC_PHASE_VERIFY in native/shm.c).
+PHASE_VERIFY = 99
 #: The largest block of a single-copy scatter(v) or alltoall(v) that goes through the sender's slot
 #: (a copy in and one out) rather than being read from its memory, where the single copy is fast
 #: and where it is slow (``cma_slow``). Measured on 8 and 16 ranks of a 16-core x86 server: the
@@ -419,7 +422,10 @@ class ShmSegment:
                 if not dead:
                     continue
                 how = "has died"
-            if st is not None and min(load(self.base, r, 0), load(self.base, r, 1)) >= st.gen:
+            # what this rank waits for: generation st.gen, or, once past its last generation and
+            # checking the signatures (PC_PHASE_VERIFY), only that every rank signed its first
+            need = None if st is None else st.gen0 if st.phase == PHASE_VERIFY else st.gen
+            if need is not None and min(load(self.base, r, 0), load(self.base, r, 1)) >= need:
                 continue  # it did its part of what this rank waits for
             # a rank that died or raised comes first, then one that failed (maybe because of it),
             # then one that exited or closed its team (maybe after failing)
