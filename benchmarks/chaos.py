@@ -10,7 +10,10 @@ against numpy, and makes one random rank leave at a random call in one of these 
 - ``sys_exit``: ``sys.exit(0)`` between calls (the interpreter exits normally);
 - ``close``: the rank closes its team and lives on (sleeps; killed at the end of the trial).
 
-The others must raise a pycoll error (not hang, not return a wrong result). Reported per way:
+The others must raise a pycoll error (not hang, not return a wrong result). With ``--shrink`` they
+then go on, as :mod:`pycoll.recovery` says: revoke the team, shrink it to the survivors and check
+an allreduce on the new team; the seconds from the moment the victim left to that allreduce's
+result are reported too (a survivor that could not go on counts as a failure). Reported per way:
 trials, detection time on the survivors (from the moment the victim left to each survivor's
 error; median and max), hangs (a survivor still running at the trial's limit, or one that
 finished without noticing), timeouts (survivors that only timed out), wrong results, and
@@ -19,6 +22,7 @@ something behind or took longer than ``--max-detection`` to be noticed.
 
     python benchmarks/chaos.py                   # 100 trials, 4 ranks, every way (shared segment)
     python benchmarks/chaos.py --quick           # 10 trials, two of each way (the test suite's)
+    python benchmarks/chaos.py --shrink          # ... and the survivors shrink and go on
     PYCOLL_TLS=tcp python benchmarks/chaos.py    # point to point over TCP, no segment
 """
 
@@ -41,7 +45,7 @@ COLLS = ("allreduce", "bcast", "allgather", "alltoall", "gather", "scatter", "re
 
 # ------------------------------------------------------------------ one rank
 def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str, die_at: int,
-              calls: int) -> None:
+              calls: int, shrink: bool = False) -> None:
     import numpy as np
 
     import pycoll
@@ -74,8 +78,29 @@ def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str,
             kind = type(exc).__name__
             print(json.dumps({"rank": rank, "error": time.time(), "kind": kind, "call": i,
                               "since_call": time.time() - t0, "text": str(exc)[:300]}), flush=True)
+            if shrink:
+                go_on(team, rank, size, victim)
             return
     print(json.dumps({"rank": rank, "finished": True}), flush=True)
+
+
+def go_on(team: Any, rank: int, size: int, victim: int) -> None:
+    """Revoke, shrink to the survivors, and check an allreduce on the new team."""
+    import numpy as np
+
+    import pycoll
+
+    try:
+        team.revoke(f"rank {rank} saw a failure")
+        new = team.shrink()
+        y = np.array([float(rank)])
+        new.allreduce(y).wait()
+        ok = new.size == size - 1 and y[0] == sum(range(size)) - victim
+        print(json.dumps({"rank": rank, "recovered": time.time(), "members": new.size, "ok": bool(ok)}),
+              flush=True)
+        new.close()
+    except pycoll.PycollError as exc:
+        print(json.dumps({"rank": rank, "unrecovered": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
 
 
 def leave(team: Any, way: str) -> None:
@@ -138,7 +163,7 @@ def shm_entries() -> List[str]:
         return []
 
 
-def trial(size: int, seed: int, way: str, limit: float, timeout: float) -> Dict:
+def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: bool = False) -> Dict:
     """One trial: the ranks' reports, and what went wrong."""
     from pycoll.store import TCPStore
 
@@ -148,7 +173,8 @@ def trial(size: int, seed: int, way: str, limit: float, timeout: float) -> Dict:
     server = TCPStore(port=0, is_master=True, timeout=30)
     before = shm_entries()
     env = dict(os.environ, PYCOLL_TIMEOUT=str(timeout))
-    argv = [str(size), str(server.port), str(seed), str(victim), way, str(die_at), str(calls)]
+    argv = [str(size), str(server.port), str(seed), str(victim), way, str(die_at), str(calls),
+            str(int(shrink))]
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *argv],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                               start_new_session=True) for r in range(size)]
@@ -176,11 +202,15 @@ def trial(size: int, seed: int, way: str, limit: float, timeout: float) -> Dict:
         except ProcessLookupError:
             pass
     left = reports.get(victim, {}).get("left")
-    detections, wrong, timeouts = [], [], []
+    detections, wrong, timeouts, recoveries, unrecovered = [], [], [], [], []
     for r in range(size):
         if r == victim:
             continue
         rep = reports.get(r, {})
+        if shrink and rep.get("ok") and left is not None:
+            recoveries.append(max(0.0, rep["recovered"] - left))
+        elif shrink and "error" in rep:
+            unrecovered.append(r)
         if "wrong" in rep:
             wrong.append(r)
         if rep.get("kind") == "TimeoutError":
@@ -192,6 +222,7 @@ def trial(size: int, seed: int, way: str, limit: float, timeout: float) -> Dict:
     time.sleep(0.1)
     leftovers = sorted(set(shm_entries()) - set(before))
     return {"way": way, "victim": victim, "die_at": die_at, "detections": detections, "hung": hung,
+            "recoveries": recoveries, "unrecovered": unrecovered,
             "timeouts": timeouts, "wrong": wrong, "leftovers": leftovers,
             "texts": sorted({reports.get(r, {}).get("text", "")[:120] for r in range(size) if r != victim})}
 
@@ -203,23 +234,32 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="10 trials, two of each way")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=20.0, help="PYCOLL_TIMEOUT of the ranks")
+    ap.add_argument("--shrink", action="store_true",
+                    help="the survivors revoke, shrink and check an allreduce on the new team")
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--max-detection", type=float, default=1.0,
                     help="a detection slower than this (seconds) fails the campaign (default 1)")
+    ap.add_argument("--max-recovery", type=float, default=2.0,
+                    help="with --shrink: going on later than this (seconds) fails the campaign (default 2)")
     args = ap.parse_args()
     trials = 10 if args.quick else args.trials
     results = []
     for t in range(trials):
         way = WAYS[t % len(WAYS)]
-        res = trial(args.n, args.seed * 1000 + t, way, limit=args.timeout + 30, timeout=args.timeout)
+        res = trial(args.n, args.seed * 1000 + t, way, limit=args.timeout + 30, timeout=args.timeout,
+                    shrink=args.shrink)
         results.append(res)
         print(f"trial {t:3d} {way:<8} victim {res['victim']} at call {res['die_at']}: detected in "
               + (", ".join(f"{d:.3f}" for d in res["detections"]) or "-") + " s"
-              + "".join(f"; {k} {res[k]}" for k in ("hung", "timeouts", "wrong", "leftovers") if res[k]),
+              + ("; went on in " + (", ".join(f"{d:.3f}" for d in res["recoveries"]) or "-") + " s"
+                 if args.shrink else "")
+              + "".join(f"; {k} {res[k]}" for k in ("hung", "timeouts", "wrong", "leftovers", "unrecovered")
+                        if res[k]),
               flush=True)
     print(f"\n{args.n} ranks, {trials} trials, transports {os.environ.get('PYCOLL_TLS', 'default')}")
     print(f"{'way':<9} {'trials':>6} {'median_s':>9} {'max_s':>7} {'hangs':>6} {'timeouts':>8} {'wrong':>6} "
-          f"{'leftovers':>9}")
+          f"{'leftovers':>9}" + (f" {'went_on_median_s':>16} {'went_on_max_s':>13} {'not_on':>6}"
+                                 if args.shrink else ""))
     bad = 0
     for way in WAYS:
         rs = [r for r in results if r["way"] == way]
@@ -231,19 +271,28 @@ def main() -> int:
         wrong = sum(len(r["wrong"]) for r in rs)
         leftovers = sum(len(r["leftovers"]) for r in rs)
         bad += hangs + wrong + leftovers + sum(d > args.max_detection for d in ds)
-        print(f"{way:<9} {len(rs):>6} {statistics.median(ds) if ds else float('nan'):>9.3f} "
-              f"{max(ds) if ds else float('nan'):>7.3f} {hangs:>6} {touts:>8} {wrong:>6} {leftovers:>9}")
+        line = (f"{way:<9} {len(rs):>6} {statistics.median(ds) if ds else float('nan'):>9.3f} "
+                f"{max(ds) if ds else float('nan'):>7.3f} {hangs:>6} {touts:>8} {wrong:>6} {leftovers:>9}")
+        if args.shrink:
+            rec = [d for r in rs for d in r["recoveries"]]
+            stuck = sum(len(r["unrecovered"]) for r in rs)
+            bad += stuck + sum(d > args.max_recovery for d in rec)
+            line += (f" {statistics.median(rec) if rec else float('nan'):>16.3f} "
+                     f"{max(rec) if rec else float('nan'):>13.3f} {stuck:>6}")
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if bad:
-        print(f"FAILED: {bad} hangs, wrong results, leftovers or detections over {args.max_detection:g} s")
+        print(f"FAILED: {bad} hangs, wrong results, leftovers, detections over {args.max_detection:g} s"
+              + (f" or survivors that did not go on within {args.max_recovery:g} s" if args.shrink else ""))
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
         a = sys.argv[2:]
-        rank_main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], int(a[6]), int(a[7]))
+        rank_main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], int(a[6]), int(a[7]),
+                  a[8] == "1")
     else:
         sys.exit(main())

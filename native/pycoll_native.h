@@ -79,7 +79,8 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
  * another, and an entry is not overwritten while a peer may still read it. */
 #define PC_SIGS 8
 #define PC_LEFT_WHY 48
-enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED = 3, PC_LEFT_FAILED = 4 };
+enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED = 3, PC_LEFT_FAILED = 4,
+       PC_LEFT_REVOKED = 5 };
 typedef struct {
     uint64_t gen;           /* the collective's first generation (atomic; written last) */
     uint64_t what;          /* collective | dtype << 8 | op << 16 | root << 32 (0xff.. where none) */

@@ -11,6 +11,7 @@ from pycoll.errors import (
     MismatchError,
     PeerLostError,
     PycollError,
+    RevokedError,
     TimeoutError,
     TransportError,
 )
@@ -23,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError", "PeerLostError",
-    "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "Schedule", "Task",
-    "TaskState", "Team", "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all",
+    "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "RevokedError", "Schedule",
+    "Task", "TaskState", "Team", "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all",
     "__version__",
 ]

@@ -18,14 +18,16 @@ import atexit
 import itertools
 import os
 import socket
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from pycoll import config
 from pycoll.algorithms.push_pull import Roles
 from pycoll.engine.context import Context, get_context
+from pycoll.errors import RevokedError
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
-from pycoll.store import TCPStore
+from pycoll.recovery import Recovery, revoke_here
 from pycoll.store import allgather as store_allgather
 from pycoll.tl.base import Transport, key_hash
 from pycoll.tl.local import LocalFabric
@@ -49,6 +51,9 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
 
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"Team.from_mpi needs an mpi4py intracommunicator, got {comm!r}")
+    from pycoll.tl.mpi.abort import install  # noqa: PLC0415 - imports mpi4py.MPI
+
+    install()  # an uncaught exception ends the job (PYCOLL_ABORT_ON_ERROR)
     k = config.get("PYCOLL_NUM_SERVERS")
     if roles and k and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
         return with_servers(cls, comm, ctx, tls, k)
@@ -108,8 +113,9 @@ def with_servers(cls: type, comm: Any, ctx: Optional[Context], tls: Optional[Seq
 
 def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Context] = None, *,
                prefix: str = "pycoll", advertise: Optional[str] = None,
-               tls: Optional[Sequence[str]] = None) -> Team:
-    """See :meth:`pycoll.Team.from_store`; ``cls`` is the team class to make."""
+               tls: Optional[Sequence[str]] = None, watch: bool = True) -> Team:
+    """See :meth:`pycoll.Team.from_store`; ``cls`` is the team class to make. ``watch``: look at
+    the store for a peer's revoke while waiting (a sub-team's comes with its team's)."""
     if not 0 <= rank < size:
         raise ValueError(f"from_store: rank {rank} is not in a team of {size}")
     _store_teams[prefix] = _store_teams.get(prefix, 0) + 1
@@ -133,6 +139,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         ctx.add_transport(transport)
     team = cls(rank, size, transport, ctx, name=team_prefix)
     team.store = store
+    team.recovery = Recovery(team, store, tls, advertise)
     rounds = itertools.count()
     attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v), tls)
     topo = team.topology
@@ -144,9 +151,23 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
                 ("rail", topo.rail(topo.local_rank(rank)), topo.local_rank(rank),
                  _level_tls("PYCOLL_LEADER_TLS", tls))):
             made.append(from_store(cls, store, members.index(rank), len(members), ctx, advertise=advertise,
-                                   prefix=f"{team_prefix}/{level}{color}", tls=sub_tls))
+                                   prefix=f"{team_prefix}/{level}{color}", tls=sub_tls, watch=False))
         team.levels.node, team.levels.rail = made
+    if watch:
+        team.recovery.start_watching()
     return team
+
+
+def _revoker(team: Team) -> Callable[[BaseException], None]:
+    """What the team's segment calls when it finds a peer's revoke: revoke the team here too."""
+    ref = weakref.ref(team)
+
+    def revoked(error: BaseException) -> None:
+        t = ref()
+        if t is not None and isinstance(error, RevokedError):
+            revoke_here(t, error, str(error))
+
+    return revoked
 
 
 def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = None) -> None:
@@ -170,6 +191,7 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
 
     ctx = team.ctx
     team.shared = ShmSegment(team.rank, team.size, allgather)
+    team.shared.on_revoked = _revoker(team)
     ctx.local_ranks(team.size)
     if ctx.oversubscribed:
         team.shared.oversubscribed()
@@ -245,8 +267,9 @@ def _level_tls(setting: str, tls: Optional[Sequence[str]]) -> Optional[Sequence[
 
 def _local_address(store: Any) -> str:
     """The address of this host on the interface that reaches the store (else 127.0.0.1)."""
-    if isinstance(store, TCPStore):  # pycoll's own store knows its connection
-        return store.local_address()
+    local = getattr(store, "local_address", None)  # pycoll's own store knows its connection
+    if local is not None:
+        return local()
     master = os.environ.get("MASTER_ADDR")  # a c10d store: the host torch's launcher names
     if master and master not in ("localhost", "127.0.0.1", "::1"):
         try:

@@ -86,6 +86,16 @@ def parse_check(text: str) -> str:
     return s
 
 
+def parse_flag(text: str) -> bool:
+    """Parse an on/off setting: 1, on, yes, true or 0, off, no, false."""
+    s = str(text).strip().lower()
+    if s in ("1", "on", "yes", "true"):
+        return True
+    if s in ("0", "off", "no", "false"):
+        return False
+    raise ConfigError(f"expected 1 or 0 (on or off), got {text!r}")
+
+
 def parse_level(text: str) -> str:
     """Parse a logging level name."""
     s = str(text).strip().upper()
@@ -187,6 +197,10 @@ _declare("PYCOLL_CHECK", "auto", parse_check,
          "collectives of each team (and uses of each tag), then those whose number is a power of two; "
          "all = every one; off = none. (The segment's collectives always check.) Must be equal on all "
          "ranks.")
+_declare("PYCOLL_ABORT_ON_ERROR", "1", parse_flag,
+         "1: an uncaught exception on a rank of an MPI job ends the whole job (MPI_Abort at exit, as "
+         "'python -m mpi4py' does), instead of the rank waiting in MPI_Finalize while its peers wait "
+         "for it until their timeout; 0: leave it to the program.")
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 

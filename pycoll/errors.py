@@ -43,6 +43,16 @@ class PeerLostError(TransportError):
         self.rank, self.pid, self.how = rank, pid, how
 
 
+class RevokedError(TransportError):
+    """The team was revoked (``team.revoke()`` on some rank, usually after a failure): every
+    pending and later call on it raises this on every rank. ``rank`` names the rank that revoked
+    it. The survivors go on with ``team.shrink()`` (see :mod:`pycoll.recovery`)."""
+
+    def __init__(self, message: str, rank: int = -1) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 class MismatchError(PycollError):
     """The ranks of a team called different collectives, or the same one with arguments that must
     agree and do not (count, dtype, op, root). The message names each rank's call side by side,

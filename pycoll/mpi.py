@@ -35,7 +35,14 @@ from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
-from pycoll.errors import MismatchError, PeerLostError, PycollError, TimeoutError, TransportError
+from pycoll.errors import (
+    MismatchError,
+    PeerLostError,
+    PycollError,
+    RevokedError,
+    TimeoutError,
+    TransportError,
+)
 from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
@@ -136,6 +143,12 @@ class PeerLostMPIError(_MPIFlavour, PeerLostError):
     error_class_code = MPI.ERR_PROC_FAILED
 
 
+class RevokedMPIError(_MPIFlavour, RevokedError):
+    """The communicator's team was revoked (MPI.ERR_REVOKED where MPI has it, as ULFM's)."""
+
+    error_class_code = getattr(MPI, "ERR_REVOKED", MPI.ERR_OTHER)
+
+
 class TimeoutMPIError(_MPIFlavour, TimeoutError):
     """A collective did not finish in time (MPI.ERR_OTHER)."""
 
@@ -146,7 +159,8 @@ class TransportMPIError(_MPIFlavour, TransportError):
 
 #: pycoll's error types and their MPI flavours, the most specific first.
 _FLAVOURS = ((MismatchError, MismatchMPIError), (PeerLostError, PeerLostMPIError),
-             (TimeoutError, TimeoutMPIError), (TransportError, TransportMPIError))
+             (RevokedError, RevokedMPIError), (TimeoutError, TimeoutMPIError),
+             (TransportError, TransportMPIError))
 
 
 def mpi_error(exc: PycollError) -> BaseException:

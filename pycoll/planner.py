@@ -22,6 +22,7 @@ from pycoll.calls import Call, block_layout
 from pycoll.collectives import COLLECTIVES
 from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
+from pycoll.errors import RevokedError
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
@@ -65,6 +66,8 @@ class Planner:
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
+        #: Why the team was revoked (a :class:`~pycoll.errors.RevokedError`), or None.
+        self.revoked: Optional[RevokedError] = None
 
     # ------------------------------------------------------------------ message keys
     def next_sequence(self) -> int:
@@ -89,6 +92,8 @@ class Planner:
 
         The common case is the short path: a finished task of the same shape waits in the pool;
         it is rebound to the new buffers and key and submitted, nothing built."""
+        if self.revoked is not None:
+            self.refuse()
         ctx = self.ctx
         lock = ctx.lock
         lock.acquire()  # (not ``with``: this is the hot path of every collective)
@@ -131,6 +136,8 @@ class Planner:
         """Run the finished task of a persistent collective again on the call's buffers: a new
         message key, its credit, submitted (it stays with its persistent collective, never
         pooled). Under the engine's lock (the caller holds it)."""
+        if self.revoked is not None:
+            self.refuse()
         ctx = self.ctx
         key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
         task.rebind(call.src, call.dst, key)
@@ -161,7 +168,12 @@ class Planner:
             return self.submit(guarded, priority, timeout, call.out, shape if guarded is task else None)
 
     def task(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str]) -> Task:
-        """The collective as a task to add to a schedule, taking no credit (see ``Team.task``)."""
+        """The collective as a task to add to a schedule (see ``Team.task``), taking no credit:
+        the engine's rule that a collective a peer started starts whatever the credit keeps ranks
+        from waiting on each other only between independent collectives, and a schedule's
+        dependencies between collectives can chain a rank's credit to work that waits on it
+        (found with tagged hierarchical allreduces under 4 KiB of credit). Priority still orders
+        them."""
         with self.ctx.lock:
             task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
             if shape is not None:
@@ -187,6 +199,8 @@ class Planner:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused)."""
+        if self.revoked is not None:
+            self.refuse()
         coll, src, dst = call.coll, call.src, call.dst
         shape = self.shape(call, tag, algorithm, options)
         name = shape[1]
@@ -204,12 +218,14 @@ class Planner:
         if coll == "allreduce" and pb and dst.nbytes > pb and self.team.size > 1:
             sched = self.partitioned(build, call, tag, pb, name, options, credit)
             sched.plan_name = name
+            sched.owner = self
             return sched, sched.key, None
         args = self.args(call, _UNKEYED, name, options)
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
         task.plan_name = name
+        task.owner = self
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
@@ -229,7 +245,9 @@ class Planner:
         name = getattr(task, "plan_name", None)
         if name is None or agreement.on_segment(call.coll, name):
             return task
-        return agreement.checked_call(self, task, call, key, name)
+        checked = agreement.checked_call(self, task, call, key, name)
+        checked.owner = self
+        return checked
 
     def shape(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict) -> tuple:
         """The plan-cache key of a call: what a finished task must share with it to be rebound to
@@ -353,6 +371,20 @@ class Planner:
             self._plan_bytes += task.nbytes
         else:
             task.finalize()
+
+    # ------------------------------------------------------------------ revoking
+    def revoke(self, error: RevokedError) -> int:
+        """The team is revoked: fail its collectives in flight with ``error`` (the number failed)
+        and refuse every later one (:meth:`refuse`); the kept tasks and remembered calls go."""
+        if self.revoked is None:
+            self.revoked = error
+        failed = self.ctx.fail_owned((self,), error)
+        self.close()
+        return failed
+
+    def refuse(self) -> None:
+        """Raise the team's :class:`~pycoll.errors.RevokedError` for a call made after the revoke."""
+        raise RevokedError(str(self.revoked), rank=getattr(self.revoked, "rank", -1))
 
     def close(self) -> None:
         """Release every pooled task's scratch (the team is closing)."""

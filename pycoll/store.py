@@ -1,7 +1,8 @@
 """A small TCP key-value store for bootstrapping teams without MPI (``Team.from_store``).
 
 It has the interface of torch's c10d ``Store`` that pycoll uses (``set``, ``get`` blocking until the
-key exists, ``add``, ``wait``, ``check``, ``delete_key``), so a c10d store can be passed instead.
+key exists, ``add``, ``compare_set``, ``wait``, ``check``, ``delete_key``), so a c10d store can be
+passed instead.
 One process (``is_master=True``) runs the server in a thread; every process connects as a client.
 
 Wire protocol, one request and one reply per round trip (all integers little-endian)::
@@ -20,7 +21,7 @@ from typing import Dict, Iterable, List, Optional, Union
 
 from pycoll.errors import PycollError, TimeoutError
 
-_SET, _GET, _ADD, _CHECK, _DELETE, _WAIT = range(6)
+_SET, _GET, _ADD, _CHECK, _DELETE, _WAIT, _CAS = range(7)
 _REQ = struct.Struct("<BI")
 _LEN = struct.Struct("<Q")
 _REP = struct.Struct("<BQ")
@@ -65,7 +66,7 @@ class _Server:
         try:
             while True:
                 op, klen = _REQ.unpack(_recv_exact(conn, _REQ.size))
-                if op > _WAIT or klen > _MAX_KEY:
+                if op > _CAS or klen > _MAX_KEY:
                     raise PycollError(f"store: malformed request (op {op}, key length {klen})")
                 key = _recv_exact(conn, klen).decode()
                 (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
@@ -93,6 +94,18 @@ class _Server:
                 return _OK, b"1" if all(k in self.data for k in keys) else b"0"
             if op == _DELETE:
                 return _OK, b"1" if self.data.pop(key, None) is not None else b"0"
+            if op == _CAS:  # value: u64 length of expected, expected, desired (c10d's compareSet)
+                if len(value) < _LEN.size:
+                    return _ERR, b"compare_set: malformed request"
+                (n,) = _LEN.unpack_from(value)
+                if n > len(value) - _LEN.size:
+                    return _ERR, b"compare_set: malformed request"
+                expected, desired = value[_LEN.size:_LEN.size + n], value[_LEN.size + n:]
+                current = self.data.get(key)
+                if (current is None and not expected) or (current is not None and current == expected):
+                    self.data[key] = current = desired
+                    self.cond.notify_all()
+                return _OK, expected if current is None else current
             timeout = float(value) if value else None
             keys = key.split("\0") if op == _WAIT else [key]
             ok = self.cond.wait_for(lambda: all(k in self.data for k in keys), timeout)
@@ -157,6 +170,15 @@ class TCPStore:
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call(_ADD, key, str(int(amount)).encode())[1])
+
+    def compare_set(self, key: str, expected: Union[str, bytes], desired: Union[str, bytes]) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and ``expected`` is
+        empty), atomically; return its value afterwards (c10d's ``compare_set``)."""
+        e = self._bytes(expected)
+        status, value = self._call(_CAS, key, _LEN.pack(len(e)) + e + self._bytes(desired))
+        if status != _OK:
+            raise PycollError(f"store: {value.decode(errors='replace')}")
+        return value
 
     def check(self, keys: Iterable[str]) -> bool:
         return self._call(_CHECK, "\0".join(keys))[1] == b"1"

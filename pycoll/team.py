@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
 
-from pycoll import bootstrap
+from pycoll import bootstrap, recovery
 from pycoll.buffers import as_bytes
 from pycoll.calls import Call
 from pycoll.collectives import TABLE, Collective, docstring
@@ -69,9 +69,7 @@ class Team:
                  name: str = "team") -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is not in a team of {size}")
-        self.rank = rank
-        self.size = size
-        self.transport = transport
+        self.rank, self.size, self.transport = rank, size, transport
         self.ctx = ctx if ctx is not None else get_context()
         self.name = name
         #: The node-shared segment when all ranks share a host and shm is enabled (else None).
@@ -84,6 +82,7 @@ class Team:
         self.recent = self.planner.recent
         #: Push-sum-pull of this team of workers (with the servers, when started with some).
         self.ps = PushPull(self)
+        self.recovery: Optional[recovery.Recovery] = None  # (store-made teams: see pycoll.recovery)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -120,6 +119,8 @@ class Team:
 
     def close(self) -> None:
         """Release the team's transport and shared segment (after its last collective)."""
+        if self.recovery is not None:  # (it stops looking at the store)
+            self.recovery.close()
         self.ps.close()
         self.planner.close()
         for sub in self.levels.all():
@@ -131,6 +132,27 @@ class Team:
         if self.shared is not None:
             self.shared.close()
             self.shared = None
+
+    # ------------------------------------------------------------------ after a failure
+    def revoke(self, why: str = "") -> None:
+        """Make every pending and later call on this team raise :class:`pycoll.RevokedError` on
+        every rank (``MPIX_Comm_revoke``); ``why`` goes into their error. See :mod:`pycoll.recovery`."""
+        recovery.revoke(self, why)
+
+    @property
+    def revoked(self) -> bool:
+        """Whether this team was revoked (here or by a peer, as far as this rank has seen)."""
+        return self.planner.revoked is not None
+
+    def agree(self, flag: bool = True, *, timeout: Optional[float] = None) -> bool:
+        """The AND of ``flag`` over the ranks still there, the same on every rank that returns,
+        even if ranks fail meanwhile (``MPIX_Comm_agree``). Needs a store-made team."""
+        return all(recovery.need_recovery(self, "agree").decide(bool(flag), timeout).values())
+
+    def shrink(self, *, timeout: Optional[float] = None) -> Team:
+        """A new team of the ranks still there, renumbered in rank order, with fresh transports
+        and shared memory (``MPIX_Comm_shrink``). Needs a store-made team."""
+        return recovery.need_recovery(self, "shrink").shrink(timeout)
 
     def __repr__(self) -> str:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
@@ -258,12 +280,7 @@ class Team:
         sendbuf, recvbuf, op, root)``). It takes its message key now, so build untagged ones in
         the same order on every rank, and as such a task on every rank (it is never behind the
         agreement check of :mod:`pycoll.agreement`, which the same call posted directly may be).
-
-        Such a task takes no credit: the engine's rule that a collective a peer started starts
-        whatever the credit keeps ranks from waiting on each other only between independent
-        collectives, and a schedule's dependencies between collectives can chain a rank's credit
-        to work that waits on it (found with tagged hierarchical allreduces under 4 KiB of
-        credit). Priority still orders them."""
+        It takes no credit (see :meth:`Planner.task <pycoll.planner.Planner.task>`)."""
         return self.planner.task(self.call(coll, *args, **kwargs), tag, algorithm)
 
     def submit(self, coll: str, *args: Any, priority: int = 0, tag: Optional[Hashable] = None,

@@ -47,6 +47,8 @@ from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import CANCELED, COMPLETED, ERROR, FINISHED, IN_PROGRESS, NOT_READY, Task
 
 log = logging.getLogger("pycoll")
+#: How often a waiting engine runs its watches (:meth:`Context.watch`), in seconds.
+WATCH_S = 0.05
 
 _STARTED = Event.STARTED
 _monotonic = time.monotonic
@@ -146,6 +148,8 @@ class Context:
         self._demand_check: List[Task] = []  # watched since the last look: check each once
         self._demand_tls: Dict[int, list] = {}  # [transport, tasks watched on it]
         self._progress_hooks: List[Callable[[], int]] = []
+        self._watches: List[Callable[[], None]] = []  # looked at while the engine waits idle
+        self._next_watch = 0.0
         self.lock = threading.RLock()
         self.posted = 0  # tasks started
         #: Back-off of a waiting rank: (spin_s, yield_s, sleep_min_s, sleep_max_s, nap_s); see Backoff.
@@ -243,6 +247,47 @@ class Context:
     def remove_transport(self, transport: Any) -> None:
         if transport in self._transports:
             self._transports.remove(transport)
+
+    # ----------------------------------------------------------------------------- watches
+    def watch(self, look: Callable[[], None]) -> None:
+        """Call ``look()`` every ``WATCH_S`` or so while this engine waits with nothing moving
+        (a team's look at its store for a revoke: news that arrives on no transport)."""
+        if look not in self._watches:
+            self._watches.append(look)
+
+    def unwatch(self, look: Callable[[], None]) -> None:
+        """Stop calling ``look``."""
+        if look in self._watches:
+            self._watches.remove(look)
+
+    def look(self) -> None:
+        """Run the watches, if ``WATCH_S`` passed since the last time (called when idle)."""
+        now = _monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_S
+        for look in list(self._watches):
+            try:
+                look()
+            except Exception:  # noqa: BLE001 - a watch that fails (its store went away) stops
+                self.unwatch(look)
+                log.debug("pycoll: a watch failed and was dropped", exc_info=True)
+
+    def fail_owned(self, owners: Any, error: BaseException) -> int:
+        """Fail every collective in this engine that one of ``owners`` built (``task.owner``;
+        found through the tasks queued or in progress, up their schedules) with ``error``; the
+        number failed. What a revoked team does to its calls in flight."""
+        with self.lock:
+            roots = []
+            queued = [t for q in (self._ready, self._free) for b in q.buckets.values() for t in b]
+            for task in self._active + queued:
+                while task.parent is not None:
+                    task = task.parent
+                if task.owner is not None and task.owner in owners and task not in roots:
+                    roots.append(task)
+            for task in roots:
+                task.fail(error)
+            return len(roots)
 
     # ----------------------------------------------------------------------------- the engine
     def progress(self) -> int:
@@ -477,6 +522,7 @@ class Context:
                 part.priority = task.effective_priority
             sched.add(part)
         task.parts = sched
+        sched.owner = task.owner  # (its parts are the collective's: failing them fails it)
         sched.subscribe(Event.COMPLETED, task, _parts_completed)
         sched.subscribe(Event.ERROR, task, _parts_failed)
         sched.subscribe(Event.CANCELED, task, _parts_failed)
@@ -506,6 +552,8 @@ class Context:
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
                 raise TimeoutError(f"wait: {task.name} did not finish within {timeout:g} s; "
                                    f"waiting on: {what}", task=task, waiting_on=waiting)
+            if self._watches:
+                self.look()
             backoff.idle(self._nap())
 
     def _nap(self) -> Optional[Callable[[float], bool]]:
@@ -524,6 +572,8 @@ class Context:
             if self.progress():
                 backoff.reset()
             else:
+                if self._watches:
+                    self.look()
                 backoff.idle()
 
     def local_ranks(self, n: int) -> None:

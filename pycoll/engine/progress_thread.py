@@ -193,6 +193,7 @@ class ProgressThread:
                 if moved:
                     backoff.reset()
                 else:
+                    ctx.look()
                     backoff.idle()
         except BaseException as exc:  # noqa: BLE001 - kept for whoever waits next
             self.error = exc

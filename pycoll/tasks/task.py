@@ -127,6 +127,9 @@ class Task(EventManager):
     #: What the task does when a task it subscribed to (without a handler) publishes an event, by
     #: event (see :mod:`pycoll.events`): the shared :data:`DEFAULT_HANDLERS` unless it assigns its own.
     handlers: Sequence[Any] = DEFAULT_HANDLERS
+    #: Who built the task as a whole collective (a team's planner), or None: what a revoked team
+    #: fails in the engine (see :meth:`Context.fail_owned <pycoll.engine.context.Context.fail_owned>`).
+    owner: Any = None
     #: Whether a new task of this kind takes ``nbytes`` of credit (``task.credit``) while in
     #: progress. The unit of credit is a unit of communication: a collective (or one partition of
     #: it) takes credit as a whole, so the sends, receives and reductions inside it take none.

@@ -42,7 +42,7 @@ import hashlib
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -366,6 +366,11 @@ class Transport(abc.ABC):
             ids[did] = left
         else:
             del ids[did]
+
+    def lost_peers(self) -> Set[int]:
+        """The ranks this transport knows have left for good (a closed connection); empty where
+        it cannot tell (MPI, UCX: a peer that died is only known by a timeout)."""
+        return set()
 
     def close(self) -> None:  # noqa: B027 - optional, most transports hold nothing
         """Release the transport's resources."""

@@ -1,12 +1,19 @@
 """pycoll's errors as torch.distributed users catch them: ``DistBackendError`` (a ``RuntimeError``,
 what NCCL's and gloo's failures raise) that are pycoll's errors too, with pycoll's text and
-attributes: ranks that disagree, a peer that left, a timeout, a transport failure."""
+attributes: ranks that disagree, a peer that left, a revoked team, a timeout, a transport failure."""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from pycoll.errors import MismatchError, PeerLostError, PycollError, TimeoutError, TransportError
+from pycoll.errors import (
+    MismatchError,
+    PeerLostError,
+    PycollError,
+    RevokedError,
+    TimeoutError,
+    TransportError,
+)
 
 
 class MismatchDistError(MismatchError, dist.DistBackendError):
@@ -15,6 +22,10 @@ class MismatchDistError(MismatchError, dist.DistBackendError):
 
 class PeerLostDistError(PeerLostError, dist.DistBackendError):
     """A peer left while this rank waited for it."""
+
+
+class RevokedDistError(RevokedError, dist.DistBackendError):
+    """The group's team was revoked."""
 
 
 class TimeoutDistError(TimeoutError, dist.DistBackendError):
@@ -27,7 +38,8 @@ class TransportDistError(TransportError, dist.DistBackendError):
 
 #: pycoll's error types and their torch flavours, the most specific first.
 _FLAVOURS = ((MismatchError, MismatchDistError), (PeerLostError, PeerLostDistError),
-             (TimeoutError, TimeoutDistError), (TransportError, TransportDistError))
+             (RevokedError, RevokedDistError), (TimeoutError, TimeoutDistError),
+             (TransportError, TransportDistError))
 
 
 def torch_error(exc: BaseException) -> BaseException:

@@ -60,4 +60,4 @@ def test_peer_that_vanishes_gives_an_error_not_a_hang(store_ranks):
     """)
     _, outs = store_ranks(script, 2, timeout=60, env={"PYCOLL_TLS": "tcp"})
     out = outs[0]
-    assert "RANK 0 ERROR TransportError tcp: lost rank 1" in out, out
+    assert "RANK 0 ERROR PeerLostError tcp: lost rank 1" in out, out

@@ -15,6 +15,10 @@ def test_store_basics():
     assert client.add("n", 2) == 2 and server.add("n", 3) == 5
     assert client.check(["a", "n"]) and not client.check(["a", "zz"])
     client.wait(["a"])
+    # compare_set as c10d's: set if unset (expected empty) or equal; the value afterwards
+    assert client.compare_set("c", "", "x") == b"x" and server.compare_set("c", "", "y") == b"x"
+    assert client.compare_set("c", "x", "z") == b"z" and client.compare_set("d", "q", "r") == b"q"
+    assert not client.check(["d"])
     assert client.delete_key("a") and not client.check(["a"])
     import pycoll
 

@@ -20,18 +20,19 @@ import mmap
 import os
 import socket
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 import numpy as np
 
 from pycoll.dtypes import DTYPE_CODES
-from pycoll.errors import MismatchError, PeerLostError, TransportError
+from pycoll.errors import MismatchError, PeerLostError, RevokedError, TransportError
 from pycoll.ops import OP_CODES
 from pycoll.tl.shm.leaving import (
     LEFT_CLOSED,
     LEFT_EXITED,
     LEFT_FAILED,
     LEFT_RAISED,
+    LEFT_REVOKED,
     LEFT_TEXT,
     LEFT_WHY_BYTES,
     unwatch,
@@ -178,6 +179,9 @@ class ShmSegment:
         self.tickets = 0  # collectives handed out, in call order
         self.turn = 0  # the ticket that may run now
         self.broken: Optional[BaseException] = None
+        #: Called with the :class:`RevokedError` when a peer's revoke is found here (the team
+        #: revokes itself: its later calls raise at once).
+        self.on_revoked: Optional[Callable[[BaseException], None]] = None
         #: Whether the ranks may read each other's memory (process_vm_readv); set by the team.
         self.cma = False
         #: Whether such a read costs more than two in-cache copies of the same bytes on this
@@ -405,23 +409,9 @@ class ShmSegment:
         for r, pid in enumerate(self.pids):
             if r == self.rank:
                 continue
-            left = int(load(self.base, r, 4))
-            if left:
-                why = self.ffi.new("char[]", LEFT_WHY_BYTES)
-                self.lib.pycoll_shm_left(self.base, r, why)
-                text = self.ffi.string(why).decode(errors="replace")
-                how = LEFT_TEXT.get(left, f"left ({left})") + (f" {text}" if text else "")
-            else:
-                try:
-                    os.kill(pid, 0)
-                    dead = _zombie(pid)
-                except ProcessLookupError:
-                    dead = True
-                except PermissionError:
-                    dead = False
-                if not dead:
-                    continue
-                how = "has died"
+            left, how = self.whereabouts(r)
+            if how is None:
+                continue
             # what this rank waits for: generation st.gen, or, once past its last generation and
             # checking the signatures (PC_PHASE_VERIFY), only that every rank signed its first
             need = None if st is None else st.gen0 if st.phase == PHASE_VERIFY else st.gen
@@ -429,7 +419,8 @@ class ShmSegment:
                 continue  # it did its part of what this rank waits for
             # a rank that died or raised comes first, then one that failed (maybe because of it),
             # then one that exited or closed its team (maybe after failing)
-            lost.append((0 if left in (0, LEFT_RAISED) else 1 if left == LEFT_FAILED else 2, r, pid, how))
+            lost.append((0 if left in (0, LEFT_RAISED) else 1 if left in (LEFT_FAILED, LEFT_REVOKED) else 2,
+                         r, pid, how, left))
         if not lost:
             return
         lost.sort()
@@ -438,10 +429,55 @@ class ShmSegment:
             name = COLL_NAMES[st.coll] if 0 <= st.coll < len(COLL_NAMES) else f"collective {st.coll}"
             waiting = f" while rank {self.rank} waited in {name} (generation {st.gen})"
         host = socket.gethostname()
-        _, r, pid, how = lost[0]
-        text = "; ".join(f"rank {r} (pid {p}, host {host}) {h}" for _, r, p, h in lost)
+        _, r, pid, how, left = lost[0]
+        text = "; ".join(f"rank {r} (pid {p}, host {host}) {h}" for _, r, p, h, _ in lost)
+        if left == LEFT_REVOKED:
+            err = self.broke(RevokedError(f"shm: {text}{waiting}", rank=r), why=f"rank {r} {how}")
+            if self.on_revoked is not None:
+                self.on_revoked(err)
+            raise err from None
         raise self.broke(PeerLostError(f"shm: {text}{waiting}", rank=r, pid=pid, how=how),
                          why=f"rank {r} {how}") from None
+
+    def whereabouts(self, r: int) -> Tuple[int, Optional[str]]:
+        """``(left, how)`` of rank ``r``: how it said it left (LEFT_*, 0 if it did not) and the
+        words for it, or ``(0, None)`` while it is here (said nothing, process alive)."""
+        left = int(self.lib.pycoll_shm_load(self.base, r, 4))
+        if left:
+            why = self.ffi.new("char[]", LEFT_WHY_BYTES)
+            self.lib.pycoll_shm_left(self.base, r, why)
+            text = self.ffi.string(why).decode(errors="replace")
+            return left, LEFT_TEXT.get(left, f"left ({left})") + (f" {text}" if text else "")
+        pid = self.pids[r]
+        try:
+            os.kill(pid, 0)
+            dead = _zombie(pid)
+        except ProcessLookupError:
+            dead = True
+        except PermissionError:
+            dead = False
+        return (0, "has died") if dead else (0, None)
+
+    def gone(self) -> Set[int]:
+        """The ranks that left for good: dead, exited, raised or closed the team. Not those
+        whose collective failed or that revoked the team: they are still there (to agree on
+        what to do next, :mod:`pycoll.recovery`)."""
+        if self.base is None:
+            return set()
+        out = set()
+        for r in range(self.size):
+            if r != self.rank:
+                left, how = self.whereabouts(r)
+                if how is not None and left not in (LEFT_FAILED, LEFT_REVOKED):
+                    out.add(r)
+        return out
+
+    def revoke(self, error: BaseException, why: str) -> None:
+        """The team is revoked: unusable from now on (``error`` is what a collective posted on
+        it raises), and the peers waiting on this rank raise :class:`RevokedError` at once."""
+        if self.broken is None:
+            self.broken = error
+        self.leave(LEFT_REVOKED, why)
 
     def leave(self, how: int = LEFT_EXITED, why: str = "") -> None:
         """Say in the segment that this rank left (``how``: LEFT_*; ``why``: the exception's

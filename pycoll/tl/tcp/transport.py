@@ -21,11 +21,11 @@ import socket
 import struct
 import time
 from collections import defaultdict, deque
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from pycoll.errors import TransportError
+from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
 
 _HEADER = struct.Struct("<IIQQQ")
@@ -231,7 +231,7 @@ class TCPTransport(Transport):
             p.target, p.recv, p.data = None, None, None
 
     def _lost(self, p: _Peer, what: str) -> None:
-        err = TransportError(f"tcp: lost rank {p.rank}: it {what}")
+        err = PeerLostError(f"tcp: lost rank {p.rank}: it {what}", rank=p.rank, how=what)
         p.error = err
         try:
             self.selector.unregister(p.sock)
@@ -262,6 +262,11 @@ class TCPTransport(Transport):
 
     def poll_unexpected(self) -> None:
         self.progress()
+
+    def lost_peers(self) -> Set[int]:
+        """The ranks whose connection closed or broke (their process exited or was killed, or
+        they closed the team), as far as the reads so far have seen."""
+        return {p.rank for p in self.peers.values() if p.error is not None}
 
     def close(self) -> None:
         for p in self.peers.values():

@@ -1,0 +1,210 @@
+"""Revoke, agree and shrink: how the ranks that survive a failure go on (ULFM's model).
+
+A team one of whose ranks died is unusable: its collectives fail, and some ranks may still wait
+on peers that gave up. The survivors go on in three steps, as MPI users do with ULFM
+(``MPIX_Comm_revoke``, ``MPIX_Comm_agree``, ``MPIX_Comm_shrink``):
+
+* ``team.revoke()``: every pending and later call on the team raises
+  :class:`~pycoll.errors.RevokedError` on every rank. The revoking rank fails its own calls in
+  flight, says so on the team's shared segment (peers waiting on it there wake at once) and in
+  the team's store; the other ranks' engines look at the store every ``WATCH_S`` while they wait
+  (news that travels on no transport), so a rank blocked on a peer that gave up is freed.
+* ``team.agree(flag)``: the AND of the flags of the ranks still there; the same on every rank
+  that returns, even when ranks fail during the agreement itself.
+* ``team.shrink()``: a new team of the ranks still there (renumbered in rank order) with fresh
+  transports and shared memory and the same engine and transport settings.
+
+How the agreement survives failures: each rank's part of an agreement is one key in the store,
+decided once by an atomic compare-and-set: either the rank writes its flag, or a peer that knows
+it left writes ``lost`` first. Every rank reads the same decisions, so every rank computes the
+same result; a rank that finds its own key decided ``lost`` (it was taken for gone) raises
+:class:`~pycoll.errors.PeerLostError`. A rank is known to have left by the team's shared segment
+(its process is gone, or it exited, raised or closed the team), by its closed TCP connections,
+and otherwise by not reaching the agreement within the timeout.
+
+Agreement and shrink need a team made from a store (``Team.from_store``, the torch backend's
+teams): the store, kept by a process outside the failure (the launcher's, or rank 0's when rank
+0 survives), is what the survivors meet in. ``revoke`` works on every team; without a store it
+reaches the peers through the shared segment only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
+
+from pycoll.errors import PeerLostError, PycollError, RevokedError, TimeoutError
+from pycoll.store import store_get
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.team import Team
+
+#: What a rank's key of an agreement holds when a peer decided that the rank left.
+LOST = b"lost"
+#: The longest pause between two looks at the store while an agreement waits, in seconds.
+POLL_MAX_S = 0.02
+
+
+class Recovery:
+    """A store-made team's way back from a failure: its store, its agreements' numbering, the
+    watch that brings a peer's revoke. Made by the bootstrap; ``team.revoke()``,
+    ``team.agree()`` and ``team.shrink()`` call it."""
+
+    def __init__(self, team: Team, store: Any, tls: Optional[Sequence[str]] = None,
+                 advertise: Optional[str] = None) -> None:
+        self.team = team
+        self.store = store
+        self.tls = tls
+        self.advertise = advertise
+        self._epochs = itertools.count()  # agreements and shrinks, in calling order (the same everywhere)
+        self._revoked_key = f"{team.name}/revoked"
+        self._watching = False
+
+    def start_watching(self) -> None:
+        """Look at the store for a peer's revoke while the engine waits (top-level teams: a
+        sub-team is revoked with its team)."""
+        if not self._watching:
+            self._watching = True
+            self.team.ctx.watch(self.look)
+
+    def close(self) -> None:
+        """The team closes: stop looking."""
+        if self._watching:
+            self._watching = False
+            self.team.ctx.unwatch(self.look)
+
+    # ------------------------------------------------------------------ revoke
+    def publish(self, error: RevokedError) -> None:
+        """Tell the peers through the store that this rank revoked the team."""
+        self.store.set(self._revoked_key, f"{error.rank}|{error}")
+
+    def look(self) -> None:
+        """If a peer revoked the team, revoke it here too (the engine's watch)."""
+        if self.team.planner.revoked is not None or not self.store.check([self._revoked_key]):
+            return
+        rank, _, text = store_get(self.store, self._revoked_key).decode(errors="replace").partition("|")
+        revoke_here(self.team, RevokedError(text, rank=int(rank)), text)
+
+    # ------------------------------------------------------------------ agreement
+    def lost(self) -> Set[int]:
+        """The ranks known to have left for good (segment, closed connections)."""
+        team = self.team
+        out = set(team.transport.lost_peers())
+        if team.shared is not None:
+            out |= team.shared.gone()
+        return out
+
+    def decide(self, flag: bool, timeout: Optional[float]) -> Dict[int, bool]:
+        """One agreement: ``{rank: flag}`` of the ranks that took part (the same on every rank
+        that returns). See the module docstring for how it survives failures."""
+        team, store = self.team, self.store
+        epoch = next(self._epochs)
+        base = f"{team.name}/agree{epoch}"
+        mine = _compare_set(store, f"{base}/{team.rank}", b"", b"1" if flag else b"0")
+        if mine == LOST:
+            raise PeerLostError(f"{team.name}: rank {team.rank} reached agreement #{epoch} after its "
+                                "peers had given it up for lost (past their timeout)", rank=team.rank)
+        t = team.ctx.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t if t is not None else None
+        fates: Dict[int, bytes] = {team.rank: mine}
+        waiting = [r for r in range(team.size) if r != team.rank]
+        pause = 0.0005
+        while waiting:
+            for r in list(waiting):
+                key = f"{base}/{r}"
+                if store.check([key]):
+                    fates[r] = store_get(store, key)
+                    waiting.remove(r)
+            if not waiting:
+                break
+            team.ctx.progress()  # (a transport learns of closed connections as it reads)
+            late = deadline is not None and time.monotonic() >= deadline
+            gone = set(waiting) if late else self.lost().intersection(waiting)
+            for r in sorted(gone):  # decide for it, unless it decided first
+                fates[r] = _compare_set(store, f"{base}/{r}", b"", LOST)
+                waiting.remove(r)
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_S)
+        return {r: v == b"1" for r, v in sorted(fates.items()) if v != LOST}
+
+    def shrink(self, timeout: Optional[float]) -> Team:
+        """A new team of the ranks still there (see :meth:`pycoll.Team.shrink`)."""
+        team = self.team
+        members = sorted(self.decide(True, timeout))
+        prefix = f"{team.name}/shrink{next(self._epochs)}"
+        guard = _Guarded(self.store, self, members, team.ctx.timeout if timeout is None else timeout)
+        new = type(team).from_store(guard, members.index(team.rank), len(members), team.ctx, prefix=prefix,
+                                    advertise=self.advertise, tls=self.tls)
+        for t in [new, *new.levels.all()]:
+            t.store = self.store
+            if t.recovery is not None:
+                t.recovery.store = self.store
+        return new
+
+
+def revoke(team: Team, why: str = "") -> None:
+    """Revoke ``team`` (see :meth:`pycoll.Team.revoke`)."""
+    if team.planner.revoked is not None:
+        return
+    error = RevokedError(f"{team.name} was revoked by rank {team.rank}" + (f": {why}" if why else ""),
+                         rank=team.rank)
+    recovery = team.recovery
+    if recovery is not None:
+        recovery.publish(error)
+    revoke_here(team, error, why or "no reason given")
+
+
+def revoke_here(team: Team, error: RevokedError, why: str) -> None:
+    """Revoke ``team`` on this rank: fail its calls in flight, refuse later ones, mark its shared
+    segments (and its sub-teams')."""
+    for t in [team, *team.levels.all()]:
+        t.planner.revoke(error)
+        if t.shared is not None:
+            t.shared.revoke(error, why)
+
+
+def need_recovery(team: Team, what: str) -> Recovery:
+    """The team's :class:`Recovery`, or a clear error for a team without a store."""
+    if team.recovery is None:
+        raise PycollError(f"{what} needs a team made from a store (Team.from_store, the torch backend): "
+                          f"{team!r} has none to meet in after a failure")
+    return team.recovery
+
+
+def _compare_set(store: Any, key: str, expected: bytes, desired: bytes) -> bytes:
+    value = store.compare_set(key, expected.decode(), desired.decode())
+    return value if isinstance(value, bytes) else bytes(value)
+
+
+class _Guarded:
+    """The store as a shrink's bootstrap sees it: a ``get`` that waits for a key, but raises
+    :class:`PeerLostError` if a member of the new team is known to have left meanwhile (else a
+    member that dies during the shrink would hold the others for the store's whole timeout)."""
+
+    def __init__(self, store: Any, recovery: Recovery, members: List[int], timeout: Optional[float]) -> None:
+        self._store = store
+        self._recovery = recovery
+        self._members = set(members)
+        self._timeout = timeout
+
+    def get(self, key: str) -> bytes:
+        pause = 0.0005
+        deadline = time.monotonic() + self._timeout if self._timeout is not None else None
+        while not self._store.check([key]):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self._recovery.team.name}: shrink: key {key!r} was not set within "
+                                   f"{self._timeout:g} s")
+            gone = self._recovery.lost() & self._members
+            if gone:
+                raise PeerLostError(f"{self._recovery.team.name}: rank {min(gone)} left during the shrink; "
+                                    "shrink again", rank=min(gone))
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_S)
+        return store_get(self._store, key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+__all__ = ["LOST", "Recovery", "need_recovery", "revoke", "revoke_here"]
