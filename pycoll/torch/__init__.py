@@ -36,7 +36,10 @@ def create_process_group(opts: Any, backend_options: Any = None) -> ProcessGroup
     bootstrapped through the group's c10d store (TCP between ranks, shared memory on a host)."""
     group = getattr(opts, "group_id", "") or "default_pg"
     timeout = opts.timeout.total_seconds() if getattr(opts, "timeout", None) is not None else None
-    team = Team.from_store(opts.store, opts.group_rank, opts.group_size, prefix=f"pycoll/{group}")
+    # torchrun may hand a restarted job the store of the last attempt: its keys are stale here
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    team = Team.from_store(opts.store, opts.group_rank, opts.group_size,
+                           prefix=f"pycoll/{group}/attempt{attempt}")
     pg = ProcessGroupPycoll(team, timeout=timeout, group_name=group)
     servers = _num_servers()
     if servers and "PMI_SIZE" in os.environ and opts.group_size == int(os.environ["PMI_SIZE"]) - servers:

@@ -130,7 +130,12 @@ class PycollWork(dist.Work):
         self.on_finish = finish
         self._timeout = timeout
         self._source = source
+        # Completed with the outputs, or with None on an error: what get_future() hands out is
+        # chained to it and raises there. (A future completed by Python's set_exception holds the
+        # exception as its *value*: DDP's C++ reducer reads it as tensors and crashed, SIGSEGV,
+        # when a peer died. An exception raised in a then() callback is a C++ error it handles.)
         self._future: torch.futures.Future = torch.futures.Future()
+        self._handed: Optional[torch.futures.Future] = None
         self._error: Optional[BaseException] = None
         # A synchronous call (torch waits at once) is not handed to the progress thread: waking it
         # would cost the caller a GIL hand-over per call. get_future() hands it over after all.
@@ -145,10 +150,12 @@ class PycollWork(dist.Work):
         if error is not None:
             error = torch_error(error)  # (a DistBackendError, as torch's backends raise)
         self._error = error
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        self._future.set_result(self._result if error is None else None)
+
+    def _outcome(self, fut: torch.futures.Future) -> List[torch.Tensor]:
+        if self._error is not None:
+            raise self._error
+        return fut.value()
 
     # -- torch's Work interface
     def wait(self, timeout: Any = None) -> bool:
@@ -165,7 +172,9 @@ class PycollWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         self._pg.progress.drive(self.watch)
-        return self._future
+        if self._handed is None:
+            self._handed = self._future.then(self._outcome)
+        return self._handed
 
     def is_completed(self) -> bool:
         if not self.watch.called:

@@ -16,6 +16,7 @@ Modes:
 """
 
 # DDP checks a comm hook's annotations as objects: no ``from __future__ import annotations`` here.
+import os
 import sys
 from typing import Any, Callable, Dict, List
 
@@ -25,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812 - torch's usual name
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import pycoll
 import pycoll.torch  # noqa: F401 - registers the "pycoll" backend (and fills env:// under mpiexec)
 from pycoll.torch import PriorityHookState, priority_hook
 from pycoll.torch.backend import ProcessGroupPycoll
@@ -319,11 +321,34 @@ def check_step(step: int, rec: Recorder) -> int:
     return overtakes
 
 
+def run_peer_dies() -> None:
+    """Rank 1 exits between two steps; rank 0's next backward raises (DDP's reducer gets the
+    work's error as a C++ error) instead of crashing the process."""
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)))
+    x = torch.randn(32, 16)
+    for _ in range(2):  # (the second forward rebuilds the buckets: then only backward talks)
+        model(x).pow(2).mean().backward()
+    if dist.get_rank() == 1:
+        print("RANK 1 OK", flush=True)
+        os._exit(0)  # gone without a word
+    try:
+        model(x).pow(2).mean().backward()
+    except RuntimeError as exc:
+        # (forward's bucket rebuild raises pycoll's error itself; backward, DDP's wrapping of it)
+        assert isinstance(exc, pycoll.PeerLostError) or "PeerLostDistError" in str(exc), repr(exc)
+        assert "rank 1" in str(exc), exc
+        print("RANK 0 OK", flush=True)
+        os._exit(0)  # (the group cannot be destroyed with a peer gone)
+    raise AssertionError("backward returned although rank 1 was gone")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("pycoll")
     mode = sys.argv[1] if len(sys.argv) > 1 else "equal"
-    main: Callable[[], None] = {"equal": run_equal, "priority": run_priority}[mode]
+    modes = {"equal": run_equal, "priority": run_priority, "peer_dies": run_peer_dies}
+    main: Callable[[], None] = modes[mode]
     try:
         run_torch_rank(main)
     finally:
