@@ -126,7 +126,8 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive,
  * number among the collectives it signed, what, count, first generation); 0 if it signed none. */
 int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out);
 /* This rank leaves (how: PC_LEFT_*; why: a text, cut to PC_LEFT_WHY - 1 bytes): written once,
- * the first call wins; wakes the peers asleep on its flags so they look at it at once. */
+ * the first call wins (but PC_LEFT_REVOKED replaces PC_LEFT_FAILED); wakes the peers asleep on its
+ * flags so they look at it at once. */
 void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why);
 /* Rank `rank`'s left_why into out (PC_LEFT_WHY bytes, NUL-terminated); its left value. */
 uint64_t pycoll_shm_left(const void *base, uint32_t rank, char *out);

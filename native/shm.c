@@ -131,7 +131,10 @@ static void reduced(pc_shm_ctrl_t *me, uint64_t gen) { publish(&me->reduced, &me
 
 void pycoll_shm_leave(void *base, uint32_t rank, uint64_t how, const char *why) {
     pc_shm_ctrl_t *me = ctrl(base, rank);
-    if (atomic_load_explicit((_Atomic uint64_t *)&me->left, memory_order_acquire)) return;
+    uint64_t was = atomic_load_explicit((_Atomic uint64_t *)&me->left, memory_order_acquire);
+    /* the first word stays, except that a revoke replaces a failure (the rank is still there and
+     * asks its peers to give up the team: they raise RevokedError rather than PeerLostError) */
+    if (was && !(was == PC_LEFT_FAILED && how == PC_LEFT_REVOKED)) return;
     size_t n = why ? strnlen(why, PC_LEFT_WHY - 1) : 0;
     memcpy(me->left_why, why ? why : "", n);
     me->left_why[n] = 0;

@@ -184,6 +184,10 @@ class Planner:
                shape: Optional[tuple] = None) -> Request:
         """Submit ``task`` to the team's engine with its priority and timeout (``None``: the
         context's); a task with a ``shape`` returns to the pool when its request is collected."""
+        if self.revoked is not None:
+            self.refuse()
+        if task.owner is None:  # (point to point, the scheduling layer's own tasks)
+            task.owner = self
         ctx = self.ctx
         t = ctx.timeout if timeout is None else timeout
         task.timeout = t if t is not None and 0 < t < _INF else None

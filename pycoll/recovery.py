@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from pycoll.errors import PeerLostError, PycollError, RevokedError, TimeoutError
-from pycoll.store import store_get
+from pycoll.store import TCPStore, store_get
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.team import Team
@@ -59,32 +60,57 @@ class Recovery:
         self.advertise = advertise
         self._epochs = itertools.count()  # agreements and shrinks, in calling order (the same everywhere)
         self._revoked_key = f"{team.name}/revoked"
-        self._watching = False
+        self._watching: Optional[Callable[[], bool]] = None
+        self._watcher: Any = store  # the store connection the watch uses
 
     def start_watching(self) -> None:
         """Look at the store for a peer's revoke while the engine waits (top-level teams: a
-        sub-team is revoked with its team)."""
-        if not self._watching:
-            self._watching = True
-            self.team.ctx.watch(self.look)
+        sub-team is revoked with its team). On a connection of its own where the store can
+        make one (a look must not queue behind another thread's blocking ``get``); the engine
+        holds the look weakly, so a team dropped without ``close()`` stops being looked for."""
+        if self._watching is None:
+            self._watcher = _own_connection(self.store)
+            ref = weakref.WeakMethod(self.look)
+
+            def look() -> bool:
+                method = ref()
+                return method is not None and method()
+
+            self._watching = look
+            self.team.ctx.watch(look)
 
     def close(self) -> None:
         """The team closes: stop looking."""
-        if self._watching:
-            self._watching = False
-            self.team.ctx.unwatch(self.look)
+        if self._watching is not None:
+            self.team.ctx.unwatch(self._watching)
+            self._watching = None
+        close = getattr(self._watcher, "close", None) if self._watcher is not self.store else None
+        if close is not None:
+            close()
+        self._watcher = self.store
+
+    def rebind(self, store: Any) -> None:
+        """Meet in ``store`` from now on (a shrunk team, bootstrapped through a guarded view of it)."""
+        watching = self._watching is not None
+        self.close()
+        self.store = self._watcher = store
+        if watching:
+            self.start_watching()
 
     # ------------------------------------------------------------------ revoke
     def publish(self, error: RevokedError) -> None:
         """Tell the peers through the store that this rank revoked the team."""
         self.store.set(self._revoked_key, f"{error.rank}|{error}")
 
-    def look(self) -> None:
-        """If a peer revoked the team, revoke it here too (the engine's watch)."""
-        if self.team.planner.revoked is not None or not self.store.check([self._revoked_key]):
-            return
-        rank, _, text = store_get(self.store, self._revoked_key).decode(errors="replace").partition("|")
+    def look(self) -> bool:
+        """If a peer revoked the team, revoke it here too (the engine's watch; False: stop)."""
+        if self.team.planner.revoked is not None:
+            return False
+        if not self._watcher.check([self._revoked_key]):
+            return True
+        rank, _, text = store_get(self._watcher, self._revoked_key).decode(errors="replace").partition("|")
         revoke_here(self.team, RevokedError(text, rank=int(rank)), text)
+        return False
 
     # ------------------------------------------------------------------ agreement
     def lost(self) -> Set[int]:
@@ -131,15 +157,20 @@ class Recovery:
     def shrink(self, timeout: Optional[float]) -> Team:
         """A new team of the ranks still there (see :meth:`pycoll.Team.shrink`)."""
         team = self.team
+        t = team.ctx.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t if t is not None else None
         members = sorted(self.decide(True, timeout))
         prefix = f"{team.name}/shrink{next(self._epochs)}"
-        guard = _Guarded(self.store, self, members, team.ctx.timeout if timeout is None else timeout)
-        new = type(team).from_store(guard, members.index(team.rank), len(members), team.ctx, prefix=prefix,
-                                    advertise=self.advertise, tls=self.tls)
+        guard = _Guarded(self.store, self, members, deadline)
+        try:
+            new = type(team).from_store(guard, members.index(team.rank), len(members), team.ctx,
+                                        prefix=prefix, advertise=self.advertise, tls=self.tls)
+        finally:
+            guard.release()  # (the new team's transports keep the exchange: let go of this team)
         for t in [new, *new.levels.all()]:
             t.store = self.store
             if t.recovery is not None:
-                t.recovery.store = self.store
+                t.recovery.rebind(self.store)
         return new
 
 
@@ -156,12 +187,16 @@ def revoke(team: Team, why: str = "") -> None:
 
 
 def revoke_here(team: Team, error: RevokedError, why: str) -> None:
-    """Revoke ``team`` on this rank: fail its calls in flight, refuse later ones, mark its shared
-    segments (and its sub-teams')."""
-    for t in [team, *team.levels.all()]:
-        t.planner.revoke(error)
-        if t.shared is not None:
-            t.shared.revoke(error, why)
+    """Revoke ``team`` on this rank: mark its shared segments (and its sub-teams': an express
+    lane finds them unusable from now on), fail its calls in flight, refuse later ones. Under the
+    engine's lock: the progress thread's watch may call it while the program posts."""
+    teams = [team, *team.levels.all()]
+    with team.ctx.lock:
+        for t in teams:
+            if t.shared is not None:
+                t.shared.revoke(error, why)
+        for t in teams:
+            t.planner.revoke(error)
 
 
 def need_recovery(team: Team, what: str) -> Recovery:
@@ -179,32 +214,58 @@ def _compare_set(store: Any, key: str, expected: bytes, desired: bytes) -> bytes
 
 class _Guarded:
     """The store as a shrink's bootstrap sees it: a ``get`` that waits for a key, but raises
-    :class:`PeerLostError` if a member of the new team is known to have left meanwhile (else a
-    member that dies during the shrink would hold the others for the store's whole timeout)."""
+    :class:`PeerLostError` if the member that was to set it is known to have left meanwhile,
+    and :class:`TimeoutError` past the shrink's deadline (else a member that dies during the
+    shrink would hold the others for the store's whole timeout). The bootstrap's keys end in the
+    new team's rank of the member that sets them (``pycoll.store.allgather``). Only the awaited
+    member's loss counts: every member that gets past a round saw the same keys, so the members
+    do not end a shrink some with a team and some with an error because of a loss they saw at
+    different times."""
 
-    def __init__(self, store: Any, recovery: Recovery, members: List[int], timeout: Optional[float]) -> None:
+    def __init__(self, store: Any, recovery: Recovery, members: List[int], deadline: Optional[float]) -> None:
         self._store = store
-        self._recovery = recovery
-        self._members = set(members)
-        self._timeout = timeout
+        self._recovery: Optional[Recovery] = recovery
+        self._members = members
+        self._deadline = deadline
+
+    def release(self) -> None:
+        """The bootstrap is over: a plain store from now on, holding no team."""
+        self._recovery = None
 
     def get(self, key: str) -> bytes:
+        recovery = self._recovery
+        if recovery is None:
+            return store_get(self._store, key)
+        tail = key.rsplit("/", 1)[-1]
+        awaited = self._members[int(tail)] if tail.isdigit() and int(tail) < len(self._members) else None
         pause = 0.0005
-        deadline = time.monotonic() + self._timeout if self._timeout is not None else None
         while not self._store.check([key]):
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self._recovery.team.name}: shrink: key {key!r} was not set within "
-                                   f"{self._timeout:g} s")
-            gone = self._recovery.lost() & self._members
-            if gone:
-                raise PeerLostError(f"{self._recovery.team.name}: rank {min(gone)} left during the shrink; "
-                                    "shrink again", rank=min(gone))
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                raise TimeoutError(f"{recovery.team.name}: shrink: key {key!r} was not set in time")
+            recovery.team.ctx.progress()  # (a transport learns of closed connections as it reads)
+            if awaited is not None and awaited in recovery.lost():
+                raise PeerLostError(f"{recovery.team.name}: rank {awaited} left during the shrink; "
+                                    "shrink again", rank=awaited)
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         return store_get(self._store, key)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+def _own_connection(store: Any) -> Any:
+    """A connection to ``store`` of its own (pycoll's TCPStore: a new client; a c10d store: its
+    ``clone()``), else the store itself."""
+    if isinstance(store, TCPStore):
+        return TCPStore(store.host, store.port, timeout=store.timeout)
+    clone = getattr(store, "clone", None)
+    if clone is not None:
+        try:
+            return clone()
+        except Exception:  # noqa: BLE001 - a store that cannot clone: share it
+            return store
+    return store
 
 
 __all__ = ["LOST", "Recovery", "need_recovery", "revoke", "revoke_here"]

@@ -148,7 +148,7 @@ class Context:
         self._demand_check: List[Task] = []  # watched since the last look: check each once
         self._demand_tls: Dict[int, list] = {}  # [transport, tasks watched on it]
         self._progress_hooks: List[Callable[[], int]] = []
-        self._watches: List[Callable[[], None]] = []  # looked at while the engine waits idle
+        self._watches: List[Callable[[], Optional[bool]]] = []  # looked at while the engine waits idle
         self._next_watch = 0.0
         self.lock = threading.RLock()
         self.posted = 0  # tasks started
@@ -249,13 +249,14 @@ class Context:
             self._transports.remove(transport)
 
     # ----------------------------------------------------------------------------- watches
-    def watch(self, look: Callable[[], None]) -> None:
+    def watch(self, look: Callable[[], Optional[bool]]) -> None:
         """Call ``look()`` every ``WATCH_S`` or so while this engine waits with nothing moving
-        (a team's look at its store for a revoke: news that arrives on no transport)."""
+        (a team's look at its store for a revoke: news that arrives on no transport), until it
+        returns False."""
         if look not in self._watches:
             self._watches.append(look)
 
-    def unwatch(self, look: Callable[[], None]) -> None:
+    def unwatch(self, look: Callable[[], Optional[bool]]) -> None:
         """Stop calling ``look``."""
         if look in self._watches:
             self._watches.remove(look)
@@ -268,26 +269,32 @@ class Context:
         self._next_watch = now + WATCH_S
         for look in list(self._watches):
             try:
-                look()
+                keep = look()
             except Exception:  # noqa: BLE001 - a watch that fails (its store went away) stops
+                keep = False
+                log.warning("pycoll: a watch failed and was dropped", exc_info=True)
+            if keep is False:
                 self.unwatch(look)
-                log.debug("pycoll: a watch failed and was dropped", exc_info=True)
 
     def fail_owned(self, owners: Any, error: BaseException) -> int:
         """Fail every collective in this engine that one of ``owners`` built (``task.owner``;
-        found through the tasks queued or in progress, up their schedules) with ``error``; the
+        found through the tasks queued or in progress, up their schedules: the outermost such
+        task, so a schedule of the user's that holds one fails through it) with ``error``; the
         number failed. What a revoked team does to its calls in flight."""
         with self.lock:
-            roots = []
+            owned = []
             queued = [t for q in (self._ready, self._free) for b in q.buckets.values() for t in b]
             for task in self._active + queued:
-                while task.parent is not None:
+                mine = None
+                while task is not None:
+                    if task.owner is not None and task.owner in owners:
+                        mine = task
                     task = task.parent
-                if task.owner is not None and task.owner in owners and task not in roots:
-                    roots.append(task)
-            for task in roots:
+                if mine is not None and mine not in owned:
+                    owned.append(mine)
+            for task in owned:
                 task.fail(error)
-            return len(roots)
+            return len(owned)
 
     # ----------------------------------------------------------------------------- the engine
     def progress(self) -> int:

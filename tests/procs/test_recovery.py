@@ -96,6 +96,61 @@ def test_a_rank_killed_during_an_agreement(store_ranks):
         assert f"RANK {r} False True 2 1" in outs[r], text
 
 
+DIES_IN_SHRINK = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np
+    import pycoll
+    import pycoll.bootstrap
+    from pycoll import Schedule, Team
+    from pycoll.store import TCPStore
+
+    rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    store = TCPStore("127.0.0.1", port, timeout=30)
+    team = Team.from_store(store, rank, size)
+    team.allreduce(np.ones(8)).wait()
+    if rank == 0:
+        time.sleep(0.3)
+        team.revoke("test")
+    else:  # waiting in a schedule of the user's, and in a receive: both freed
+        sched = Schedule(name="user")
+        sched.add(team.task("allreduce", np.ones(1000)))
+        for what, req in (("SCHED", team.ctx.submit(sched)), ("RECV", team.recv(np.empty(4), 0, tag=7))):
+            try:
+                req.wait(timeout=20)
+            except pycoll.RevokedError:
+                print(f"RANK {rank} {what} REVOKED", flush=True)
+    if rank == 2:  # dies in the middle of the shrink's bootstrap
+        def die(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        pycoll.bootstrap.connect_mesh = die
+    t0 = time.monotonic()
+    try:
+        team.shrink()
+    except pycoll.PeerLostError as exc:
+        print(f"RANK {rank} SHRINK LOST {time.monotonic() - t0:.3f} {exc}", flush=True)
+    new = team.shrink()  # again: the two of them
+    x = np.full(4, float(rank))
+    new.allreduce(x).wait()
+    print(f"RANK {rank} SHRUNK {new.size} {x[0]:g}", flush=True)
+""")
+
+
+@pytest.mark.parametrize("tls", ["shm,tcp", "tcp"])
+def test_a_rank_that_dies_in_a_shrink_and_the_calls_a_revoke_frees(tls, store_ranks):
+    """A revoke frees a rank waiting in a schedule of its own and in a receive; a rank that dies
+    during the shrink's bootstrap makes the others raise PeerLostError at once (on the segment: its
+    process is gone though it said it revoked; over TCP: its connections closed), and a second
+    shrink gives the two survivors a team."""
+    _, outs = store_ranks(DIES_IN_SHRINK, 3, timeout=60, env={"PYCOLL_TLS": tls, "PYCOLL_TIMEOUT": "30"})
+    text = "\n".join(outs)
+    for r in (1, 2):
+        assert f"RANK {r} SCHED REVOKED" in outs[r] and f"RANK {r} RECV REVOKED" in outs[r], text
+    for r in (0, 1):
+        lost = re.search(rf"RANK {r} SHRINK LOST (\S+) .*rank 2 left during the shrink", outs[r])
+        assert lost and float(lost.group(1)) < 2.0, text
+        assert f"RANK {r} SHRUNK 2 1" in outs[r], text
+
+
 @pytest.mark.parametrize("tls", ["shm,tcp", "tcp"])
 def test_the_example_loop_survives_a_killed_rank(tls, run_cmd):
     cmd = [sys.executable, str(ROOT / "examples" / "fault_tolerant_loop.py"), "-n", "3", "--victim", "1",

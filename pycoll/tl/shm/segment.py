@@ -431,8 +431,9 @@ class ShmSegment:
         host = socket.gethostname()
         _, r, pid, how, left = lost[0]
         text = "; ".join(f"rank {r} (pid {p}, host {host}) {h}" for _, r, p, h, _ in lost)
-        if left == LEFT_REVOKED:
-            err = self.broke(RevokedError(f"shm: {text}{waiting}", rank=r), why=f"rank {r} {how}")
+        if left == LEFT_REVOKED:  # (this rank passes the revoke on, not a failure of its own)
+            err = RevokedError(f"shm: {text}{waiting}", rank=r)
+            self.revoke(err, f"rank {r} {how}")
             if self.on_revoked is not None:
                 self.on_revoked(err)
             raise err from None
@@ -448,6 +449,10 @@ class ShmSegment:
             self.lib.pycoll_shm_left(self.base, r, why)
             text = self.ffi.string(why).decode(errors="replace")
             return left, LEFT_TEXT.get(left, f"left ({left})") + (f" {text}" if text else "")
+        return (0, "has died") if self.dead(r) else (0, None)
+
+    def dead(self, r: int) -> bool:
+        """Whether rank ``r``'s process is gone (or a zombie nobody has reaped yet)."""
         pid = self.pids[r]
         try:
             os.kill(pid, 0)
@@ -456,19 +461,19 @@ class ShmSegment:
             dead = True
         except PermissionError:
             dead = False
-        return (0, "has died") if dead else (0, None)
+        return dead
 
     def gone(self) -> Set[int]:
         """The ranks that left for good: dead, exited, raised or closed the team. Not those
-        whose collective failed or that revoked the team: they are still there (to agree on
-        what to do next, :mod:`pycoll.recovery`)."""
+        whose collective failed or that revoked the team while their process lives: they are
+        there (to agree on what to do next, :mod:`pycoll.recovery`)."""
         if self.base is None:
             return set()
         out = set()
         for r in range(self.size):
             if r != self.rank:
                 left, how = self.whereabouts(r)
-                if how is not None and left not in (LEFT_FAILED, LEFT_REVOKED):
+                if how is not None and (left not in (LEFT_FAILED, LEFT_REVOKED) or self.dead(r)):
                     out.add(r)
         return out
 
