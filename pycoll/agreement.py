@@ -82,7 +82,7 @@ def fingerprint(call: Call, name: str) -> np.ndarray:
     elif counted == "counts" and call.layout is not None:
         count = zlib.crc32(repr([c for _, c in call.layout]).encode()) | 1 << 32
     return np.array([_COLLS.index(coll) if coll in _COLLS else 0xFF,
-                     DTYPE_CODES.get(buf.dtype, 0xFF) if coll != "barrier" else 0xFF,
+                     DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if coll != "barrier" else 0xFF,
                      _OPS.index(call.op) if coll in _REDUCING else 0xFF,
                      call.root if coll in _ROOTED else _NONE,
                      count, zlib.crc32(name.encode())], np.uint64)
@@ -94,7 +94,7 @@ def describe(rec: np.ndarray) -> str:
     coll, dtype, op, root, count, _ = (int(x) for x in rec)
     text = _COLLS[coll] if coll < len(_COLLS) else f"collective {coll}"
     if dtype != 0xFF:
-        kind = _NAMES.get(dtype, f"dtype {dtype}")
+        kind = _NAMES.get(dtype, f"{dtype & 0xFF}-byte elements" if dtype >> 8 == 1 else f"dtype {dtype}")
         if count == _NONE:
             text += f" x {kind}"
         elif count >> 32:

@@ -12,7 +12,7 @@ A leaf module: it imports numpy and ml_dtypes, no pycoll module.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -52,6 +52,17 @@ HALF: Tuple[np.dtype, np.dtype] = (np.dtype(np.float16), BFLOAT16)
 TORCH_VIEWS: Dict[str, str] = {"bfloat16": "int16"}
 
 _SUPPORTED = tuple(DTYPES.values())
+#: bytes per element -> the code of a native dtype of that size (what moving elements needs).
+_SIZED = {1: DTYPE_CODES[DTYPES["uint8"]], 2: DTYPE_CODES[DTYPES["uint16"]], 4: DTYPE_CODES[DTYPES["uint32"]],
+          8: DTYPE_CODES[DTYPES["uint64"]], 16: DTYPE_CODES[DTYPES["complex128"]]}
+
+
+def element_code(dtype: np.dtype) -> Optional[int]:
+    """The native code to *move* elements of ``dtype`` with (gather, scatter, alltoall: only the
+    size matters): its own, else one of the same size (``long double``: 16 bytes), else None
+    (``complex long double``'s 32 bytes, odd-sized records: not on the shared segment)."""
+    code = DTYPE_CODES.get(dtype)
+    return code if code is not None else _SIZED.get(dtype.itemsize)
 
 
 def is_supported(dtype: np.dtype) -> bool:

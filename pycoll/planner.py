@@ -20,6 +20,7 @@ from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import Call, block_layout
 from pycoll.collectives import COLLECTIVES
+from pycoll.dtypes import element_code
 from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
 from pycoll.errors import RevokedError
@@ -217,6 +218,8 @@ class Planner:
             self._plan_bytes -= task.nbytes
             task.rebind(src, dst, key)
             return task, key, shape
+        if algorithm is None and element_code(src.dtype) is None and agreement.on_segment(coll, name):
+            name = self.off_segment(coll, call.nbytes)  # (elements the segment cannot move: 32 bytes)
         build = algorithms.get(coll, name)  # raises for an unknown name before a key is used
         pb = self.ctx.partition_bytes
         if coll == "allreduce" and pb and dst.nbytes > pb and self.team.size > 1:
@@ -281,6 +284,13 @@ class Planner:
             self._selected.clear()
         self._selected[(coll, nbytes, tag is None)] = name
         return name
+
+    def off_segment(self, coll: str, nbytes: int) -> str:
+        """The default algorithm of ``coll`` for ``nbytes`` among those off the shared segment."""
+        team = self.team
+        default = COLLECTIVES[coll].default if coll in COLLECTIVES else None
+        return algorithms.select(coll, team.size, nbytes, shared=False, cma=False, hier=team.hierarchical,
+                                 cma_slow=False, default=default)
 
     def selected(self, coll: str, nbytes: int, tagged: bool = False) -> Optional[str]:
         """The algorithm the last untagged (or tagged) call of ``coll`` with ``nbytes`` selected."""

@@ -263,8 +263,10 @@ class SegmentTask(Task):
         self.args = args
         self.kind = kind
         self.seg = args.shared
+        op, dtype = self.codes()  # (first: a builder that rejects its arguments takes no ticket)
+        if dtype is None:
+            raise TypeError(f"{name}: elements of {args.dst.dtype} have no native type of their size")
         self.ticket = self.seg.ticket()
-        op, dtype = self.codes()
         self.native = self.seg.new_state(kind, op, dtype, args.root)
         self._bound: Optional[tuple] = None  # (src, dst) the native state points at
         self.started = False

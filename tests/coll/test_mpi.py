@@ -35,6 +35,14 @@ def test_comm_buffer_specifications_match_mpi4py(n, mpirun):
     mpirun(n, "tests/coll/scripts/comm_buffer_specs.py", timeout=120)
 
 
+@pytest.mark.parametrize(("n", "tls"), [(2, "shm,mpi"), (3, "mpi")])
+def test_comm_rejected_calls_leave_it_usable(n, tls, mpirun):
+    """A call the Comm rejects (a dtype it cannot reduce, a wrong count, an op it lacks, a root out
+    of range, a malformed buffer specification) raises on every rank and the next collective is
+    right; long double and complex long double move as mpi4py moves them."""
+    mpirun(n, "tests/coll/scripts/comm_rejected.py", timeout=120, env={"PYCOLL_TLS": tls})
+
+
 @pytest.mark.parametrize("mode", ["tagged", "untagged"])
 @pytest.mark.parametrize("tls", ["mpi", "shm,mpi"])
 def test_thousand_mixed_collectives_small_credit(mode, tls, mpirun):

@@ -18,7 +18,7 @@ from pycoll.algorithms.base import CollArgs, equal_layout
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.shm import segment_of
 from pycoll.algorithms.shm.blocks import BlockSegmentTask, checked_blocks
-from pycoll.dtypes import DTYPE_CODES
+from pycoll.dtypes import element_code
 from pycoll.tasks.task import Task
 
 NAME = "shm"
@@ -46,7 +46,7 @@ class ShmAlltoall(BlockSegmentTask):
         return sl, rl
 
     def codes(self) -> tuple:
-        return 0, DTYPE_CODES[self.args.dst.dtype]  # the dtype gives the element size only
+        return 0, element_code(self.args.dst.dtype)  # the dtype gives the element size only
 
 
 def build(args: CollArgs) -> Task:

@@ -16,7 +16,7 @@ from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.shm import segment_of
 from pycoll.algorithms.shm.blocks import BlockSegmentTask, dst_blocks
-from pycoll.dtypes import DTYPE_CODES
+from pycoll.dtypes import element_code
 from pycoll.tasks.task import Task
 
 NAME = "shm"
@@ -30,7 +30,7 @@ class ShmGather(BlockSegmentTask):
         return (dst_blocks(a, self.name) if a.rank == a.root else None), None
 
     def codes(self) -> tuple:
-        return 0, DTYPE_CODES[self.args.src.dtype]  # the dtype gives the element size only
+        return 0, element_code(self.args.src.dtype)  # the dtype gives the element size only
 
 
 def build(args: CollArgs) -> Task:
