@@ -1,4 +1,5 @@
-"""Turning user buffers (numpy arrays, anything with the buffer protocol) into flat numpy views.
+"""Turning user buffers (numpy arrays, anything with the buffer protocol, DLPack or numpy's array
+interface in host memory) into flat numpy views.
 
 Collectives and transports work on 1-D numpy views of the caller's memory: no copies. A
 non-contiguous buffer raises :class:`BufferError` with a clear message instead of being copied
@@ -7,6 +8,7 @@ behind the caller's back.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -32,11 +34,12 @@ def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
         try:
             view = memoryview(obj)
         except TypeError:
-            raise BufferError(f"{what}: {type(obj).__name__} does not support the buffer protocol") from None
-        if not view.c_contiguous:
-            raise BufferError(f"{what} is not contiguous; pass a contiguous copy "
-                              "(e.g. numpy.ascontiguousarray)")
-        arr = np.asarray(view)
+            arr = _exported(obj, what)
+        else:
+            if not view.c_contiguous:
+                raise BufferError(f"{what} is not contiguous; pass a contiguous copy "
+                                  "(e.g. numpy.ascontiguousarray)")
+            arr = np.asarray(view)
     if not arr.flags.c_contiguous:
         raise BufferError(
             f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "
@@ -45,6 +48,79 @@ def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
     if writable and not arr.flags.writeable:
         raise BufferError(f"{what} is read-only but pycoll must write into it")
     return arr.reshape(-1)
+
+
+def _exported(obj: Any, what: str) -> np.ndarray:
+    """A numpy view of host memory exported other than by the buffer protocol: DLPack
+    (``__dlpack__``, read as mpi4py reads it: the tensor's memory, writable, the capsule kept alive
+    with the view and left to its producer to release) or numpy's ``__array_interface__``."""
+    if hasattr(obj, "__dlpack__"):
+        return dlpack_view(obj, what)
+    if hasattr(obj, "__array_interface__"):
+        return np.asarray(obj)
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise BufferError(f"{what}: {type(obj).__name__} is device memory (only host memory here)")
+    raise BufferError(f"{what}: {type(obj).__name__} does not support the buffer protocol")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+#: DLPack's type codes -> numpy's kind letters (int, uint, float, complex, bool).
+_DL_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class _Holder(np.ndarray):
+    """A view that keeps its DLPack capsule (and so the producer's memory) alive."""
+
+    capsule: Any = None
+
+
+def dlpack_view(obj: Any, what: str = "buffer") -> np.ndarray:
+    """A writable 1-D numpy view of the host memory of a DLPack exporter (C-contiguous only)."""
+    device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else 1
+    if device not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise BufferError(f"{what}: DLPack memory on device type {device} (only host memory here)")
+    capsule = obj.__dlpack__()
+    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))  # DLManagedTensor starts with it
+    kind, size, lanes = _DL_KINDS.get(tensor.dtype.code), tensor.dtype.bits // 8, tensor.dtype.lanes
+    if kind == "f" and lanes == 2:  # (a complex number as two lanes of its float, as some exporters say it)
+        kind, size, lanes = "c", 2 * size, 1
+    try:
+        dtype = np.dtype(f"{kind}{size}" if kind != "b" else "?")
+    except TypeError:
+        dtype = None
+    if dtype is None or kind is None or lanes != 1 or tensor.dtype.bits % 8:
+        raise BufferError(f"{what}: DLPack type (code {tensor.dtype.code}, {tensor.dtype.bits} bits, "
+                          f"{tensor.dtype.lanes} lanes) has no numpy equivalent")
+    shape = [tensor.shape[i] for i in range(tensor.ndim)]
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if tensor.strides and count > 1:
+        expected = 1
+        for i in reversed(range(tensor.ndim)):
+            if shape[i] != 1 and tensor.strides[i] != expected:
+                raise BufferError(f"{what}: DLPack tensor is not contiguous; pass a contiguous copy")
+            expected *= shape[i]
+    nbytes = count * dtype.itemsize
+    address = (tensor.data or 0) + tensor.byte_offset
+    raw = (ctypes.c_char * nbytes).from_address(address) if nbytes else bytearray()
+    arr = np.frombuffer(raw, dtype=dtype, count=count).view(_Holder)
+    arr.capsule = capsule
+    return arr
 
 
 def as_bytes(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import operator
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -33,6 +34,7 @@ from mpi4py.util.dtlib import to_numpy_dtype
 
 from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
+from pycoll.dtypes import is_supported
 from pycoll.engine.context import Context
 from pycoll.engine.request import Request as _PycollRequest
 from pycoll.errors import (
@@ -45,6 +47,8 @@ from pycoll.errors import (
 )
 from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
+
+log = logging.getLogger("pycoll")
 
 
 def _typed(buf: Any, datatype: Any, writable: bool, what: str) -> np.ndarray:
@@ -200,6 +204,78 @@ class Request:
 
     wait = Wait
     test = Test
+
+
+class Handed:
+    """A call handed to MPI (:func:`unreduced`): ``wait``/``test``/``cancel`` of its MPI request,
+    or nothing to wait for (a blocking call has already run)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+
+    def wait(self) -> None:
+        if self.request is not None:
+            self.request.Wait()
+
+    def test(self) -> bool:
+        return self.request is None or self.request.Test()
+
+    def cancel(self) -> None:
+        if self.request is not None:
+            self.request.Cancel()
+
+
+_told: set = set()
+
+
+def unreduced(method: str, kwargs: Dict[str, Any]) -> bool:
+    """Whether a reduction's buffers are of a type pycoll has no reduction for (``long double``,
+    ``complex long double``): then the Comm hands the call to MPI before anything is sent, on
+    every rank alike (their buffers' types agree), and says so once in the debug log."""
+    for arr in kwargs.values():
+        if isinstance(arr, np.ndarray) and not is_supported(arr.dtype):
+            if (method, arr.dtype) not in _told:
+                _told.add((method, arr.dtype))
+                log.debug("pycoll.mpi.Comm: %s of %s is handed to MPI (no reduction of that type here)",
+                          method, arr.dtype)
+            return True
+    return False
+
+
+#: Arguments that are never handed to MPI by themselves: host arrays, counts, ops, None.
+_PLAIN = frozenset((np.ndarray, int, type(None), MPI.Op, type(MPI.IN_PLACE)))
+
+
+def handed(row: Collective, method: str, values: Dict[str, Any]) -> bool:
+    """Whether the Comm hands this call to MPI, before anything is sent (said once per kind in the
+    debug log): a buffer in device memory (``__cuda_array_interface__`` without a host buffer:
+    pycoll moves host memory only), a derived datatype (indexed, vector, struct: gaps pycoll
+    does not walk), or ``MPI.IN_PLACE`` where pycoll has no in-place form (``Alltoall(v)``,
+    ``Reduce_scatter(_block)``). Every rank must pass buffers of the same kind."""
+    why = ""
+    if values.get("sendbuf") is MPI.IN_PLACE and not row.mpi_in_place:
+        why = "in place"
+    for v in values.values():
+        if why:
+            break
+        if type(v) in _PLAIN:  # (the common case, first: this runs for every new call)
+            continue
+        obj = v[0] if isinstance(v, (list, tuple)) and v else v
+        kind = v[-1] if isinstance(v, (list, tuple)) and v else None
+        if isinstance(kind, MPI.Datatype) and kind != MPI.DATATYPE_NULL and \
+                kind.Get_envelope()[-1] != MPI.COMBINER_NAMED:
+            why = "a derived datatype"
+        elif hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__array_interface__"):
+            try:
+                memoryview(obj)
+            except TypeError:
+                why = "device memory"
+    if why and (method, why) not in _told:
+        _told.add((method, why))
+        log.debug("pycoll.mpi.Comm: %s with %s is handed to MPI", method, why)
+    return bool(why)
 
 
 class Prequest:
@@ -418,10 +494,15 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     """mpi4py's ``X``, ``IX`` and ``X_init`` of one collective."""
     coll, init = row.name, f"{row.name}_init"
 
-    def post(self: Comm, method: str, args: tuple, kw: Dict[str, Any]) -> _PycollRequest:
-        """Convert mpi4py's arguments and post the call of ``method`` as a new one; remember it."""
+    def post(self: Comm, method: str, args: tuple, kw: Dict[str, Any]) -> Any:
+        """Convert mpi4py's arguments and post the call of ``method`` as a new one; remember it.
+        A reduction of a type pycoll cannot reduce goes to MPI instead (see :func:`unreduced`)."""
         values = _bind(row, args, kw)
+        if handed(row, method, values):
+            return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
         kwargs = self.arguments(row, values)
+        if "op" in values and unreduced(method, kwargs):
+            return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
         req = getattr(self.team, coll)(**kwargs, **kw)
         # (counts given as None are gathered from every rank on every call: never a repeat)
         if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")):
@@ -431,10 +512,15 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
                 self.recent.add(key, args, dtypes, _persistent, self.team, init, kwargs)
         return req
 
-    def persistent(self: Comm, *args: Any, **kw: Any) -> Prequest:
+    def persistent(self: Comm, *args: Any, **kw: Any) -> Any:
         values = _bind(row, args, kw)
+        if handed(row, f"{row.mpi}_init", values):  # (MPI's own Prequest, with every MPI argument)
+            return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
+        kwargs = self.arguments(row, values)
+        if "op" in values and unreduced(f"{row.mpi}_init", kwargs):
+            return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
         try:
-            return Prequest(getattr(self.team, init)(**self.arguments(row, values), **kw))
+            return Prequest(getattr(self.team, init)(**kwargs, **kw))
         except PycollError as exc:
             raise mpi_error(exc) from None
 

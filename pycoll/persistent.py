@@ -104,10 +104,12 @@ class Persistent:
         return self.request is not None and self.request.test()
 
     def free(self) -> None:
-        """Release the schedule and its scratch (MPI_Request_free)."""
+        """Release the schedule, its scratch and the buffers (MPI_Request_free): an exporter that
+        counts its views (DLPack) sees them go at once, not at the next garbage collection."""
         if self.task is not None:
             self.task.finalize()
             self.task = None
+        self.lane = None
 
 
 #: The parameters of the collectives that are buffers (a repeated call compares their dtypes).

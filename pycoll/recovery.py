@@ -61,15 +61,16 @@ class Recovery:
         self._epochs = itertools.count()  # agreements and shrinks, in calling order (the same everywhere)
         self._revoked_key = f"{team.name}/revoked"
         self._watching: Optional[Callable[[], bool]] = None
-        self._watcher: Any = store  # the store connection the watch uses
+        self._watcher: Any = store  # the store connection the watch uses (None: not made yet)
 
     def start_watching(self) -> None:
         """Look at the store for a peer's revoke while the engine waits (top-level teams: a
-        sub-team is revoked with its team). On a connection of its own where the store can
-        make one (a look must not queue behind another thread's blocking ``get``); the engine
-        holds the look weakly, so a team dropped without ``close()`` stops being looked for."""
+        sub-team is revoked with its team). With pycoll's TCPStore, on a connection of its own
+        made at the first look (a look must not queue behind another thread's blocking
+        ``get``); the engine holds the look weakly, so a team dropped without ``close()`` stops
+        being looked for."""
         if self._watching is None:
-            self._watcher = _own_connection(self.store)
+            self._watcher = None  # (connected at the first look: making a team connects nothing more)
             ref = weakref.WeakMethod(self.look)
 
             def look() -> bool:
@@ -84,7 +85,8 @@ class Recovery:
         if self._watching is not None:
             self.team.ctx.unwatch(self._watching)
             self._watching = None
-        close = getattr(self._watcher, "close", None) if self._watcher is not self.store else None
+        own = self._watcher is not None and self._watcher is not self.store
+        close = getattr(self._watcher, "close", None) if own else None
         if close is not None:
             close()
         self._watcher = self.store
@@ -106,6 +108,8 @@ class Recovery:
         """If a peer revoked the team, revoke it here too (the engine's watch; False: stop)."""
         if self.team.planner.revoked is not None:
             return False
+        if self._watcher is None:
+            self._watcher = _own_connection(self.store)
         if not self._watcher.check([self._revoked_key]):
             return True
         rank, _, text = store_get(self._watcher, self._revoked_key).decode(errors="replace").partition("|")
@@ -255,15 +259,13 @@ class _Guarded:
 
 
 def _own_connection(store: Any) -> Any:
-    """A connection to ``store`` of its own (pycoll's TCPStore: a new client; a c10d store: its
-    ``clone()``), else the store itself."""
+    """A connection to pycoll's TCPStore of its own (given up after a second if the server is
+    gone: then the store's own connection); any other store (c10d's) is shared as it is (a clone
+    would connect anew, retrying for its whole timeout if the store's host has left)."""
     if isinstance(store, TCPStore):
-        return TCPStore(store.host, store.port, timeout=store.timeout)
-    clone = getattr(store, "clone", None)
-    if clone is not None:
         try:
-            return clone()
-        except Exception:  # noqa: BLE001 - a store that cannot clone: share it
+            return TCPStore(store.host, store.port, timeout=store.timeout, connect_timeout=1.0)
+        except PycollError:
             return store
     return store
 

@@ -1,8 +1,10 @@
-"""Run under mpiexec by tests/coll/test_mpi.py: a call ``pycoll.mpi.Comm`` rejects (a dtype it
-cannot reduce, a wrong count, an op it does not have, a root out of range, a malformed buffer
-specification) raises on every rank and leaves the communicator as usable as before: the next
-valid collective on it gives the right result everywhere. And elements without a native code of
-their own (``long double``, ``complex long double``) move as mpi4py moves them."""
+"""Run under mpiexec by tests/coll/test_mpi.py: a call ``pycoll.mpi.Comm`` rejects (a wrong
+count, an op it does not have, a root out of range, a malformed buffer specification, mixed
+dtypes) raises on every rank and leaves the communicator as usable as before: the next valid
+collective on it gives the right result everywhere. And elements without a native type of their
+own (``long double``, ``complex long double``) move as mpi4py moves them, and their reductions,
+which pycoll has not, are handed to MPI; so are derived datatypes, IN_PLACE where pycoll has no
+in-place form, and device memory; DLPack buffers run on pycoll."""
 
 import numpy as np
 from mpi4py import MPI
@@ -13,8 +15,6 @@ from tests.rank import run_rank
 
 def rejected(comm, r, n):
     """(name, call) of calls every rank rejects before anything is sent."""
-    yield "long double sum", lambda: comm.Allreduce(np.ones(4, np.longdouble), np.empty(4, np.longdouble),
-                                                    op=MPI.SUM)
     yield "recvbuf of the wrong size", lambda: comm.Allgather(np.ones(4), np.empty(4 * n - 1))
     yield "op pycoll does not have", lambda: comm.Allreduce(np.ones(4), np.empty(4), op=MPI.MAXLOC)
     yield "root out of range", lambda: comm.Bcast(np.ones(4), root=n + 3)
@@ -68,6 +68,88 @@ def untyped_elements(comm, world, r, n):
             got, want = moved(comm, name, dtype, r, n), moved(world, name, dtype, r, n)
             if want is not None:
                 assert got.tobytes() == want.tobytes(), f"{name} of {np.dtype(dtype)}: not mpi4py's values"
+        # reductions of them: pycoll has none; the Comm hands them to MPI (blocking, non-blocking,
+        # persistent), on every rank alike
+        x = np.arange(6, dtype=dtype) + r
+        want = np.empty_like(x)
+        world.Allreduce(x, want, op=MPI.SUM)
+        for form in ("blocking", "non-blocking", "persistent"):
+            got = np.zeros_like(x)
+            if form == "blocking":
+                comm.Allreduce(x, got, op=MPI.SUM)
+            elif form == "non-blocking":
+                comm.Iallreduce(x, got, op=MPI.SUM).Wait()
+            else:
+                req = comm.Allreduce_init(x, got, op=MPI.SUM)
+                req.Start()
+                req.Wait()
+                req.Free()
+            assert np.array_equal(got, want), f"{form} Allreduce of {np.dtype(dtype)}: {got} != {want}"
+
+
+class DLPackOnly:
+    """Host memory exported by DLPack alone (no buffer protocol), as mpi4py's tests make it."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self.arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+class DeviceLike:
+    """An object that says it is device memory (``__cuda_array_interface__``; here it points at
+    host memory, as mpi4py's fake GPU arrays do): the Comm hands its calls to MPI."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.__cuda_array_interface__ = {"shape": arr.shape, "typestr": arr.dtype.str,
+                                         "data": (arr.ctypes.data, False), "version": 3}
+
+
+def handed_or_exported(comm, world, r, n):
+    """DLPack buffers run on pycoll; derived datatypes, IN_PLACE where pycoll has no in-place
+    form, and device memory go to MPI: every one leaves mpi4py's values."""
+    x = np.arange(8.0) + r
+    got, want = np.zeros(8), np.zeros(8)
+    comm.Allreduce(DLPackOnly(x), DLPackOnly(got), op=MPI.SUM)
+    world.Allreduce(x, want, op=MPI.SUM)
+    assert np.array_equal(got, want), f"DLPack Allreduce: {got} != {want}"
+    got = np.zeros(8)
+    comm.Allreduce(DeviceLike(x), DeviceLike(got), op=MPI.SUM)
+    assert np.array_equal(got, want), f"device-like Allreduce: {got} != {want}"
+    for form in ("blocking", "persistent"):  # keyword arguments (root=, op=) reach MPI too
+        got, want = np.zeros(8), np.zeros(8)
+        world.Reduce(x, want, op=MPI.MAX, root=n - 1)
+        if form == "blocking":
+            comm.Reduce(DeviceLike(x), DeviceLike(got), op=MPI.MAX, root=n - 1)
+        else:
+            req = comm.Reduce_init(DeviceLike(x), DeviceLike(got), op=MPI.MAX, root=n - 1)
+            req.Start()
+            req.Wait()
+            req.Free()
+        if r == n - 1:
+            assert np.array_equal(got, want), f"{form} device-like Reduce(MAX, root={n - 1}): {got} != {want}"
+    for c, out in ((comm, np.full(10, -1, np.int32)), (world, np.full(10, -1, np.int32))):
+        if r == 0:
+            out[:] = np.arange(10)
+        every_other = MPI.INT.Create_indexed_block(1, list(range(0, 10, 2))).Commit()
+        c.Bcast((out, 1, every_other), root=0)
+        every_other.Free()
+        if c is comm:
+            got = out
+    assert np.array_equal(got, out), f"indexed Bcast: {got} != {out}"
+    for name in ("Alltoall", "Reduce_scatter_block"):
+        outs = []
+        for c in (comm, world):
+            buf = np.arange(2.0 * n) + 10 * r
+            getattr(c, name)(MPI.IN_PLACE, buf) if name == "Alltoall" else c.Reduce_scatter_block(
+                MPI.IN_PLACE, buf, op=MPI.SUM)
+            outs.append(buf if name == "Alltoall" else buf[:2])
+        assert np.array_equal(outs[0], outs[1]), f"{name} in place: {outs[0]} != {outs[1]}"
 
 
 def main():
@@ -84,6 +166,7 @@ def main():
             raise AssertionError(f"{name}: pycoll.mpi.Comm accepted it")
         still_works(comm, r, n, name)
     untyped_elements(comm, world, r, n)
+    handed_or_exported(comm, world, r, n)
     still_works(comm, r, n, "the untyped elements")
 
 
