@@ -29,13 +29,13 @@ def test_matrix_processes(n, mpirun):
            timeout=240)
 
 
-@pytest.mark.parametrize("n", [16, 32, 64])
+@pytest.mark.parametrize("n", [16, 64])
 def test_matrix_many_processes(n, mpirun):
     """Many more ranks than cores: float32 SUM and int16 only, counts 0, odd and large (persistent
-    for the odd one), every algorithm; at 16 ranks three roots; at 32 and 64 the middle root, in
-    place for the odd count only, and the large count and persistent forms only on the segment
-    (the point-to-point algorithms take the same steps at every size: covered at 16). Measured on
-    a 2-core VM: 16 ranks 12 s, 64 ranks 56 s (163 s with the 16-rank matrix); 64 is marked
-    ``many``."""
+    for the odd one), every algorithm; at 16 ranks three roots; at 64 the middle root, in place
+    for the odd count only, and the large count and persistent forms only on the segment (the
+    point-to-point algorithms take the same steps at every size: covered at 16). Measured on a
+    2-core VM: 16 ranks 12 s, 64 ranks 56-78 s. (32 ranks, 22-25 s, was dropped to keep the suite
+    under its time: it sits between these two.)"""
     mpirun(n, "tests/coll/scripts/matrix.py", "0", "5000" if n <= 32 else "1000", "1" if n <= 16 else "3",
            timeout=120 if n <= 16 else 300)
