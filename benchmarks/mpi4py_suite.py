@@ -22,6 +22,7 @@ import argparse
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -115,7 +116,7 @@ def fetch(workdir: str) -> str:
 def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Optional[Dict[str, List[Any]]]:
     """{test: [outcome on every rank ("pass" only if all passed), engine used on any rank]}, or
     None if some rank wrote no report (hung or crashed)."""
-    from pycoll.launch import find_mpiexec
+    from pycoll.launch import find_mpiexec, mpich_files, shm_used_by
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
@@ -123,11 +124,20 @@ def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Opt
         me = os.path.abspath(__file__)
         cmd = [find_mpiexec(), "-n", str(n), sys.executable, me, "--rank", testdir, name, out,
                "1" if wrap else "0"]
+        before = mpich_files()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
-            subprocess.run(cmd, env=env, timeout=timeout, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
-        except subprocess.TimeoutExpired:
-            pass
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # a hung job: end it and what MPICH left in /dev/shm
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            time.sleep(0.5)
+            for path in (mpich_files() - before) - shm_used_by():
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         ranks = []
         for r in range(n):
             try:
