@@ -148,7 +148,11 @@ enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COL
        PC_COLL_REDUCE_SCATTER, PC_COLL_GATHER, PC_COLL_SCATTER, PC_COLL_ALLTOALL,
        /* single copy: each rank reads what it receives straight out of the sender's buffer
         * (process_vm_readv); the segment carries only the addresses and sizes, in one generation */
-       PC_COLL_BCAST_CMA, PC_COLL_GATHER_CMA, PC_COLL_SCATTER_CMA, PC_COLL_ALLTOALL_CMA, PC_NCOLLS };
+       PC_COLL_BCAST_CMA, PC_COLL_GATHER_CMA, PC_COLL_SCATTER_CMA, PC_COLL_ALLTOALL_CMA,
+       /* allreduce of buffers in memory every rank maps (a region: see region below): each rank
+        * reduces its 1/n straight from the ranks' inputs and writes it into every rank's output;
+        * the segment carries only the offsets, in one generation */
+       PC_COLL_ALLREDUCE_MAPPED, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;
@@ -192,6 +196,11 @@ typedef struct {
     /* set by the collective: this rank published a block that a peer reads from its memory, so it
      * waits for its readers before it returns */
     int lent;
+    /* PC_COLL_ALLREDUCE_MAPPED: the regions src ([0]) and dst ([1]) lie in (in this rank's part):
+     * this process's mapping of each (nranks parts of region_bytes, rank r's at region + r *
+     * region_bytes) and its id (equal on every rank: a peer that names another is an error) */
+    char *region[2];
+    uint64_t region_bytes[2], region_id[2];
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

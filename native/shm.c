@@ -420,7 +420,7 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
 }
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
-    if (c->coll == PC_COLL_BARRIER || single_copy(c->coll)) return 1;
+    if (c->coll == PC_COLL_BARRIER || single_copy(c->coll) || c->coll == PC_COLL_ALLREDUCE_MAPPED) return 1;
     if (c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks ||
         pycoll_shm_check(c->base, c->mapped, c->nranks))
         return 0;
@@ -688,6 +688,90 @@ static int single_copy_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ allreduce in a region
+ *
+ * The buffers lie in memory every rank maps (a region the team allocated: rank r's part at
+ * region + r * region_bytes). Rank i owns 1/n of the elements: it reduces them in rank order
+ * straight from every rank's input into a small block that stays in cache, and writes the block
+ * into every rank's output. Nothing else moves: per rank one read of its share of every input
+ * (M bytes in all) and one write of its share into every output (M bytes), what a copy costs,
+ * where the segment's form moves (5 - 1/n) M. Nobody else reads or writes rank i's share of any
+ * buffer, so an in-place call is safe without a barrier between reading and writing: one
+ * generation carries the offsets (arrive: this rank's input is ready), reduced says this rank has
+ * written its share everywhere, and every rank returns once all have. */
+#define PC_MAPPED_BLOCK (32u << 10)
+static _Thread_local char mapped_tmp[PC_MAPPED_BLOCK] __attribute__((aligned(64)));
+
+/* this rank's buffers inside its part of their regions, nothing else wrong with the state */
+static int mapped_check(const pc_shm_coll_t *c, size_t es) {
+    const pc_shm_header_t *h = c->base;
+    if (!es || es > PC_MAPPED_BLOCK || c->nchunks != 1 || h->slot_bytes < 4 * sizeof(uint64_t)) return PC_EINVAL;
+    uint64_t nb = c->count * es;
+    for (int k = 0; k < 2; k++) {
+        uint64_t part = c->region_bytes[k];
+        if (!c->region[k] || !part || part > UINT64_MAX / c->nranks || c->count > part / es) return PC_EINVAL;
+        if (!nb) continue; /* (an empty buffer's address may lie anywhere: nothing is read there) */
+        uintptr_t own = (uintptr_t)c->region[k] + (uint64_t)c->rank * part;
+        uintptr_t at = (uintptr_t)(k ? c->dst : c->src);
+        if (at < own || at - own > part - nb) return PC_ERANGE;
+    }
+    uintptr_t s = (uintptr_t)c->src, d = (uintptr_t)c->dst;
+    if (s != d && nb && s < d + nb && d < s + nb) return PC_EINVAL; /* overlapping, not in place */
+    return PC_OK;
+}
+
+static int mapped_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    uint32_t n = c->nranks, rank = c->rank;
+    uint64_t nb = c->count * es;
+    int rc;
+    if (c->phase == 0) {
+        rc = slot_free(c, max_polls); /* nobody reads this parity's slots of generation gen - 2 */
+        if (rc <= 0) return rc;
+        uint64_t *mine = pairs(c, rank); /* (region id, offset in the part) of src, then of dst */
+        for (int k = 0; k < 2; k++) {
+            const char *own = c->region[k] + (uint64_t)rank * c->region_bytes[k];
+            mine[2 * k] = c->region_id[k];
+            mine[2 * k + 1] = nb ? (uint64_t)((k ? (const char *)c->dst : c->src) - own) : 0;
+        }
+        arrive(me, c->gen);
+        c->phase = 1;
+    }
+    if (c->phase == 1) {
+        rc = wait_flags(c, 0, c->gen, -1, max_polls);
+        if (rc <= 0) return rc;
+        const char *src[PC_SHM_MAX_RANKS];
+        char *dst[PC_SHM_MAX_RANKS];
+        for (uint32_t r = 0; r < n; r++) { /* every rank's offsets, checked against its parts */
+            const uint64_t *p = pairs(c, r);
+            if (p[0] != c->region_id[0] || p[2] != c->region_id[1]) return PC_EDISAGREE;
+            if (p[1] > c->region_bytes[0] - nb || p[3] > c->region_bytes[1] - nb) return PC_ERANGE;
+            src[r] = c->region[0] + (uint64_t)r * c->region_bytes[0] + p[1];
+            dst[r] = c->region[1] + (uint64_t)r * c->region_bytes[1] + p[3];
+        }
+        uint64_t lo = c->count * rank / n, hi = c->count * (rank + 1) / n, per = PC_MAPPED_BLOCK / es;
+        const void *ins[PC_SHM_MAX_RANKS];
+        for (uint64_t at = lo; at < hi; at += per) {
+            uint64_t m = min64(per, hi - at);
+            for (uint32_t r = 0; r < n; r++) ins[r] = src[r] + at * es;
+            rc = pycoll_reduce_n(c->op, c->dtype, mapped_tmp, ins, (int)n, m);
+            if (rc) return rc;
+            for (uint32_t i = 0; i < n; i++) { /* each rank starts with a different peer */
+                uint32_t r = (rank + i) % n;
+                copy_out(c, es, dst[r] + at * es, mapped_tmp, m * es);
+            }
+        }
+        reduced(me, c->gen);
+        c->phase = 2;
+    }
+    rc = wait_flags(c, 1, c->gen, -1, max_polls); /* every share written everywhere */
+    if (rc <= 0) return rc;
+    c->chunk = 1;
+    c->gen++;
+    c->phase = 0;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ signatures
  *
  * Ranks that call different collectives, or the same one with a different count, dtype, op or
@@ -706,6 +790,7 @@ static int base_coll(int coll) {
     case PC_COLL_GATHER_CMA: return PC_COLL_GATHER;
     case PC_COLL_SCATTER_CMA: return PC_COLL_SCATTER;
     case PC_COLL_ALLTOALL_CMA: return PC_COLL_ALLTOALL;
+    case PC_COLL_ALLREDUCE_MAPPED: return PC_COLL_ALLREDUCE;
     default: return coll;
     }
 }
@@ -881,6 +966,10 @@ static int progress(pc_shm_coll_t *c, uint64_t max_polls) {
     if (single_copy(c->coll)) {
         rc = single_copy_check(c, es);
         return rc ? rc : single_copy_run(c, es, max_polls);
+    }
+    if (c->coll == PC_COLL_ALLREDUCE_MAPPED) {
+        rc = mapped_check(c, es);
+        return rc ? rc : mapped_run(c, es, max_polls);
     }
     uint64_t per, need;
     rc = geometry(c, es, &per, &need);

@@ -1,4 +1,5 @@
-"""Bootstrap: how teams come to be (``Team.from_mpi``, ``Team.from_store``, ``split``, local teams).
+"""Bootstrap: how teams come to be (``Team.from_mpi``, ``Team.from_store``, ``split``, local teams)
+and go (``Team.close``).
 
 Making a team is collective: the ranks exchange what their transports need (addresses, node keys)
 through the bootstrap's ``allgather(bytes) -> list[bytes]`` (an MPI communicator or a key-value
@@ -204,6 +205,23 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
         team.transport.close()
         team.transport = ShmTransport(team.shared)
         ctx.add_transport(team.transport)
+
+
+def close(team: Team) -> None:
+    """Release ``team``'s transport, shared segment and sub-teams (after its last collective)."""
+    if team.recovery is not None:  # (it stops looking at the store)
+        team.recovery.close()
+    team.ps.close()
+    team.planner.close()
+    for sub in team.levels.all():
+        if sub is not team:
+            sub.close()
+    team.levels = type(team.levels)()
+    team.ctx.remove_transport(team.transport)
+    team.transport.close()
+    if team.shared is not None:
+        team.shared.close()
+        team.shared = None
 
 
 def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:

@@ -88,6 +88,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for coll, table in algorithms.ALGORITHMS.items():
         extra = ", push_pull (BytePS summation services; by name only)" if coll == "allreduce" else ""
         print(f"  {coll:<10} {', '.join(table)}{extra}")
+        if coll == "allreduce":
+            print(f"  {'':<10} (mapped: for arrays of team.alloc, whatever the table says)")
     print("\nselection (first match wins; PYCOLL_TUNE rules come first):")
     for rule in algorithms.rules():
         print(f"  {rule}")
@@ -248,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--check", action="store_true", help="verify every size against numpy (pycoll and MPI)")
     perf.add_argument("--compare", choices=["mpi", "none"], default="none",
                       help="also time MPI's own collective in the same run")
+    perf.add_argument("--alloc", action="store_true",
+                      help="buffers made by team.alloc (memory every rank on the host maps), for "
+                           "pycoll and MPI alike")
     perf.add_argument("--json", default=None, help="write the results to this file")
     perf.add_argument("--plot", default=None, metavar="FILE.png",
                       help="draw time and busbw against size, pycoll next to MPI (one picture per "

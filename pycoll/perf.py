@@ -239,15 +239,25 @@ def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace
     inputs = [_input(m if spec.send == "block" else total, dtype, r) for r in range(n)]
     want = spec.reference(inputs, rank, n, op, root)  # None: nothing to check on this rank
     here = {"root": root, "op": op}
+
+    def array(count: int, value: Optional[np.ndarray] = None) -> np.ndarray:
+        # --alloc: in memory every rank maps (team.alloc: collective, so every rank makes each)
+        a = team.alloc(count, dtype) if env.alloc else np.empty(count, dtype)
+        if value is not None:
+            a[:] = value
+        return a
+
     for p in spec.params:  # pycoll's arguments, by name
         if p in spec.root_only and rank != root:
             here[p] = None
+            if env.alloc and p in ("sendbuf", "recvbuf"):  # (the root's alloc is collective)
+                array(len(inputs[rank]) if p == "sendbuf" else m if spec.recv == "block" else total)
         elif p == "buf":
-            here[p] = inputs[root].copy() if rank == root else np.empty(total, dtype)
+            here[p] = array(total, inputs[root] if rank == root else None)
         elif p == "sendbuf":
-            here[p] = inputs[rank]
+            here[p] = array(len(inputs[rank]), inputs[rank]) if env.alloc else inputs[rank]
         elif p == "recvbuf":
-            here[p] = np.empty(m if spec.recv == "block" else total, dtype)
+            here[p] = array(m if spec.recv == "block" else total)
         elif p in _COUNTS:
             here[p] = counts
         elif p in _DISPLS:
@@ -331,16 +341,19 @@ def run(args: Any) -> int:
             team.close()  # says goodbye: the servers exit
 
 
-def usable_algorithms(team: Any, spec: Collective) -> List[str]:
+def usable_algorithms(team: Any, spec: Collective, alloc: bool = False) -> List[str]:
     """``auto`` and every algorithm of ``spec`` that can run on ``team`` (``--algorithm all``):
-    ``shm`` needs the team's segment, ``cma`` one whose ranks may read each other's memory, the
-    hierarchical ones a team spanning nodes; push_pull has none to choose."""
+    ``shm`` needs the team's segment, ``cma`` one whose ranks may read each other's memory,
+    ``mapped`` arrays of ``team.alloc`` (``alloc``), the hierarchical ones a team spanning nodes;
+    push_pull has none to choose."""
     if spec.name == "push_pull":
         return ["auto"]
     seg = team.shared
     names = ["auto"]
     for name in algorithms.ALGORITHMS[algorithms_of(spec, algorithms.ALGORITHMS)]:
         if (name == "shm" and seg is None) or (name == "cma" and (seg is None or not seg.cma)):
+            continue
+        if name == "mapped" and (seg is None or not alloc):  # (arrays of team.alloc only)
             continue
         if name in HIERARCHICAL and not team.hierarchical:
             continue
@@ -369,12 +382,14 @@ def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4
     status = 0
     for coll in colls:
         spec = COLLS[coll]
-        names = usable_algorithms(team, spec) if args.algorithm == "all" else [args.algorithm]
+        names = (usable_algorithms(team, spec, bool(getattr(args, "alloc", False))) if args.algorithm == "all"
+                 else [args.algorithm])
         for name in names:
             env = SimpleNamespace(team=team, comm=comm, n=n, rank=rank, dtype=dtype, op=op,
                                   mpi_op=getattr(MPI, "SUM" if op is ReduceOp.AVG else op.name),
                                   root=args.root or 0, mpi_mod=MPI, mpi_type=mpi_type,
-                                  algorithm=None if name == "auto" else name)
+                                  algorithm=None if name == "auto" else name,
+                                  alloc=bool(getattr(args, "alloc", False)))
             got, meta = _run_one(spec, env, SimpleNamespace(**{**vars(args), "algorithm": name}), counts)
             rows.extend(got)
             metas.append(meta)

@@ -265,6 +265,9 @@ class Planner:
         if algorithm is None:
             nbytes = call.nbytes
             name = self._selected.get((coll, nbytes, tag is None)) or self.select(coll, nbytes, tag)
+            if name == "shm" and coll == "allreduce" and self.team.shared.regions:
+                if self.team.shared.regions_of(src, dst) is not None:  # (arrays of team.alloc)
+                    name = "mapped"
             if options:  # options go to the algorithms that declare them
                 options = declared_options(coll, name, options)
         else:

@@ -18,9 +18,9 @@ one team never match each other's messages.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Union
 
-from pycoll import bootstrap, recovery
+from pycoll import arrays, bootstrap, recovery
 from pycoll.buffers import as_bytes
 from pycoll.calls import Call
 from pycoll.collectives import TABLE, Collective, docstring
@@ -117,21 +117,13 @@ class Team:
         ranks passing ``color=None`` get ``None``. Collective over the team."""
         return bootstrap.split(self, color, key)
 
+    def alloc(self, shape: Union[int, Sequence[int]], dtype: Any = "float32") -> Any:
+        """A new array that every rank of the team on its host maps (collective): see :mod:`pycoll.arrays`."""
+        return arrays.alloc(self, shape, dtype)
+
     def close(self) -> None:
         """Release the team's transport and shared segment (after its last collective)."""
-        if self.recovery is not None:  # (it stops looking at the store)
-            self.recovery.close()
-        self.ps.close()
-        self.planner.close()
-        for sub in self.levels.all():
-            if sub is not self:
-                sub.close()
-        self.levels = Levels()
-        self.ctx.remove_transport(self.transport)
-        self.transport.close()
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
+        bootstrap.close(self)
 
     # ------------------------------------------------------------------ after a failure
     def revoke(self, why: str = "") -> None:

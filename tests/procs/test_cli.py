@@ -28,7 +28,7 @@ def test_info_lists_transports_algorithms_and_every_setting(cli):
 
     rc, out, _ = cli("info")
     assert rc == 0
-    for word in ("mpi", "local", "tcp", "knomial, rab, rd, ring, shm"):
+    for word in ("mpi", "local", "tcp", "knomial, mapped, rab, rd, ring, shm"):
         assert word in out
     for name in SETTINGS:
         assert name in out

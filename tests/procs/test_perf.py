@@ -112,6 +112,21 @@ def test_algorithm_all_runs_each_usable_algorithm(tmp_path, cli):
     assert text.count("# pycoll perf bcast") == 5 and "algorithm hier" not in text
 
 
+def test_alloc_buffers_take_the_mapped_allreduce(tmp_path, cli):
+    """``--alloc``: buffers from team.alloc for pycoll and MPI alike (the root-only ones too:
+    every rank allocates); the allreduce takes the mapped form, only there; every size checked."""
+    out = tmp_path / "alloc.json"
+    rc, text, err = cli("perf", "allreduce", "gather", "-n", "2", "--alloc", "--algorithm", "all", "--max-bytes",
+                        "4K", "--iters", "3", "--check", "--compare", "mpi", "--json", str(out), timeout=180)
+    assert rc == 0, err
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    ran = {(r["coll"], r["algorithm"]) for r in rows}
+    assert ("allreduce", "mapped") in ran and not any(a == "mapped" for c, a in ran if c == "gather"), ran
+    assert all(r["check"] == "ok" for r in rows)
+
+
 def test_several_rank_counts_print_one_scaling_table(tmp_path, cli):
     out_json, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
     rc, out, err = cli("perf", "allreduce", "gather", "-n", "1,3", "--max-bytes", "64", "--iters", "5",

@@ -65,10 +65,11 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
 @pytest.mark.parametrize("coll,size", [("allreduce", 3), ("gather", 3), ("scatter", 3), ("alltoall", 3),
                                        ("allreduce", 16), ("gather", 16), ("alltoall", 16),
                                        ("bcast-cma", 3), ("gather-cma", 3), ("scatter-cma", 3),
-                                       ("alltoall-cma", 3), ("alltoall-cma", 16)])
+                                       ("alltoall-cma", 3), ("alltoall-cma", 16), ("allreduce-mapped", 3)])
 def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ranks):
     """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written;
-    ``-cma``: the single-copy form, its addresses published): the survivors raise (the dead peer
+    ``-cma``: the single-copy form, its addresses published; ``-mapped``: arrays of ``team.alloc``,
+    its input published): the survivors raise (the dead peer
     named, or a timeout), nothing is left in /dev/shm. On 16 ranks too (8 per core on the
     development machine)."""
     script = textwrap.dedent("""
@@ -85,11 +86,17 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
         for _ in range(3):
             team.allreduce(np.ones(1000)).wait()
         m = (4 << 20) if size <= 4 else (1 << 19)  # elements per block: several chunks
+        mapped = team.alloc(4 * m, np.float32) if alg == "mapped" else None  # (collective)
         # the single-copy forms: the others come once the dying rank has published its buffers
         # and died (else they could read them first and finish); bcast and scatter: the dying
         # rank is the root (a reader could finish the whole collective in its one call)
         root = size - 1 if alg == "cma" and coll in ("bcast", "scatter") else 0
         def post(timeout=None):
+            if coll == "allreduce" and mapped is not None:
+                mapped[:] = 1
+                req = team.allreduce(mapped, timeout=timeout)
+                assert "mapped" in req.task.name, req.task.name
+                return req
             if coll == "allreduce":
                 return team.allreduce(np.ones(4 * m, np.float32), timeout=timeout)
             if coll == "bcast":
@@ -107,7 +114,7 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
             req = post()  # posted, partly done: then the rank dies
             req.test()
             os.kill(os.getpid(), signal.SIGKILL)
-        if alg == "cma":
+        if alg in ("cma", "mapped"):  # (one generation: come once the dying rank has posted and died)
             time.sleep(0.5)
         try:
             post(timeout=20).wait()

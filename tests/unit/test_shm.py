@@ -413,3 +413,66 @@ def test_a_peer_that_left_is_lost_only_if_it_did_not_do_its_part():
     with pytest.raises(pycoll.PeerLostError, match="closed its team"):
         segs[0].check_peers(st0, now=True)
     segs[0].close()
+
+
+def test_mapped_allreduce_checks_the_offsets_it_reads():
+    """The allreduce of arrays every rank maps: each rank's own buffers must lie in its part of
+    the region (else an error before anything is published), and the offsets and region a peer
+    publishes are checked before they are used (out of its part: out of bounds; another region:
+    disagree), nothing read or written."""
+    import mmap
+
+    import pycoll
+    from pycoll.native import DTYPE_CODES, OP_CODES, lib
+    from pycoll.tl.shm.mapped import Region, address
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE_MAPPED
+
+    part = 4096
+    mm = mmap.mmap(-1, 2 * part)  # both ranks map it (they are threads of this process)
+    view = np.frombuffer(mm, np.int32)
+    region = Region(mm, address(view), part, 2, ident=11)
+    per = part // 4
+
+    def start(seg, rank, src, dst, ident=11):
+        st = seg.new_state(COLL_ALLREDUCE_MAPPED, OP_CODES[pycoll.ReduceOp.SUM],
+                           DTYPE_CODES[np.dtype(np.int32)])
+        seg.bind_regions(st, (region, region))
+        st.region_id[0] = st.region_id[1] = ident
+        seg.start(st, src, dst, True)
+        return st
+
+    def parts(count, offset=0):
+        return [view[r * per + offset:r * per + offset + count] for r in range(2)]
+
+    segs = two_rank_segments()
+    ins = parts(100, 10)
+    ins[0][:], ins[1][:] = np.arange(100), 1000
+    outs = parts(100, 200)
+    sts = [start(segs[r], r, ins[r], outs[r]) for r in range(2)]
+    assert lib.pycoll_shm_progress(sts[0], 100) == 0  # its offsets published; rank 1 not there
+    assert lib.pycoll_shm_progress(sts[1], 1000) in (0, 1)
+    assert lib.pycoll_shm_progress(sts[0], 1000) == 1 and lib.pycoll_shm_progress(sts[1], 1000) == 1
+    for r in range(2):
+        assert (outs[r] == np.arange(100) + 1000).all() and (ins[1] == 1000).all()
+    for s in segs:
+        s.close()
+    # this rank's buffer in the other rank's part: out of bounds before anything is published
+    segs = two_rank_segments()
+    st = start(segs[0], 0, parts(10)[1], parts(10)[1])
+    assert lib.pycoll_shm_progress(st, 10) == -3
+    for s in segs:
+        s.close()
+    # a peer's published offset past its part, or another region: nothing read or written
+    for field, value, rc in ((1, part - 8, -3), (0, 12, -5)):
+        segs = two_rank_segments()
+        ins, outs = parts(100), parts(100, 200)
+        outs[0][:] = -1
+        st1 = start(segs[1], 1, ins[1], outs[1])
+        assert lib.pycoll_shm_progress(st1, 10) == 0
+        pairs = np.frombuffer(segs[0].mm, np.uint64, count=4, offset=segs[0].slot_offset(st1.gen, 1))
+        assert pairs[0] == 11 and pairs[1] == 0 and pairs[3] == 200 * 4
+        pairs[field] = value
+        st0 = start(segs[0], 0, ins[0], outs[0])
+        assert lib.pycoll_shm_progress(st0, 1000) == rc and (outs[0] == -1).all()
+        for s in segs:
+            s.close()

@@ -27,6 +27,7 @@ import numpy as np
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError, PeerLostError, RevokedError, TransportError
 from pycoll.ops import OP_CODES
+from pycoll.tl.shm import mapped
 from pycoll.tl.shm.leaving import (
     LEFT_CLOSED,
     LEFT_EXITED,
@@ -62,11 +63,11 @@ DISAGREE, MISMATCH = -5, -7
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
- COLL_ALLTOALL_CMA) = range(13)
+ COLL_ALLTOALL_CMA, COLL_ALLREDUCE_MAPPED) = range(14)
 #: The collectives' names by native code.
 COLL_NAMES = ("allreduce", "bcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
               "alltoall", "bcast (single copy)", "gather (single copy)", "scatter (single copy)",
-              "alltoall (single copy)")
+              "alltoall (single copy)", "allreduce (arrays of team.alloc)")
 _DTYPE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 _OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  # SUM, not AVG
 _OP_NAMES[0xfe] = "avg"  # PC_SIG_AVG: an average reduces as SUM, its signature says AVG
@@ -200,6 +201,8 @@ class ShmSegment:
         #: keep this rank waiting, doubled again when they do not).
         self.budget = POLLS_PER_CALL
         self._next_check = 0.0  # check_peers() runs again after this time (monotonic)
+        #: The memory the team allocated for its ranks to share (``team.alloc``), while mapped.
+        self.regions: List[mapped.Region] = []
 
     # ------------------------------------------------------------------ collectives
     @property
@@ -500,6 +503,30 @@ class ShmSegment:
         if rc < 0:
             self.raise_native(rc)
         return bool(rc)
+
+    # ------------------------------------------------------------------ shared arrays
+    def allocate(self, shape: Any, dtype: np.dtype, exchange: Callable[[bytes], List[bytes]]) -> np.ndarray:
+        """Collective: this rank's array of a new region every rank maps (see
+        :mod:`pycoll.tl.shm.mapped`); ``exchange`` is the team's allgather of short texts."""
+        arr, region = mapped.allocate(self.rank, self.size, shape, dtype, exchange)
+        self.regions.append(region)
+        return arr
+
+    def regions_of(self, src: np.ndarray, dst: np.ndarray) -> Optional[Tuple[mapped.Region, mapped.Region]]:
+        """The regions of :meth:`allocate` holding ``src`` and ``dst`` (contiguous, in this rank's
+        part), or None when either lies elsewhere."""
+        if not self.regions:
+            return None
+        a = mapped.find(self.regions, src)
+        b = a if dst is src or a is None else mapped.find(self.regions, dst)
+        return None if b is None else (a, b)
+
+    def bind_regions(self, st: Any, regions: Tuple[mapped.Region, mapped.Region]) -> None:
+        """Point the native state of a ``mapped`` collective at the regions of its buffers."""
+        for k, region in enumerate(regions):
+            st.region[k] = self.ffi.cast("char *", region.base)
+            st.region_bytes[k] = region.part_bytes
+            st.region_id[k] = region.ident
 
     def slot_offset(self, gen: int, rank: int, st: Any = None) -> int:
         """Where rank ``rank``'s slot of generation ``gen`` starts in the mapping (diagnostics);
