@@ -51,7 +51,7 @@ _ROOTED = frozenset(("bcast", "reduce", "gather", "gatherv", "scatter", "scatter
 _COUNTED = {"allreduce": "src", "bcast": "dst", "reduce": "src", "allgather": "src",
             "reduce_scatter": "dst", "alltoall": "src", "gather": "src", "scatter": "dst",
             "allgatherv": "counts", "reduce_scatterv": "counts", "alltoallv": None, "gatherv": None,
-            "scatterv": None, "barrier": None}
+            "scatterv": None, "barrier": None, "scan": "src", "exscan": "src"}
 _NONE = 0xFFFFFFFF
 
 

@@ -77,6 +77,24 @@ def allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any =
     return _new(Call, ("allreduce", src, dst, op, 0, out, dst.nbytes, None, None))
 
 
+def scan(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM) -> Call:
+    return _prefix("scan", sendbuf, recvbuf, op)
+
+
+def exscan(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any = ReduceOp.SUM) -> Call:
+    return _prefix("exscan", sendbuf, recvbuf, op)
+
+
+def _prefix(coll: str, sendbuf: Any, recvbuf: Any, op: Any) -> Call:
+    """The check of a prefix reduction (scan, exscan): elementwise, any op but AVG."""
+    op = as_op(op)
+    if op is ReduceOp.AVG:
+        raise ValueError(f"{coll}: AVG is not a prefix reduction (MPI has none either)")
+    src, dst, out = elementwise(sendbuf, recvbuf, coll)
+    check_op(op, src.dtype)
+    return Call(coll, src, dst, op, 0, out, dst.nbytes)
+
+
 def bcast(rank: int, size: int, buf: Any, root: int = 0) -> Call:
     arr = as_bytes(buf, writable=True, what="buf")  # a broadcast moves bytes, whatever the type
     if type(root) is not int or not 0 <= root < size:

@@ -52,7 +52,8 @@ class Collective:
     #: mpi4py vector buffers: MPI parameter -> the (counts, displs) parameters it carries.
     mpi_vector: Dict[str, Tuple[str, str]] = field(default_factory=dict)
     #: Where mpi4py's ``MPI.IN_PLACE`` may stand and what it means: "swap" (the send buffer is the
-    #: receive buffer: pycoll's ``(recvbuf, None)``), "sendbuf" or "recvbuf" (that one is None).
+    #: receive buffer: pycoll's ``(recvbuf, None)``), "sendbuf" or "recvbuf" (that one is None),
+    #: "copy" (the input is in the receive buffer, whole: pycoll sends a copy of it, made per call).
     mpi_in_place: str = ""
     #: Buffers significant at the root only (None on the other ranks).
     root_only: Tuple[str, ...] = ()
@@ -134,6 +135,14 @@ def _scatter(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) 
     return _block(xs[root], r, n)
 
 
+def _scan(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> np.ndarray:
+    return reduce_reference(list(xs[:r + 1]), op)
+
+
+def _exscan(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> Optional[np.ndarray]:
+    return reduce_reference(list(xs[:r]), op) if r else None  # (rank 0's output: untouched)
+
+
 def _nothing(xs: Sequence[np.ndarray], r: int, n: int, op: ReduceOp, root: int) -> None:
     return None
 
@@ -184,20 +193,21 @@ TABLE: Tuple[Collective, ...] = (
         "Reduce-scatter (block): rank r gets the reduction of block r of every rank's ``sendbuf`` "
         "(``team.size`` blocks of ``recvbuf``'s size).",
         _reduce_scatter, mpi="Reduce_scatter_block", mpi_params=("sendbuf", "recvbuf", "op"),
-        torch="reduce_scatter_tensor", factor="(n-1)/n", size=f"sendbuf, {_BLOCKS}", send="blocks",
-        recv="block", reduces=True),
+        mpi_in_place="copy", torch="reduce_scatter_tensor", factor="(n-1)/n", size=f"sendbuf, {_BLOCKS}",
+        send="blocks", recv="block", reduces=True),
     Collective(
         "reduce_scatterv", calls.reduce_scatterv,
         "Reduce-scatterv (``MPI_Reduce_scatter``): ``sendbuf`` holds ``sum(counts)`` elements, block r "
         "(``counts[r]`` elements, in rank order) is reduced into rank r's ``recvbuf``.",
         _reduce_scatter, mpi="Reduce_scatter", mpi_params=("sendbuf", "recvbuf", "recvcounts", "op"),
-        mpi_rename={"recvcounts": "counts"}, factor="(n-1)/n", size=f"sendbuf, {_BLOCKS} (equal counts)",
-        send="blocks", recv="block", reduces=True, vector=True),
+        mpi_rename={"recvcounts": "counts"}, mpi_in_place="copy", factor="(n-1)/n",
+        size=f"sendbuf, {_BLOCKS} (equal counts)", send="blocks", recv="block", reduces=True, vector=True),
     Collective(
         "alltoall", calls.alltoall,
         "Alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this rank) of its "
         "``recvbuf``.",
-        _alltoall, mpi="Alltoall", mpi_params=("sendbuf", "recvbuf"), torch="all_to_all_single",
+        _alltoall, mpi="Alltoall", mpi_params=("sendbuf", "recvbuf"), mpi_in_place="copy",
+        torch="all_to_all_single",
         factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS}", send="blocks", recv="blocks"),
     Collective(
         "alltoallv", calls.alltoallv,
@@ -206,8 +216,8 @@ TABLE: Tuple[Collective, ...] = (
         "default to back to back); ``recvcounts[i]`` must equal rank i's ``sendcounts[rank]``.",
         _alltoall, mpi="Alltoallv", mpi_params=("sendbuf", "recvbuf"),
         mpi_vector={"sendbuf": ("sendcounts", "sdispls"), "recvbuf": ("recvcounts", "rdispls")},
-        factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS} (equal counts)", send="blocks",
-        recv="blocks", vector=True),
+        mpi_in_place="copy", factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS} (equal counts)",
+        send="blocks", recv="blocks", vector=True),
     Collective(
         "gather", calls.gather,
         "Gather every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order; ``recvbuf`` is "
@@ -239,6 +249,19 @@ TABLE: Tuple[Collective, ...] = (
         mpi_vector={"sendbuf": ("counts", "displs")}, mpi_in_place="recvbuf", root_only=("sendbuf",),
         factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS} (equal counts)",
         send="blocks", recv="block", rooted=True, vector=True),
+    Collective(
+        "scan", calls.scan,
+        "Scan (inclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the ``sendbuf`` "
+        "of ranks 0..r (``None``: in place). Any op but AVG.",
+        _scan, mpi="Scan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
+        size="the buffer (send = recv)", reduces=True, default="rd"),
+    Collective(
+        "exscan", calls.exscan,
+        "Exscan (exclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the "
+        "``sendbuf`` of ranks 0..r-1; rank 0's is left as it was (MPI leaves it undefined). "
+        "``None``: in place. Any op but AVG.",
+        _exscan, mpi="Exscan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
+        size="the buffer (send = recv)", reduces=True, default="rd"),
     Collective(
         "barrier", calls.barrier, "Barrier: the request completes once every rank of the team entered it.",
         _nothing, mpi="Barrier", torch="barrier", size="none: time only", send="", recv=""),

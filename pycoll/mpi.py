@@ -248,12 +248,24 @@ def unreduced(method: str, kwargs: Dict[str, Any]) -> bool:
 _PLAIN = frozenset((np.ndarray, int, type(None), MPI.Op, type(MPI.IN_PLACE)))
 
 
+def device_memory(obj: Any) -> bool:
+    """Whether ``obj`` is a buffer in device memory only (``__cuda_array_interface__``, no host
+    buffer or array interface)."""
+    if not hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__array_interface__"):
+        return False
+    try:
+        memoryview(obj)
+    except TypeError:
+        return True
+    return False
+
+
 def handed(row: Collective, method: str, values: Dict[str, Any]) -> bool:
     """Whether the Comm hands this call to MPI, before anything is sent (said once per kind in the
     debug log): a buffer in device memory (``__cuda_array_interface__`` without a host buffer:
     pycoll moves host memory only), a derived datatype (indexed, vector, struct: gaps pycoll
-    does not walk), or ``MPI.IN_PLACE`` where pycoll has no in-place form (``Alltoall(v)``,
-    ``Reduce_scatter(_block)``). Every rank must pass buffers of the same kind."""
+    does not walk), or ``MPI.IN_PLACE`` where the collective has none. Every rank must pass
+    buffers of the same kind."""
     why = ""
     if values.get("sendbuf") is MPI.IN_PLACE and not row.mpi_in_place:
         why = "in place"
@@ -267,27 +279,88 @@ def handed(row: Collective, method: str, values: Dict[str, Any]) -> bool:
         if isinstance(kind, MPI.Datatype) and kind != MPI.DATATYPE_NULL and \
                 kind.Get_envelope()[-1] != MPI.COMBINER_NAMED:
             why = "a derived datatype"
-        elif hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__array_interface__"):
-            try:
-                memoryview(obj)
-            except TypeError:
-                why = "device memory"
+        elif device_memory(obj):
+            why = "device memory"
     if why and (method, why) not in _told:
         _told.add((method, why))
         log.debug("pycoll.mpi.Comm: %s with %s is handed to MPI", method, why)
     return bool(why)
 
 
+def _wspec(spec: Any, size: int, writable: bool, what: str) -> Optional[tuple]:
+    """``(bytes, counts, displs)`` (in bytes) of an ``Alltoallw`` buffer specification,
+    ``(buf, (counts, displs), datatypes)`` or ``(buf, counts, displs, datatypes)``; None when a
+    datatype is not a predefined one, the buffer is ``MPI.BOTTOM`` (MPI walks those) or in device
+    memory."""
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
+        raise ValueError(f"{what}: expected (buf, (counts, displs), datatypes) or (buf, counts, displs, "
+                         f"datatypes), got {spec!r}")
+    buf, counts, displs, types = (spec[0], *spec[1], spec[2]) if len(spec) == 3 else spec
+    if buf is MPI.BOTTOM or device_memory(buf):
+        return None
+    if isinstance(types, MPI.Datatype):
+        types = [types] * size
+    if len(counts) != size or len(displs) != size or len(types) != size:
+        raise ValueError(f"{what}: {size} counts, displacements and datatypes expected")
+    if any(not isinstance(t, MPI.Datatype) or t.Get_envelope()[-1] != MPI.COMBINER_NAMED for t in types):
+        return None
+    nbytes = [_index(c, what, "count") * t.Get_size() for c, t in zip(counts, types)]
+    offsets = [_index(d, what, "displacement") for d in displs]
+    return as_bytes(buf, writable=writable, what=what), nbytes, offsets
+
+
+def alltoallw_bytes(sendbuf: Any, recvbuf: Any, size: int, copies: Optional[list] = None) -> Optional[tuple]:
+    """The arguments of the byte ``team.alltoallv`` an ``Alltoallw`` is (``MPI.IN_PLACE``: the
+    receive buffer sends a copy of itself, recorded in ``copies`` as ``(copy, whole)``), or None
+    when it goes to MPI."""
+    recv = _wspec(recvbuf, size, True, "recvbuf")
+    if recv is None:
+        return None
+    if sendbuf is MPI.IN_PLACE:
+        send = (recv[0].copy(), recv[1], recv[2])
+        if copies is not None:
+            copies.append((send[0], recv[0]))
+    else:
+        send = _wspec(sendbuf, size, False, "sendbuf")
+        if send is None:
+            return None
+    return send[0], recv[0], send[1], recv[1], send[2], recv[2]
+
+
+def in_place_copy(row: Collective, kw: Dict[str, Any], rank: int, size: int,
+                  copies: Optional[list] = None) -> None:
+    """``MPI.IN_PLACE`` where the input is the receive buffer, whole (``Alltoall(v)``,
+    ``Reduce_scatter(_block)``): send a copy of it, and (the reduce-scatters) put this rank's
+    result at its start. ``copies`` gets ``(copy, whole)`` (a persistent call copies at each start)."""
+    whole = kw["recvbuf"]
+    kw["sendbuf"] = whole.copy()
+    if copies is not None:
+        copies.append((kw["sendbuf"], whole))
+    if row.name == "alltoallv":
+        kw["sendcounts"], kw["sdispls"] = kw["recvcounts"], kw["rdispls"]
+    elif row.name == "reduce_scatter":
+        kw["recvbuf"] = whole[:whole.size // size]
+    elif row.name == "reduce_scatterv":
+        counts = kw.get("counts")
+        if counts is None or len(counts) != size:
+            raise ValueError(f"Reduce_scatter with MPI.IN_PLACE: recvcounts must give {size} counts")
+        kw["recvbuf"] = whole[:int(counts[rank])]
+
+
 class Prequest:
     """What the ``_init`` methods return (mpi4py's ``Prequest``): ``Start()`` runs the persistent
     collective once more, ``Wait()``/``Test()`` the current run, ``Free()`` releases it."""
 
-    __slots__ = ("persistent",)
+    __slots__ = ("persistent", "copies")
 
-    def __init__(self, persistent: Persistent) -> None:
+    def __init__(self, persistent: Persistent, copies: Sequence[Tuple[np.ndarray, np.ndarray]] = ()) -> None:
         self.persistent = persistent
+        #: (copy, of): an ``MPI.IN_PLACE`` input sent from a copy, made again at each start
+        self.copies = copies
 
     def Start(self) -> None:  # noqa: N802
+        for copy, of in self.copies:
+            np.copyto(copy, of)
         try:
             self.persistent.start()
         except PycollError as exc:
@@ -383,17 +456,53 @@ class Comm:
     def size(self) -> int:
         return self.team.size
 
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Alltoallw`` on pycoll: with predefined datatypes an alltoallv of bytes
+        (counts in each block's datatype, displacements in bytes); derived datatypes and
+        ``MPI.BOTTOM`` go to MPI."""
+        args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        if args is None:
+            return self.comm.Alltoallw(sendbuf, recvbuf)
+        try:
+            self.team.alltoallv(*args).wait()
+        except PycollError as exc:
+            raise mpi_error(exc) from None
+        return None
+
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Ialltoallw`` on pycoll (see :meth:`Alltoallw`)."""
+        args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        if args is None:
+            return self.comm.Ialltoallw(sendbuf, recvbuf)
+        try:
+            return Request(self.team.alltoallv(*args))
+        except PycollError as exc:
+            raise mpi_error(exc) from None
+
+    def Alltoallw_init(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Alltoallw_init`` on pycoll (see :meth:`Alltoallw`)."""
+        copies: list = []
+        args = alltoallw_bytes(sendbuf, recvbuf, self.team.size, copies)
+        if args is None:
+            return self.comm.Alltoallw_init(sendbuf, recvbuf)
+        try:
+            return Prequest(self.team.alltoallv_init(*args), copies)
+        except PycollError as exc:
+            raise mpi_error(exc) from None
+
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
         return self.team.rank
 
     def Get_size(self) -> int:  # noqa: N802
         return self.team.size
 
-    def arguments(self, row: Collective, values: Dict[str, Any]) -> Dict[str, Any]:
+    def arguments(self, row: Collective, values: Dict[str, Any],
+                  copies: Optional[list] = None) -> Dict[str, Any]:
         """The keyword arguments of ``team.<row.name>`` for mpi4py's ``values`` (by MPI parameter
         name): buffer specifications become typed arrays (vector ones also give their counts and
         displacements), ``MPI.IN_PLACE`` and root-only buffers off the root become None, an MPI
-        counts argument given as None is every rank's receive-buffer size (as mpi4py)."""
+        counts argument given as None is every rank's receive-buffer size (as mpi4py). An
+        in-place input sent from a copy is recorded in ``copies`` (see :func:`in_place_copy`)."""
         kw: Dict[str, Any] = {}
         rank = self.team.rank
         root = values.get("root", 0)
@@ -412,10 +521,15 @@ class Comm:
                 kw[c], kw[d] = counts, displs
             else:
                 role = row.send if p == "sendbuf" else row.recv if p == "recvbuf" else ""
+                if role == "block" and row.mpi_in_place == "copy" and kw.get("sendbuf", 0) is None:
+                    role = "blocks"  # (in place, the receive buffer holds the whole input)
                 blocks = self.team.size if role == "blocks" else 0  # a count there is one block's
                 kw[p] = as_buffer(v, blocks=blocks, writable=p != "sendbuf", what=p)
-        if row.mpi_in_place == "swap" and "sendbuf" in kw and kw["sendbuf"] is None:
-            kw["sendbuf"], kw["recvbuf"] = kw["recvbuf"], None  # pycoll's in place: (buffer, None)
+        if "sendbuf" in kw and kw["sendbuf"] is None:
+            if row.mpi_in_place == "swap":
+                kw["sendbuf"], kw["recvbuf"] = kw["recvbuf"], None  # pycoll's in place: (buffer, None)
+            elif row.mpi_in_place == "copy":
+                in_place_copy(row, kw, self.team.rank, self.team.size, copies)
         return kw
 
     def __repr__(self) -> str:
@@ -504,8 +618,10 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         if "op" in values and unreduced(method, kwargs):
             return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
         req = getattr(self.team, coll)(**kwargs, **kw)
-        # (counts given as None are gathered from every rank on every call: never a repeat)
-        if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")):
+        # (counts given as None are gathered from every rank on every call, and an in-place copy
+        # is made on every call: never a repeat)
+        if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")) and \
+                values.get("sendbuf") is not MPI.IN_PLACE:
             key = repeat_key(method, args)
             if self.recent.admits(key, args):
                 dtypes = tuple(map(argument_key, args))
@@ -516,11 +632,12 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         values = _bind(row, args, kw)
         if handed(row, f"{row.mpi}_init", values):  # (MPI's own Prequest, with every MPI argument)
             return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
-        kwargs = self.arguments(row, values)
+        copies: list = []
+        kwargs = self.arguments(row, values, copies)
         if "op" in values and unreduced(f"{row.mpi}_init", kwargs):
             return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
         try:
-            return Prequest(getattr(self.team, init)(**kwargs, **kw))
+            return Prequest(getattr(self.team, init)(**kwargs, **kw), copies)
         except PycollError as exc:
             raise mpi_error(exc) from None
 

@@ -50,3 +50,11 @@ def test_thousand_mixed_collectives_small_credit(mode, tls, mpirun):
     4 KiB: tagged ones posted in a different order on every rank, untagged ones in one order."""
     mpirun(4, "tests/coll/scripts/many_in_flight.py", mode, "1000", "4096", timeout=180,
            env={"PYCOLL_TLS": tls})
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_comm_scan_exscan_alltoallw_and_in_place_copies_match_mpi(n, mpirun):
+    """Scan/Exscan (every op, dtype, count; in place; persistent), Alltoallw (both forms, gaps,
+    in place, persistent in place refilled) and the in-place Alltoall(v)/Reduce_scatter(_block)
+    through pycoll's engine, against mpi4py's own results."""
+    mpirun(n, "tests/coll/scripts/comm_prefix_w.py", timeout=120)

@@ -116,8 +116,9 @@ def test_alloc_buffers_take_the_mapped_allreduce(tmp_path, cli):
     """``--alloc``: buffers from team.alloc for pycoll and MPI alike (the root-only ones too:
     every rank allocates); the allreduce takes the mapped form, only there; every size checked."""
     out = tmp_path / "alloc.json"
-    rc, text, err = cli("perf", "allreduce", "gather", "-n", "2", "--alloc", "--algorithm", "all", "--max-bytes",
-                        "4K", "--iters", "3", "--check", "--compare", "mpi", "--json", str(out), timeout=180)
+    rc, text, err = cli("perf", "allreduce", "gather", "-n", "2", "--alloc", "--algorithm", "all",
+                        "--max-bytes", "4K", "--iters", "3", "--check", "--compare", "mpi", "--json",
+                        str(out), timeout=180)
     assert rc == 0, err
     import json
 
