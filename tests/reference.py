@@ -96,6 +96,10 @@ def result(coll: str, ins: Sequence[np.ndarray], rank: int, *, op: ReduceOp = Re
         return None
     if coll in ("allreduce", "reduce"):
         return expected(ins, op)
+    if coll == "scan":
+        return expected(ins[:rank + 1], op)
+    if coll == "exscan":  # (rank 0's output is left as it was)
+        return expected(ins[:rank], op) if rank else None
     if coll == "bcast":
         return ins[root]
     if coll in ("allgather", "gather"):
@@ -131,9 +135,10 @@ def result(coll: str, ins: Sequence[np.ndarray], rank: int, *, op: ReduceOp = Re
 
 
 # ------------------------------------------------------------------ the collective matrix
-REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv")
+REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv", "scan", "exscan")
 ROOTED = ("bcast", "reduce", "gather", "gatherv", "scatter", "scatterv")
-IN_PLACE = ("allreduce", "reduce", "allgather", "allgatherv", "gather", "gatherv", "scatter", "scatterv")
+IN_PLACE = ("allreduce", "reduce", "allgather", "allgatherv", "gather", "gatherv", "scatter", "scatterv",
+            "scan", "exscan")
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,9 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
     roots = [n // 2] if thin >= 2 else sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
-            if (alg == "shm" and not shared) or (alg == "cma" and not cma):
-                continue
-            if coll in REDUCING and dtypes:
+            if (alg == "shm" and not shared) or (alg == "cma" and not cma) or alg == "mapped":
+                continue  # (mapped: arrays of team.alloc, tests/coll/scripts/mapped_allreduce.py)
+            if coll in REDUCING and dtypes and coll not in ("scan", "exscan"):  # (those: test_scan_local)
                 for dtype in ALL_DTYPES:
                     for op in valid_ops(dtype):
                         yield Case(coll, alg, dtype, op, 7, False, False, n - 1)
@@ -226,7 +231,7 @@ class MatrixRank:
         z = np.zeros
         self.src: np.ndarray = z(0, dt)
         self.dst: np.ndarray = z(0, dt)
-        if coll in ("allreduce", "reduce"):
+        if coll in ("allreduce", "reduce", "scan", "exscan"):
             self.src, self.dst = z(c, dt), z(c, dt)
         elif coll == "bcast":
             self.dst = z(c, dt)
@@ -278,7 +283,7 @@ class MatrixRank:
         if coll == "bcast":
             if r == case.root:
                 self.dst[:] = mine
-        elif case.in_place and coll in ("allreduce",):
+        elif case.in_place and coll in ("allreduce", "scan", "exscan"):
             self.dst[:] = mine
         elif case.in_place and coll == "reduce" and r == case.root:
             self.dst[:] = mine
@@ -297,7 +302,7 @@ class MatrixRank:
         at_root = r == root
         name = coll + ("_init" if persistent else "")
         fn = getattr(team, name)
-        if coll == "allreduce":
+        if coll in ("allreduce", "scan", "exscan"):
             return fn(self.dst, None, case.op, **kw) if ip else fn(self.src, self.dst, case.op, **kw)
         if coll == "bcast":
             return fn(self.dst, root, **kw)
