@@ -621,7 +621,7 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         # (counts given as None are gathered from every rank on every call, and an in-place copy
         # is made on every call: never a repeat)
         if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")) and \
-                values.get("sendbuf") is not MPI.IN_PLACE:
+                not (row.mpi_in_place == "copy" and values.get("sendbuf") is MPI.IN_PLACE):
             key = repeat_key(method, args)
             if self.recent.admits(key, args):
                 dtypes = tuple(map(argument_key, args))

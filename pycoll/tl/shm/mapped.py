@@ -68,34 +68,42 @@ def allocate(rank: int, size: int, shape: Union[int, Sequence[int]], dtype: np.d
              exchange: Callable[[bytes], List[bytes]]) -> tuple:
     """Collective: map a new region with a part of ``shape`` x ``dtype`` per rank; returns
     ``(array, region)``, the array this rank's part. ``exchange(bytes) -> [bytes per rank]`` is
-    the team's allgather of short texts. Raises :class:`pycoll.MismatchError` on every rank when
-    the ranks ask for different sizes, :class:`pycoll.TransportError` when a rank cannot map it."""
+    the team's allgather of short texts. Raises on every rank alike: ValueError when a rank's
+    shape is not one, :class:`pycoll.MismatchError` when the ranks ask for different sizes,
+    :class:`pycoll.TransportError` when a rank cannot make or map it."""
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
-        raise ValueError(f"alloc: shape must be non-negative integers, not {shape!r}")
-    nbytes = math.prod(dims) * dtype.itemsize
-    asked = exchange(str(nbytes).encode())
+    bad = any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims)
+    nbytes = 0 if bad else math.prod(dims) * dtype.itemsize
+    asked = exchange(b"!" if bad else str(nbytes).encode())  # (a rank's bad shape: every rank raises)
+    if b"!" in asked:
+        ranks = [r for r, a in enumerate(asked) if a == b"!"]
+        raise ValueError(f"alloc: the shape must be non-negative integers; ranks {ranks} gave another "
+                         f"(this rank: {shape!r})")
     if len(set(asked)) != 1:
         raise MismatchError("alloc: the ranks ask for different sizes (bytes by rank): "
                             + ", ".join(f"{r}: {a.decode()}" for r, a in enumerate(asked)))
     part = max(PAGE, -(-nbytes // PAGE) * PAGE)
     fd, error, mm = -1, "", None
     try:
-        if rank == 0:
-            fd = os.memfd_create("pycoll-alloc", os.MFD_CLOEXEC)
-            os.ftruncate(fd, part * size)
-            ident = int.from_bytes(os.urandom(8), "little") | 1
-            info = f"{os.getpid()}:{fd}:{ident}".encode()
-        else:
-            info = b""
-        pid, cfd, ident = (int(x) for x in exchange(info)[0].decode().split(":"))
-        if rank != 0:
+        info = b""
+        if rank == 0:  # (a failure here is every rank's: the others learn it from the exchange)
             try:
-                fd = os.open(f"/proc/{pid}/fd/{cfd}", os.O_RDWR | os.O_CLOEXEC)
+                fd = os.memfd_create("pycoll-alloc", os.MFD_CLOEXEC)
+                os.ftruncate(fd, part * size)
+                ident = int.from_bytes(os.urandom(8), "little") | 1
+                info = f"{os.getpid()}:{fd}:{ident}".encode()
             except OSError as exc:
-                error = f"rank {rank} cannot open rank 0's region: {exc}"
-        if not error:
+                info = f"!rank 0 cannot make a region of {part * size} bytes: {exc}".encode()
+        made = exchange(info)[0].decode()
+        if made.startswith("!"):
+            raise TransportError("alloc: " + made[1:])
+        pid, cfd, ident = (int(x) for x in made.split(":"))
+        try:
+            if rank != 0:
+                fd = os.open(f"/proc/{pid}/fd/{cfd}", os.O_RDWR | os.O_CLOEXEC)
             mm = mmap.mmap(fd, part * size)
+        except OSError as exc:
+            error = f"rank {rank} cannot map rank 0's region: {exc}"
     finally:
         if fd >= 0 and rank != 0:
             os.close(fd)
@@ -103,6 +111,8 @@ def allocate(rank: int, size: int, shape: Union[int, Sequence[int]], dtype: np.d
     if rank == 0 and fd >= 0:
         os.close(fd)
     if problems:
+        if mm is not None:
+            mm.close()
         raise TransportError("alloc: " + "; ".join(problems))
     assert mm is not None
     view = np.frombuffer(mm, np.uint8)  # (keeps the mapping alive, as the array made from it)

@@ -105,6 +105,12 @@ def check_disagreement(team):
         assert "different sizes" in str(exc), exc
     else:
         raise AssertionError("alloc with different sizes did not raise")
+    try:  # one rank's bad shape: every rank raises
+        team.alloc(-1 if r == 0 else 5)
+    except ValueError as exc:
+        assert "ranks [0]" in str(exc), exc
+    else:
+        raise AssertionError("alloc with a bad shape on rank 0 did not raise")
     # one rank's buffer is not from alloc: every rank raises, none hangs
     a = team.alloc(100_000)
     buf = np.ones(100_000, np.float32) if r == n - 1 else a
