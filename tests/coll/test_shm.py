@@ -53,7 +53,7 @@ def test_shm_gather_scatter_alltoall_default_slot(mpirun):
     mpirun(4, "tests/coll/scripts/shm_colls.py", "data-default-slot", timeout=240)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 4])
 def test_allreduce_of_arrays_every_rank_maps(n, mpirun):
     """team.alloc arrays: the mapped allreduce (each rank reduces its share straight out of the
     ranks' inputs into their outputs) for every dtype and op, in place and not, counts around its
@@ -62,7 +62,7 @@ def test_allreduce_of_arrays_every_rank_maps(n, mpirun):
     mpirun(n, "tests/coll/scripts/mapped_allreduce.py", "values", timeout=180)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])
 def test_alloc_and_mapped_allreduce_disagreements_raise(n, mpirun):
     """alloc with different sizes: MismatchError on every rank; one rank's buffer not from
     alloc while the others' are: MismatchError on every rank, not a hang or a wrong sum."""

@@ -25,7 +25,7 @@ def check_values(team):
     n, r = team.size, team.rank
     for dtype in ALL_DTYPES:
         for i, op in enumerate(valid_ops(dtype)):
-            for count in (0, 1, n + 1, 1000, (32 << 10) // DTYPES[dtype].itemsize * n + 3):
+            for count in (0, n + 1, (32 << 10) // DTYPES[dtype].itemsize * n + 3):
                 ins = [make_input(dtype, op, rr, count, seed=i) for rr in range(n)]
                 want = expected(ins, op)
                 what = f"n={n} {dtype} {op.name} count={count}"
