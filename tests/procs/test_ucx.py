@@ -19,9 +19,7 @@ need_ucx(allow_module_level=True)
     (3, "ucx-first", {}),
     (4, "mpi-first", {}),
     (5, "ucx-first", {}),
-    (6, "mpi-first", {}),
-    (7, "ucx-first", {}),
-    (8, "ucx-first", {}),
+    (8, "ucx-first", {}),  # (6 and 7 dropped to keep the suite under its time)
 ])
 def test_collectives_over_ucx(n, order, env, mpirun):
     mpirun(n, "tests/procs/scripts/ucx_colls.py", order, timeout=240, env={"PYCOLL_TLS": "ucx", **env})

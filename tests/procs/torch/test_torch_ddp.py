@@ -34,8 +34,8 @@ def test_priority_hook_partitions_and_orders(n, tls, torchrun):
     torchrun(n, SCRIPT, "priority", launcher="env", timeout=60, env={"PYCOLL_TLS": tls})
 
 
-# (--priority-hook runs in the restart test below)
-@pytest.mark.parametrize("hook", [None, "--scheduled"], ids=["default", "scheduled"])
+# (--priority-hook runs in the restart test below; --scheduled's optimizer in test_torch_scheduled.py)
+@pytest.mark.parametrize("hook", [None], ids=["default"])
 def test_example_under_torchrun(hook, run_cmd):
     """examples/ddp_train.py for a few steps on 2 ranks: exits 0, rank 0 prints the loss."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
