@@ -15,7 +15,7 @@ need_ucx(allow_module_level=True)
 
 @pytest.mark.parametrize("n,order,env", [
     (1, "mpi-first", {}),
-    (2, "mpi-first", {"UCX_TLS": "tcp"}),
+    (2, "mpi-first", {}),  # (UCX over TCP: tests/procs/test_multihost.py, between network namespaces)
     (3, "ucx-first", {}),
     (4, "mpi-first", {}),
     (5, "ucx-first", {}),
