@@ -22,7 +22,7 @@ def test_matrix_large_local_teams(n):
     run_matrix(pycoll.local_teams(n), n, False, 200, dtypes=False, thin=1 if n <= 16 else 2)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])  # (6-8 dropped to keep the suite under its time; 16 and 64 below)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])  # (6-8 dropped to keep the suite under its time; 16, 64 below)
 def test_matrix_processes(n, mpirun):
     # every dtype x op on 2 and 3 processes; a buffer beyond one shm chunk (1 MiB) on <= 3
     mpirun(n, "tests/coll/scripts/matrix.py", "1" if n in (2, 3) else "0", "300000" if n <= 3 else "20000",
