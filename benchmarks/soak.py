@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+import tracemalloc
 from collections import Counter
 from typing import Any, Callable, List, Tuple
 
@@ -141,6 +142,9 @@ def main() -> None:
     ap.add_argument("--max-rss-growth", type=float, default=0.10, help="from the first tenth to the end")
     ap.add_argument("--quick", action="store_true",
                     help="400 calls up to 256 KiB, RSS growth up to 50%% (what the test runs)")
+    ap.add_argument("--trace-memory", action="store_true",
+                    help="rank 0 prints where Python's allocations (numpy's included) grew from the first "
+                         "tenth to the end (tracemalloc; slower)")
     args = ap.parse_args()
     if args.quick:  # (the pools of finished collectives and remembered calls still fill: RSS is not flat yet)
         args.calls, args.max_bytes, args.max_rss_growth = 400, "256K", 0.5
@@ -158,9 +162,19 @@ def main() -> None:
             wrong.append(f"call {i}: {name}")
         if i == args.calls // 10:
             first = usage()
+            if args.trace_memory:
+                tracemalloc.start(8)
+                snap0 = tracemalloc.take_snapshot()
         if i == args.calls // 2:
             middle = usage()
     last = usage()
+    if args.trace_memory and world.rank == 0 and tracemalloc.is_tracing():
+        grown = tracemalloc.take_snapshot().compare_to(snap0, "traceback")
+        print(f"Python allocations grown from call {args.calls // 10} to the end: "
+              f"{sum(d.size_diff for d in grown) / 2**20:+.1f} MiB; the largest:")
+        for d in grown[:8]:
+            print(f"  {d.size_diff / 2**20:+.2f} MiB in {d.count_diff:+d} blocks at\n    "
+                  + "\n    ".join(str(f) for f in d.traceback.format()[-8::2]))
     wrong_all = world.gather(wrong)
     team.close()
     if world.rank != 0:

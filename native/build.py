@@ -11,6 +11,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CDEF = """
+#define PC_CTRL_BYTES ...
 size_t pycoll_dtype_size(int dtype);
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);

@@ -34,7 +34,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 6
+#define PC_SHM_VERSION 7
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -70,7 +70,7 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
                     uint64_t *out); /* copies khash, step, nbytes, addr, seq of a POSTED descriptor */
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
-#define PC_CTRL_BYTES 512
+#define PC_CTRL_BYTES 576
 #define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
 /* A collective's signature: what each rank says it calls, written when it starts the collective
  * (first generation gen0), in entry (its number of signed collectives) % PC_SIGS of its control
@@ -84,8 +84,13 @@ enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED 
 typedef struct {
     uint64_t gen;           /* the collective's first generation (atomic; written last) */
     uint64_t what;          /* collective | dtype << 8 | op << 16 | root << 32 (0xff.. where none) */
-    uint64_t agree;         /* what every rank must give alike: the count, or a digest of the counts */
+    uint64_t agree;         /* what every rank must give alike: the count, a digest of the counts, or a
+                             * barrier's root (0; REJECTED of pycoll.calls: a call that failed its checks) */
     uint64_t count;         /* this rank's own count (elements), for the root's checks and messages */
+    uint64_t flow;          /* gather, scatter, alltoall: the weighted sizes of the blocks this rank
+                             * sends minus those of the blocks it expects (mod 2^64; each (sender,
+                             * receiver) pair has its own pseudo-random weight): over the ranks they
+                             * sum to 0 when the two ends of every block agree on its size */
 } pc_shm_sig_t;
 typedef struct {
     uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
@@ -114,7 +119,7 @@ typedef struct {
      * left (inside MPI_Finalize, or its launcher) is not waited for until the timeout. */
     uint64_t left;
     char left_why[PC_LEFT_WHY];
-    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 32 - 16 - PC_LEFT_WHY];
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 40 - 16 - PC_LEFT_WHY];
 } pc_shm_ctrl_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);

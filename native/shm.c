@@ -802,6 +802,42 @@ static uint64_t counts_digest(const uint64_t *layout, uint32_t n) {
     return h;
 }
 
+/* the weight of a block sent from rank `from` to rank `to` in a flow (splitmix64 of the pair; odd) */
+static uint64_t weight(uint64_t from, uint64_t to) {
+    uint64_t z = (from << 32 | to) + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return (z ^ (z >> 31)) | 1;
+}
+
+/* this rank's flow (see pc_shm_sig_t): what it knows of the blocks' sizes between it and each
+ * peer. The root of a gather(v) or scatter(v) alone knows every rank's count, and each rank of an
+ * alltoall(v) one row and one column of the matrix: the flows check them all on every rank. */
+static uint64_t flow(const pc_shm_coll_t *c) {
+    uint64_t f = 0, me = c->rank, root = (uint64_t)c->root;
+    switch (base_coll(c->coll)) {
+    case PC_COLL_GATHER:
+        if (me != root) return c->src_count * weight(me, root);
+        if (!c->layout) return 0;
+        for (uint32_t r = 0; r < c->nranks; r++)
+            if (r != me) f -= c->layout[2 * r + 1] * weight(r, root);
+        return f;
+    case PC_COLL_SCATTER:
+        if (me != root) return 0 - c->count * weight(root, me);
+        if (!c->layout) return 0;
+        for (uint32_t r = 0; r < c->nranks; r++)
+            if (r != me) f += c->layout[2 * r + 1] * weight(root, r);
+        return f;
+    case PC_COLL_ALLTOALL:
+        if (!c->layout || !c->rlayout) return 0;
+        for (uint32_t r = 0; r < c->nranks; r++)
+            if (r != me) f += c->layout[2 * r + 1] * weight(me, r) - c->rlayout[2 * r + 1] * weight(r, me);
+        return f;
+    default:
+        return 0;
+    }
+}
+
 static void sign(pc_shm_coll_t *c) {
     int coll = base_coll(c->coll);
     int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER;
@@ -816,12 +852,12 @@ static void sign(pc_shm_coll_t *c) {
     case PC_COLL_ALLGATHER: agree = counts_digest(c->layout, c->nranks); count = c->src_count; break;
     case PC_COLL_REDUCE_SCATTER: agree = counts_digest(c->layout, c->nranks); break;
     case PC_COLL_GATHER: case PC_COLL_ALLTOALL: count = c->src_count; break;
-    case PC_COLL_BARRIER: count = 0; break;
+    case PC_COLL_BARRIER: agree = (uint32_t)c->root; count = 0; break; /* (root: a rejection's mark) */
     default: break; /* scatter: this rank's block, the count */
     }
     pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
     pc_shm_sig_t *s = &me->sig[++me->signs % PC_SIGS];
-    s->what = what, s->agree = agree, s->count = count;
+    s->what = what, s->agree = agree, s->count = count, s->flow = flow(c);
     atomic_store_explicit((_Atomic uint64_t *)&s->gen, c->gen, memory_order_release);
     c->gen0 = c->gen, c->seq = me->signs;
 }
@@ -836,29 +872,32 @@ static int signature(const pc_shm_coll_t *c, uint32_t r, uint64_t gen0, pc_shm_s
         if (atomic_load_explicit((_Atomic uint64_t *)&s->gen, memory_order_acquire) != gen0) continue;
         /* (no seqlock needed: an entry is rewritten only PC_SIGS collectives later, and a peer is
          * at most one signed collective ahead, since its verify needs this rank's signature) */
-        out->what = s->what, out->agree = s->agree, out->count = s->count;
+        out->what = s->what, out->agree = s->agree, out->count = s->count, out->flow = s->flow;
         return 1;
     }
     return 0;
 }
 
-/* PC_EMISMATCH if rank r's signature differs from this rank's (or, at a gather's or scatter's
- * root, if r's block is not the size the root's counts give it) */
+/* PC_EMISMATCH if rank r's signature differs from this rank's; PC_EDISAGREE if, at a gather's or
+ * scatter's root, r's block is not the size the root's counts give it */
 static int compare(const pc_shm_coll_t *c, uint32_t r, const pc_shm_sig_t *mine, const pc_shm_sig_t *theirs) {
     if (theirs->what != mine->what || theirs->agree != mine->agree) return PC_EMISMATCH;
     int coll = base_coll(c->coll);
     if ((coll == PC_COLL_GATHER || coll == PC_COLL_SCATTER) && (int)c->rank == c->root && c->layout &&
         theirs->count != c->layout[2 * r + 1])
-        return PC_EMISMATCH;
+        return PC_EDISAGREE;
     return PC_OK;
 }
 
-/* every signature of the collective already there: PC_EMISMATCH if one differs */
+/* every signature of the collective already there: the first that differs from this rank's */
 static int scan(const pc_shm_coll_t *c) {
     pc_shm_sig_t mine, theirs;
     if (!signature(c, c->rank, c->gen0, &mine)) return PC_OK;
-    for (uint32_t r = 0; r < c->nranks; r++)
-        if (r != c->rank && signature(c, r, c->gen0, &theirs) && compare(c, r, &mine, &theirs)) return PC_EMISMATCH;
+    for (uint32_t r = 0; r < c->nranks; r++) {
+        if (r == c->rank || !signature(c, r, c->gen0, &theirs)) continue;
+        int rc = compare(c, r, &mine, &theirs);
+        if (rc) return rc;
+    }
     return PC_OK;
 }
 
@@ -869,7 +908,7 @@ static int scan(const pc_shm_coll_t *c) {
 static int verify(pc_shm_coll_t *c, uint64_t max_polls) {
     pc_shm_sig_t mine, theirs;
     if (!signature(c, c->rank, c->gen0, &mine)) return PC_ESTATE;
-    uint64_t polls = 0;
+    uint64_t polls = 0, flows = mine.flow;
     for (uint32_t r = 0; r < c->nranks; r++) {
         if (r == c->rank) continue;
         while (!signature(c, r, c->gen0, &theirs)) {
@@ -880,9 +919,10 @@ static int verify(pc_shm_coll_t *c, uint64_t max_polls) {
         }
         int rc = compare(c, r, &mine, &theirs);
         if (rc) return rc;
+        flows += theirs.flow;
     }
     c->wait_rank = UINT32_MAX;
-    return 1;
+    return flows == 0 ? 1 : PC_EDISAGREE; /* (a block whose two ends disagree on its size) */
 }
 
 int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t gen0,

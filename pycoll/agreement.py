@@ -12,18 +12,21 @@ Which calls are checked (``PYCOLL_CHECK``): ``auto``, the first :data:`CHECK_FIR
 each team (and uses of each tag) and then those whose number is a power of two, so that a mistake
 in a script is caught at once and a late one soon, at a cost that vanishes over a long run; ``all``,
 every call; ``off``, none. The choice depends only on the collective's message key, which every
-rank gives alike, so the ranks always agree on which calls carry the extra exchange.
+rank gives alike, so the ranks always agree on which calls carry the extra exchange; but the
+v-collectives (:data:`ALWAYS`) and a rank's rejection of a call (under every mode) are always
+checked. (Ranks of which some call a v-collective and others another, unchecked one, at the same
+place then wait on each other until the timeout: a late error, never a silent one.)
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll import algorithms
-from pycoll.calls import Call
+from pycoll.calls import REJECTED, Call
 from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError
@@ -36,8 +39,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Collectives checked before the check thins out to powers of two (``PYCOLL_CHECK=auto``).
 CHECK_FIRST = 8
-#: Words (uint64) of a fingerprint.
-WORDS = 6
+#: Words (uint64) of a fingerprint: six that every rank gives alike, then the two :func:`flows`.
+WORDS = 8
+FLOWS = 6
 #: The allgather that exchanges the fingerprints (log2(n) messages, any team size).
 EXCHANGE = "bruck"
 
@@ -53,6 +57,10 @@ _COUNTED = {"allreduce": "src", "bcast": "dst", "reduce": "src", "allgather": "s
             "allgatherv": "counts", "reduce_scatterv": "counts", "alltoallv": None, "gatherv": None,
             "scatterv": None, "barrier": None, "scan": "src", "exscan": "src"}
 _NONE = 0xFFFFFFFF
+#: Collectives checked on every call off the segment (``PYCOLL_CHECK=auto``): their counts are each
+#: rank's own data, which a rank may reject (a root's counts, :meth:`pycoll.planner.Planner.reject`)
+#: while its peers post the call; only the check tells them at once.
+ALWAYS = frozenset(("allgatherv", "alltoallv", "gatherv", "scatterv", "reduce_scatterv"))
 
 
 def due(key: tuple, mode: str) -> bool:
@@ -70,9 +78,48 @@ def on_segment(coll: str, name: str) -> bool:
     return name == "shm" or bool(getattr(algorithms.MODULES.get(coll, {}).get(name), "SEGMENT", False))
 
 
-def fingerprint(call: Call, name: str) -> np.ndarray:
-    """What must agree across ranks of ``call`` run by algorithm ``name``: collective, dtype, op,
-    root, count (or the digest of the v-forms' counts), algorithm."""
+def weights(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """A pseudo-random odd 64-bit weight for each block sent from rank ``src`` to rank ``dst``
+    (splitmix64 of the pair): see :func:`flows`."""
+    z = (src.astype(np.uint64) << np.uint64(32) | dst.astype(np.uint64)) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31)) | np.uint64(1)
+
+
+def flows(call: Call, rank: int, size: int) -> Tuple[int, int]:
+    """``(sent, received)``: the weighted sums (mod 2**64) of the sizes of the blocks this rank
+    sends to and expects from each other rank in a gatherv, scatterv or alltoallv, whose counts
+    no rank sees whole (a root's counts; each rank's row of the alltoallv matrix). Every block
+    one rank sends is the size its receiver expects exactly when the sums of ``sent`` and of
+    ``received`` over the ranks are equal (but with a chance of 2**-64): a check from what each
+    rank knows, in two words."""
+    coll, root = call.coll, call.root
+    others = np.array([r for r in range(size) if r != rank], np.int64)
+    me = np.full(len(others), rank, np.int64)
+    if coll == "alltoallv" and call.layout is not None and call.rlayout is not None:
+        out = np.array([call.layout[r][1] for r in others], np.uint64) * weights(me, others)
+        back = np.array([call.rlayout[r][1] for r in others], np.uint64) * weights(others, me)
+        return int(out.sum(dtype=np.uint64)), int(back.sum(dtype=np.uint64))
+    if coll not in ("gatherv", "scatterv") or size < 2:
+        return 0, 0
+    if rank != root:
+        w = int(weights(np.array([rank if coll == "gatherv" else root]),
+                        np.array([root if coll == "gatherv" else rank]))[0])
+        own = call.src.size if coll == "gatherv" else call.dst.size
+        return ((own * w) % (1 << 64), 0) if coll == "gatherv" else (0, (own * w) % (1 << 64))
+    if call.layout is None:
+        return 0, 0
+    counts = np.array([call.layout[r][1] for r in others], np.uint64)
+    if coll == "gatherv":
+        return 0, int((counts * weights(others, me)).sum(dtype=np.uint64))
+    return int((counts * weights(me, others)).sum(dtype=np.uint64)), 0
+
+
+def fingerprint(call: Call, name: str, rank: int = 0, size: int = 1) -> np.ndarray:
+    """What must agree across ranks of ``call`` run by algorithm ``name`` (on rank ``rank`` of
+    ``size``): collective, dtype, op, root, count (or the digest of the v-forms' counts),
+    algorithm; and the :func:`flows` of the blocks whose sizes only their two ends know."""
     coll = call.coll
     counted = _COUNTED.get(coll)
     buf = call.dst if counted == "dst" or coll in ("scatterv", "alltoallv") else call.src
@@ -84,14 +131,16 @@ def fingerprint(call: Call, name: str) -> np.ndarray:
     return np.array([_COLLS.index(coll) if coll in _COLLS else 0xFF,
                      DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if coll != "barrier" else 0xFF,
                      _OPS.index(call.op) if coll in _REDUCING else 0xFF,
-                     call.root if coll in _ROOTED else _NONE,
-                     count, zlib.crc32(name.encode())], np.uint64)
+                     call.root if coll in _ROOTED or call.root == REJECTED else _NONE,
+                     count, zlib.crc32(name.encode()), *flows(call, rank, size)], np.uint64)
 
 
 def describe(rec: np.ndarray) -> str:
     """A rank's call as its fingerprint says it: ``allreduce 100 x float32 sum``, ``bcast 8 x int64
     root 1``, ``allgatherv x float32 counts #1a2b3c4d``, ``barrier``."""
-    coll, dtype, op, root, count, _ = (int(x) for x in rec)
+    coll, dtype, op, root, count = (int(x) for x in rec[:5])
+    if root == REJECTED:
+        return "a call it rejected (its arguments failed its own checks)"
     text = _COLLS[coll] if coll < len(_COLLS) else f"collective {coll}"
     if dtype != 0xFF:
         kind = _NAMES.get(dtype, f"{dtype & 0xFF}-byte elements" if dtype >> 8 == 1 else f"dtype {dtype}")
@@ -111,8 +160,12 @@ def describe(rec: np.ndarray) -> str:
 def disagreement(recs: np.ndarray, mine: str) -> Optional[str]:
     """None when every rank's fingerprint (a row of ``recs``) is the same; else each rank's call
     side by side (``mine``: this rank's algorithm, named where the algorithms differ)."""
-    if (recs == recs[0]).all():
+    same = (recs[:, :FLOWS] == recs[0, :FLOWS]).all()
+    if same and recs[:, FLOWS].sum(dtype=np.uint64) == recs[:, FLOWS + 1].sum(dtype=np.uint64):
         return None
+    if same:
+        return (f"the ranks disagree on the sizes of the blocks (the counts) of this {describe(recs[0])}: "
+                "a rank sends another a block of a size that one does not expect")
     algos = len({int(r[5]) for r in recs}) > 1
     shown: List[str] = []
     for r, rec in enumerate(recs[:16]):
@@ -166,7 +219,7 @@ def checked_call(planner: Planner, task: Task, call: Call, key: tuple, name: str
     fingerprint exchange, as one :class:`CheckedCall` to submit in its place."""
     team = planner.team
     n = team.size
-    mine = fingerprint(call, name)
+    mine = fingerprint(call, name, team.rank, n)
     recs = np.zeros((n, WORDS), np.uint64)
     exchange_call = Call("allgather", mine, recs.reshape(-1), ReduceOp.SUM, 0, None, recs.nbytes)
     exchange_key = (*key, "agree")

@@ -38,6 +38,12 @@ class Call(NamedTuple):
 
 
 BARRIER = Call("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, 0, None, 0)
+#: The root of :data:`REJECTION` (a barrier has none: 0 in every other one).
+REJECTED = 0x7E1EC7ED
+#: What a rank takes part in at the place of a collective whose arguments failed its own checks
+#: (:meth:`pycoll.planner.Planner.reject`): a barrier whose root marks it, so that it agrees with
+#: the ranks that rejected the same call and disagrees with those that posted it.
+REJECTION = Call("barrier", _EMPTY, _EMPTY, ReduceOp.SUM, REJECTED, None, 0)
 #: ``_new(Call, (fields...))``: a Call without the NamedTuple's Python-level ``__new__`` (a
 #: quarter of a microsecond), for the checks of the small collectives called most (all nine fields).
 _new = tuple.__new__

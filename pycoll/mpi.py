@@ -11,7 +11,8 @@ Switching an mpi4py program means changing the communicator object only::
 Buffer arguments are what mpi4py accepts, read as mpi4py reads them: a buffer, ``[buf, MPI.FLOAT]``,
 ``[buf, count, MPI.FLOAT]``, ``[buf, (count, displ), MPI.FLOAT]`` or ``[buf, count, displ,
 MPI.FLOAT]`` (a count of a buffer that holds one block per rank is one block's, as in MPI), the
-vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer.
+vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer (see
+:mod:`pycoll.mpispec`).
 Everything pycoll does not implement is passed through to the mpi4py communicator.
 
 pycoll's errors reach mpi4py callers as ``MPI.Exception`` (that are pycoll's errors too): ranks
@@ -23,16 +24,12 @@ that disagree raise :class:`MismatchMPIError` (class ``MPI.ERR_TRUNCATE``), a pe
 from __future__ import annotations
 
 import inspect
-import itertools
 import logging
-import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
-from mpi4py.util.dtlib import to_numpy_dtype
 
-from pycoll.buffers import as_array, as_bytes
 from pycoll.collectives import TABLE, Collective
 from pycoll.dtypes import is_supported
 from pycoll.engine.context import Context
@@ -45,79 +42,13 @@ from pycoll.errors import (
     TimeoutError,
     TransportError,
 )
+from pycoll.mpispec import alltoallw_bytes, as_buffer, as_vbuffer, device_memory
 from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
 log = logging.getLogger("pycoll")
 
 
-def _typed(buf: Any, datatype: Any, writable: bool, what: str) -> np.ndarray:
-    """The 1-D numpy view of ``buf``, of ``datatype``'s numpy type when one is given."""
-    if datatype is None:
-        return as_array(buf, writable=writable, what=what)
-    return as_bytes(buf, writable=writable, what=what).view(to_numpy_dtype(datatype))
-
-
-def _index(value: Any, what: str, name: str) -> int:
-    """``value`` as a non-negative int (mpi4py's counts and displacements)."""
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what}: {name} must be an integer, got {value!r}") from None
-    if out < 0:
-        raise ValueError(f"{what}: negative {name} {out}")
-    return out
-
-
-def _unpack(spec: Sequence[Any], pairs: tuple, what: str) -> tuple:
-    """``(buf, count, displ, datatype)`` of an mpi4py buffer specification list (2 to 4 items), as
-    mpi4py unpacks one: a count that is an instance of ``pairs`` is ``(count, displ)`` (mpi4py
-    takes a list or tuple there for one buffer, only a tuple for a vector buffer)."""
-    count = displ = datatype = None
-    if len(spec) == 2:
-        buf, count = spec
-        if isinstance(count, MPI.Datatype):
-            count, datatype = None, count
-        elif isinstance(count, pairs):
-            count, displ = count
-    elif len(spec) == 3:
-        buf, count, datatype = spec
-        if isinstance(count, pairs):
-            count, displ = count
-    elif len(spec) == 4:
-        buf, count, displ, datatype = spec
-    else:
-        raise ValueError(f"{what}: expected 2 to 4 items ([buf, count, displ, datatype] or a shorter "
-                         f"form), got {len(spec)}")
-    if datatype is not None and not isinstance(datatype, MPI.Datatype):
-        raise TypeError(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
-    return buf, count, displ, datatype
-
-
-def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str = "buffer") -> np.ndarray:
-    """A typed 1-D numpy view of an mpi4py buffer specification, read as mpi4py reads one
-    (``message_simple``): ``buf``, ``[buf, datatype]``, ``[buf, count]``, ``[buf, (count, displ)]``,
-    ``[buf, count, datatype]``, ``[buf, (count, displ), datatype]`` or ``[buf, count, displ,
-    datatype]``; the displacement is in elements. ``blocks`` > 1: the buffer holds that many blocks
-    (one per rank, as an alltoall's or a gather root's), and a given count is one block's, so the
-    view is ``count * blocks`` elements."""
-    if not isinstance(spec, (list, tuple)):
-        return as_array(spec, writable=writable, what=what)
-    buf, count, displ, datatype = _unpack(spec, (list, tuple), what)
-    arr = _typed(buf, datatype, writable, what)
-    start = 0 if displ is None else _index(displ, what, "displacement")
-    if start > arr.size:
-        raise ValueError(f"{what}: displacement {start} out of bounds of {arr.size} elements")
-    if count is None:
-        return arr[start:]
-    n = _index(count, what, "count") * max(1, blocks)
-    if start + n > arr.size:
-        raise ValueError(f"{what}: count {count}{f' x {blocks} blocks' if blocks > 1 else ''} at "
-                         f"displacement {start} exceeds the buffer of {arr.size} elements")
-    return arr[start:start + n]
-
-
-# ---------------------------------------------------------------------- errors as mpi4py's
 class _MPIFlavour(MPI.Exception):
     """An ``MPI.Exception`` of error class :attr:`error_class_code` whose text is pycoll's."""
 
@@ -248,18 +179,6 @@ def unreduced(method: str, kwargs: Dict[str, Any]) -> bool:
 _PLAIN = frozenset((np.ndarray, int, type(None), MPI.Op, type(MPI.IN_PLACE)))
 
 
-def device_memory(obj: Any) -> bool:
-    """Whether ``obj`` is a buffer in device memory only (``__cuda_array_interface__``, no host
-    buffer or array interface)."""
-    if not hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__array_interface__"):
-        return False
-    try:
-        memoryview(obj)
-    except TypeError:
-        return True
-    return False
-
-
 def handed(row: Collective, method: str, values: Dict[str, Any]) -> bool:
     """Whether the Comm hands this call to MPI, before anything is sent (said once per kind in the
     debug log): a buffer in device memory (``__cuda_array_interface__`` without a host buffer:
@@ -285,46 +204,6 @@ def handed(row: Collective, method: str, values: Dict[str, Any]) -> bool:
         _told.add((method, why))
         log.debug("pycoll.mpi.Comm: %s with %s is handed to MPI", method, why)
     return bool(why)
-
-
-def _wspec(spec: Any, size: int, writable: bool, what: str) -> Optional[tuple]:
-    """``(bytes, counts, displs)`` (in bytes) of an ``Alltoallw`` buffer specification,
-    ``(buf, (counts, displs), datatypes)`` or ``(buf, counts, displs, datatypes)``; None when a
-    datatype is not a predefined one, the buffer is ``MPI.BOTTOM`` (MPI walks those) or in device
-    memory."""
-    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
-        raise ValueError(f"{what}: expected (buf, (counts, displs), datatypes) or (buf, counts, displs, "
-                         f"datatypes), got {spec!r}")
-    buf, counts, displs, types = (spec[0], *spec[1], spec[2]) if len(spec) == 3 else spec
-    if buf is MPI.BOTTOM or device_memory(buf):
-        return None
-    if isinstance(types, MPI.Datatype):
-        types = [types] * size
-    if len(counts) != size or len(displs) != size or len(types) != size:
-        raise ValueError(f"{what}: {size} counts, displacements and datatypes expected")
-    if any(not isinstance(t, MPI.Datatype) or t.Get_envelope()[-1] != MPI.COMBINER_NAMED for t in types):
-        return None
-    nbytes = [_index(c, what, "count") * t.Get_size() for c, t in zip(counts, types)]
-    offsets = [_index(d, what, "displacement") for d in displs]
-    return as_bytes(buf, writable=writable, what=what), nbytes, offsets
-
-
-def alltoallw_bytes(sendbuf: Any, recvbuf: Any, size: int, copies: Optional[list] = None) -> Optional[tuple]:
-    """The arguments of the byte ``team.alltoallv`` an ``Alltoallw`` is (``MPI.IN_PLACE``: the
-    receive buffer sends a copy of itself, recorded in ``copies`` as ``(copy, whole)``), or None
-    when it goes to MPI."""
-    recv = _wspec(recvbuf, size, True, "recvbuf")
-    if recv is None:
-        return None
-    if sendbuf is MPI.IN_PLACE:
-        send = (recv[0].copy(), recv[1], recv[2])
-        if copies is not None:
-            copies.append((send[0], recv[0]))
-    else:
-        send = _wspec(sendbuf, size, False, "sendbuf")
-        if send is None:
-            return None
-    return send[0], recv[0], send[1], recv[1], send[2], recv[2]
 
 
 def in_place_copy(row: Collective, kw: Dict[str, Any], rank: int, size: int,
@@ -388,40 +267,9 @@ class Prequest:
             req.Start()
 
 
-VBuffer = Tuple[np.ndarray, List[int], List[int]]
-
-
-def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buffer") -> VBuffer:
-    """``(array, counts, displs)`` of an mpi4py vector buffer specification, read as mpi4py reads
-    one (``message_vector``): ``buf``, ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf,
-    datatype]``, ``[buf, counts, datatype]``, ``[buf, (counts, displs), datatype]`` or ``[buf,
-    counts, displs, datatype]``. Counts may be one int (every block that long), displacements one
-    int (block i at ``i * displs``); without counts the buffer is split into ``size`` blocks as
-    evenly as it goes (the first ``len % size`` one longer); without displacements the blocks lie
-    back to back."""
-    buf, counts, displs, datatype = spec, None, None, None
-    if isinstance(spec, (list, tuple)):
-        buf, counts, displs, datatype = _unpack(spec, (tuple,), what)
-    arr = _typed(buf, datatype, writable, what)
-    if counts is None:
-        counts = [arr.size // size + (arr.size % size > i) for i in range(size)]
-    elif isinstance(counts, (int, np.integer)):
-        counts = [_index(counts, what, "count")] * size
-    else:
-        counts = [_index(c, what, "count") for c in counts]
-        if len(counts) != size:
-            raise ValueError(f"{what}: {len(counts)} counts for {size} ranks")
-    if displs is None:
-        displs = list(itertools.accumulate([0] + counts[:-1]))
-    elif isinstance(displs, (int, np.integer)):
-        displs = [_index(displs, what, "displacement") * i for i in range(size)]
-    else:
-        displs = [_index(d, what, "displacement") for d in displs]
-        if len(displs) != size:
-            raise ValueError(f"{what}: {len(displs)} displacements for {size} ranks")
-    return arr, counts, displs
-
-
+#: What a check of a call's arguments raises (before anything is sent): a rank whose call raises
+#: one takes part in the call as a rejection (:meth:`Comm.rejected`).
+ARGUMENT_ERRORS = (ValueError, TypeError, BufferError, OverflowError)
 #: mpi4py's defaults of the collectives' optional parameters.
 _DEFAULTS = {"op": MPI.SUM, "root": 0, "recvcounts": None}
 _BUFFERS = frozenset(("buf", "sendbuf", "recvbuf"))
@@ -460,7 +308,10 @@ class Comm:
         """mpi4py's ``Alltoallw`` on pycoll: with predefined datatypes an alltoallv of bytes
         (counts in each block's datatype, displacements in bytes); derived datatypes and
         ``MPI.BOTTOM`` go to MPI."""
-        args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        try:
+            args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        except ARGUMENT_ERRORS as exc:
+            raise self.rejected("Alltoallw", exc) from None
         if args is None:
             return self.comm.Alltoallw(sendbuf, recvbuf)
         try:
@@ -471,7 +322,10 @@ class Comm:
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802 - mpi4py's name
         """mpi4py's ``Ialltoallw`` on pycoll (see :meth:`Alltoallw`)."""
-        args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        try:
+            args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
+        except ARGUMENT_ERRORS as exc:
+            raise self.rejected("Ialltoallw", exc) from None
         if args is None:
             return self.comm.Ialltoallw(sendbuf, recvbuf)
         try:
@@ -489,6 +343,21 @@ class Comm:
             return Prequest(self.team.alltoallv_init(*args), copies)
         except PycollError as exc:
             raise mpi_error(exc) from None
+
+    def rejected(self, method: str, error: Exception) -> BaseException:
+        """The error to raise for a call of ``method`` whose arguments failed this rank's checks
+        (``error``, before anything was sent): this rank takes its part in the call as a rejection
+        (:meth:`pycoll.planner.Planner.reject`), so that peers that posted it raise too instead
+        of waiting. ``error`` itself when every rank rejected the call (the Comm stays usable);
+        else an ``MPI.Exception`` that is a :class:`pycoll.MismatchError`, on every rank."""
+        if isinstance(error, PycollError):  # (the engine's own errors: the call was posted)
+            return error
+        err = self.team.planner.reject(method, error)
+        if err is error:
+            return error
+        flavoured = mpi_error(err) if isinstance(err, PycollError) else err
+        flavoured.__cause__ = error
+        return flavoured
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
         return self.team.rank
@@ -611,13 +480,16 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
     def post(self: Comm, method: str, args: tuple, kw: Dict[str, Any]) -> Any:
         """Convert mpi4py's arguments and post the call of ``method`` as a new one; remember it.
         A reduction of a type pycoll cannot reduce goes to MPI instead (see :func:`unreduced`)."""
-        values = _bind(row, args, kw)
-        if handed(row, method, values):
-            return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
-        kwargs = self.arguments(row, values)
-        if "op" in values and unreduced(method, kwargs):
-            return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
-        req = getattr(self.team, coll)(**kwargs, **kw)
+        try:
+            values = _bind(row, args, kw)
+            if handed(row, method, values):
+                return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
+            kwargs = self.arguments(row, values)
+            if "op" in values and unreduced(method, kwargs):
+                return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
+            req = getattr(self.team, coll)(**kwargs, **kw)
+        except ARGUMENT_ERRORS as exc:
+            raise self.rejected(method, exc) from None
         # (counts given as None are gathered from every rank on every call, and an in-place copy
         # is made on every call: never a repeat)
         if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")) and \

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
 from pycoll import agreement, algorithms, config
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
-from pycoll.calls import Call, block_layout
+from pycoll.calls import REJECTION, Call, block_layout
 from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import element_code
 from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
-from pycoll.errors import RevokedError
+from pycoll.errors import MismatchError, PycollError, RevokedError
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
@@ -239,13 +239,14 @@ class Planner:
 
     def checked(self, task: Task, call: Call, key: tuple) -> Task:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
-        when its call is due one (``PYCOLL_CHECK``) and runs off the shared segment."""
+        when its call is due one (``PYCOLL_CHECK``; always for the v-collectives and rejections,
+        see :data:`pycoll.agreement.ALWAYS`) and runs off the shared segment."""
         mode = self._check
         if mode == "auto":  # (agreement.due, inline: this runs for every call posted)
             k = key[1] if key[0] == "c" else key[2]
-            if k >= agreement.CHECK_FIRST and k & (k - 1):
+            if k >= agreement.CHECK_FIRST and k & (k - 1) and call.coll not in agreement.ALWAYS:
                 return task
-        elif mode == "off":
+        elif mode == "off" and call is not REJECTION:
             return task
         if self.team.size == 1:
             return task
@@ -398,6 +399,32 @@ class Planner:
         failed = self.ctx.fail_owned((self,), error)
         self.close()
         return failed
+
+    def reject(self, what: str, error: BaseException, timeout: Optional[float] = None) -> BaseException:
+        """Take this rank's part in collective ``what``, whose arguments failed this rank's own
+        checks (``error``), so that its peers never wait for it: a barrier marked as a rejection
+        (:data:`pycoll.calls.REJECTION`) in the collective's place. Returns the error to raise:
+        ``error`` when every rank rejected the call (the team stays usable); when some posted it,
+        a :class:`~pycoll.errors.MismatchError` that gives this rank's reason (they raise
+        MismatchError too, as soon as they see this rank's mark); the engine's error (a timeout,
+        a lost peer) if the peers never come."""
+        if self.team.size == 1 or self.revoked is not None:
+            return error
+        with self.ctx.lock:
+            task, key, _shape = self.build(REJECTION, None, None, {}, reuse=False)
+            task = self.checked(task, REJECTION, key)
+            req = self.submit(task, 0, timeout, None)
+        try:
+            req.wait()
+        except MismatchError as exc:
+            err: BaseException = MismatchError(f"{what}: this rank rejected its arguments ({type(error).__name__}: "
+                                               f"{error}) and another posted it: {exc}")
+        except PycollError as exc:
+            err = exc
+        else:
+            return error
+        err.__cause__ = error
+        return err
 
     def refuse(self) -> None:
         """Raise the team's :class:`~pycoll.errors.RevokedError` for a call made after the revoke."""

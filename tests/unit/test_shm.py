@@ -8,7 +8,7 @@ import pytest
 
 native = pytest.importorskip("pycoll.native", reason="the native module is not built")
 #: Bytes of a rank's control block in the segment (PC_CTRL_BYTES in native/pycoll_native.h).
-CTRL_BYTES = 512
+CTRL_BYTES = native.lib.PC_CTRL_BYTES
 
 
 def test_native_header_validation():
@@ -237,9 +237,9 @@ def test_single_copy_addresses_and_sizes_are_checked():
 
 
 def test_gather_ranks_that_disagree():
-    """A gather whose root expects a block size another rank does not send: the root says the
-    ranks disagree (before copying anything); a root that says there are fewer chunks than a
-    rank needs: that rank says so."""
+    """A gather whose root expects a block size another rank does not send: both ranks say the
+    ranks disagree (the root before copying anything, the sender from the flows of the ranks'
+    signatures); a root that says there are fewer chunks than a rank needs: that rank says so."""
     from pycoll.tl.shm.segment import COLL_GATHER
 
     segs = two_rank_segments(slot_bytes=64)  # 16 int32 per chunk
@@ -247,11 +247,11 @@ def test_gather_ranks_that_disagree():
     st0, rc0, keep0 = _run(segs[0], COLL_GATHER, np.arange(4, dtype=np.int32), out, layout=[0, 4, 4, 4])
     assert rc0 == 0  # waits for rank 1
     st1, rc1, keep1 = _run(segs[1], COLL_GATHER, np.arange(3, dtype=np.int32), np.zeros(3, np.int32))
-    assert rc1 == 1  # rank 1 wrote its block and found the root there, signed alike
+    assert rc1 == -5  # rank 1 wrote its block; the root's flow says it expects another size
     from pycoll.native import lib
 
-    # the root: rank 1's signature says 3 elements, its counts 4: a mismatch, nothing copied
-    assert lib.pycoll_shm_progress(st0, 1000) == -7 and (out[4:] == -1).all()
+    # the root: rank 1's signature says 3 elements, its counts 4: they disagree, nothing copied
+    assert lib.pycoll_shm_progress(st0, 1000) == -5 and (out[4:] == -1).all()
     for s in segs:
         s.close()
     segs = two_rank_segments(slot_bytes=64)

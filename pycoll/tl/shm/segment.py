@@ -24,6 +24,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 
 import numpy as np
 
+from pycoll.calls import REJECTED
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError, PeerLostError, RevokedError, TransportError
 from pycoll.ops import OP_CODES
@@ -73,10 +74,12 @@ _OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  
 _OP_NAMES[0xfe] = "avg"  # PC_SIG_AVG: an average reduces as SUM, its signature says AVG
 
 
-def describe_signature(what: int, count: int) -> str:
+def describe_signature(what: int, count: int, agree: int = 0) -> str:
     """A rank's call as its signature says it (``allreduce 100 x float32 sum``, ``bcast 8 x int64
-    root 1``, ``barrier``)."""
+    root 1``, ``barrier``, or a call the rank rejected: see :data:`pycoll.calls.REJECTION`)."""
     coll, dtype, op, root = what & 0xff, (what >> 8) & 0xff, (what >> 16) & 0xff, what >> 32
+    if coll == COLL_BARRIER and agree == REJECTED:
+        return "a call it rejected (its arguments failed its own checks)"
     text = COLL_NAMES[coll] if coll < len(COLL_NAMES) else f"collective {coll}"
     if coll != COLL_BARRIER:
         text += f" {count} x {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')}"
@@ -329,20 +332,25 @@ class ShmSegment:
         if rc == MISMATCH:
             raise self.broke(MismatchError(self.mismatch()))
         if rc == DISAGREE:
-            raise self.broke(MismatchError(f"the ranks disagree on the sizes of the blocks (counts) of this "
-                                           f"collective: {self.mismatch()}"))
+            raise self.broke(MismatchError(self.mismatch(sizes=True)))
         raise self.broke(TransportError(f"shm: {self.errors.get(rc, rc)}"))
 
-    def mismatch(self) -> str:
+    def mismatch(self, sizes: bool = False) -> str:
         """What each rank called in the collective in progress (its signature in the segment), side
-        by side: the text of a :class:`MismatchError`."""
+        by side: the text of a :class:`MismatchError`. ``sizes``: the ranks disagree on the sizes
+        of the blocks (a v-collective's counts), not on the call."""
         gen0, out = self._gen[0], self.ffi.new("uint64_t[3]")
         calls = []
         for r in range(self.size):
             rc = self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, gen0, out)
-            calls.append(f"rank {r}: " + (describe_signature(out[0], out[2]) if rc == 1 else "not there yet"))
-        return (f"the ranks' calls of the collective at generation {gen0} of the shared segment differ: "
-                + "; ".join(calls)
+            calls.append(describe_signature(out[0], out[2], out[1]) if rc == 1 else "not there yet")
+        side_by_side = "; ".join(f"rank {r}: {call}" for r, call in enumerate(calls))
+        if sizes:
+            return ("the ranks disagree on the sizes of the blocks (the counts) of this collective: a rank "
+                    f"sends another a block of a size that one does not expect ({side_by_side})")
+        alike = len(set(calls)) == 1
+        return (f"the ranks' calls of the collective at generation {gen0} of the shared segment differ"
+                + (" in the counts every rank must give alike: " if alike else ": ") + side_by_side
                 + " (every rank must call the same collectives in the same order, with the same count, "
                 "dtype, op and root)")
 

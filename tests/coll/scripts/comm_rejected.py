@@ -4,11 +4,15 @@ dtypes) raises on every rank and leaves the communicator as usable as before: th
 collective on it gives the right result everywhere. And elements without a native type of their
 own (``long double``, ``complex long double``) move as mpi4py moves them, and their reductions,
 which pycoll has not, are handed to MPI; so are derived datatypes, IN_PLACE where pycoll has no
-in-place form, and device memory; DLPack buffers run on pycoll."""
+in-place form, and device memory; DLPack buffers run on pycoll. A v-collective whose counts are
+wrong on one rank only raises on every rank at once."""
+
+import time
 
 import numpy as np
 from mpi4py import MPI
 
+from pycoll import MismatchError
 from pycoll.mpi import Comm
 from tests.rank import run_rank
 
@@ -152,6 +156,78 @@ def handed_or_exported(comm, world, r, n):
         assert np.array_equal(outs[0], outs[1]), f"{name} in place: {outs[0]} != {outs[1]}"
 
 
+def one_rank_wrong(n):
+    """(name, call(comm, r)) of v-collectives whose counts are wrong on one rank only: a root's
+    counts of the wrong length, or that give a rank another size than it sends or expects; one
+    rank's allgatherv, alltoallv or reduce_scatter counts unlike the others'."""
+    last = n - 1
+
+    def gatherv(length, bad):
+        def call(comm, r):
+            counts = [2] * n
+            counts[last] = bad
+            counts = counts[:length]
+            recv = [np.zeros(4 * n), (counts, None), MPI.DOUBLE] if r == 0 else None
+            comm.Gatherv(np.full(2, r + 1.0), recv, root=0)
+        return call
+
+    def scatterv(length, bad):
+        def call(comm, r):
+            counts = [2] * n
+            counts[last] = bad
+            counts = counts[:length]
+            send = [np.ones(4 * n), (counts, None), MPI.DOUBLE] if r == 0 else None
+            comm.Scatterv(send, np.zeros(2), root=0)
+        return call
+
+    def allgatherv(counts_of_last):
+        def call(comm, r):
+            counts = counts_of_last if r == last else [2] * n
+            comm.Allgatherv(np.ones(2), [np.zeros(4 * n), counts, MPI.DOUBLE])
+        return call
+
+    def alltoallv(comm, r):
+        recvcounts = [2] * n
+        if r == last:
+            recvcounts[0] = 3
+        comm.Alltoallv([np.ones(2 * n), [2] * n, MPI.DOUBLE], [np.zeros(4 * n), recvcounts, MPI.DOUBLE])
+
+    def reduce_scatter(comm, r):
+        counts = [2] * n
+        if r == last:
+            counts[0], counts[last] = 3, 1
+        comm.Reduce_scatter(np.ones(2 * n), np.zeros(counts[r]), counts, op=MPI.SUM)
+
+    yield "Gatherv: the root's counts one short", gatherv(n - 1, 2)
+    yield "Gatherv: the root's counts give a rank another size", gatherv(n, 3)
+    yield "Scatterv: the root's counts one short", scatterv(n - 1, 2)
+    yield "Scatterv: the root's counts give a rank another size", scatterv(n, 1)
+    yield "Allgatherv: one rank's counts differ", allgatherv([2] * (n - 1) + [3])
+    yield "Allgatherv: one rank's counts one short", allgatherv([2] * (n - 1))
+    yield "Alltoallv: one rank expects another size", alltoallv
+    yield "Reduce_scatter: one rank's counts differ", reduce_scatter
+
+
+def errors_everywhere(world, r, n):
+    """Each v-collective with wrong counts on one rank raises pycoll.MismatchError (an
+    MPI.Exception) on every rank within seconds (not the timeout), whichever rank holds them."""
+    for name, call in one_rank_wrong(n):
+        comm = Comm(world)
+        t0 = time.monotonic()
+        try:
+            call(comm, r)
+        except MismatchError as exc:
+            assert isinstance(exc, MPI.Exception), f"{name}: {type(exc)}"
+        except Exception as exc:
+            raise AssertionError(f"{name}: rank {r} raised {type(exc).__name__}: {exc}") from exc
+        else:
+            raise AssertionError(f"{name}: rank {r} returned")
+        took = time.monotonic() - t0
+        assert took < 5, f"{name}: rank {r} raised after {took:.1f} s"
+        comm.team.close()
+        world.Barrier()
+
+
 def main():
     world = MPI.COMM_WORLD
     r, n = world.rank, world.size
@@ -168,6 +244,7 @@ def main():
     untyped_elements(comm, world, r, n)
     handed_or_exported(comm, world, r, n)
     still_works(comm, r, n, "the untyped elements")
+    errors_everywhere(world, r, n)
 
 
 if __name__ == "__main__":
