@@ -417,8 +417,9 @@ class Planner:
         try:
             req.wait()
         except MismatchError as exc:
-            err: BaseException = MismatchError(f"{what}: this rank rejected its arguments ({type(error).__name__}: "
-                                               f"{error}) and another posted it: {exc}")
+            why = f"{type(error).__name__}: {error}"
+            err: BaseException = MismatchError(f"{what}: this rank rejected its arguments ({why}) and "
+                                               f"another posted it: {exc}")
         except PycollError as exc:
             err = exc
         else:
