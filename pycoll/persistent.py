@@ -135,7 +135,7 @@ class Repeated:
     :class:`Persistent` made of it (``make(*made_of)``): one start, the engine's express lane when
     it is idle."""
 
-    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane")
+    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane", "nbytes")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
                  timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
@@ -146,6 +146,7 @@ class Repeated:
         self.make = make
         self.made_of = made_of
         self.persistent: Optional[Persistent] = None
+        self.nbytes = 0  # what its buffers hold (see RecentCalls)
         #: The express lane of its persistent form, once made: a caller that finds the same
         #: arguments runs ``lane.run()`` first (the hot path), and :meth:`again` when it is closed.
         self.lane: Optional[ExpressLane] = None
@@ -189,6 +190,21 @@ MAX_REPEATED = 64
 #: When as many are remembered, one new call in this many takes the place of the oldest: a loop
 #: over more buffers than that gains nothing from remembering them, and pays for it rarely.
 ADMIT_EVERY = 16
+#: The memory the remembered calls' buffers may hold (a remembered call keeps its buffers alive:
+#: a program that drops a large array must get its memory back). The oldest make room; a call
+#: whose buffers alone hold more is not remembered (repeating it saves nothing measurable).
+MAX_REPEATED_BYTES = 32 << 20
+
+
+def held_bytes(args: tuple) -> int:
+    """The memory ``args``' buffers keep alive: each array's whole base (a view keeps all of it)."""
+    total = 0
+    for a in args:
+        while isinstance(getattr(a, "base", None), np.ndarray):
+            a = a.base
+        nbytes = getattr(a, "nbytes", 0)
+        total += nbytes if type(nbytes) is int else 0
+    return total
 
 
 def repeat_key(name: str, args: tuple) -> tuple:
@@ -205,6 +221,7 @@ class RecentCalls(Dict[tuple, Repeated]):
     def __init__(self) -> None:
         super().__init__()
         self.turned_away = 0  # new calls not remembered because the table was full
+        self.nbytes = 0  # what the remembered calls' buffers hold (MAX_REPEATED_BYTES)
 
     def admits(self, key: tuple, args: tuple) -> bool:
         """Whether to remember a call with ``args`` just posted as a new one: not when it is the
@@ -214,16 +231,28 @@ class RecentCalls(Dict[tuple, Repeated]):
         if entry is not None:
             if len(entry.args) == len(args) and all(a is b for a, b in zip(entry.args, args)):
                 return False
-            del self[key]
-            entry.free()
+            self.forget(key)
             return True
         if len(self) < MAX_REPEATED:
             return True
         self.turned_away += 1
         if self.turned_away % ADMIT_EVERY:
             return False
-        self.pop(next(iter(self))).free()
+        self.forget(next(iter(self)))
         return True
+
+    def clear(self) -> None:
+        """Forget every call (the team closes) and release their persistent collectives."""
+        for entry in self.values():
+            entry.free()
+        super().clear()
+        self.nbytes = 0
+
+    def forget(self, key: tuple) -> None:
+        """Forget the call remembered at ``key`` and release its persistent collective."""
+        entry = self.pop(key)
+        self.nbytes -= entry.nbytes
+        entry.free()
 
     def add(self, key: tuple, args: tuple, dtypes: tuple, make: Callable[..., Persistent],
             *made_of: Any, timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
@@ -234,4 +263,11 @@ class RecentCalls(Dict[tuple, Repeated]):
         for d in dtypes:
             if d is UNSTABLE:  # (not ``in``: a dtype compared with another object is slow to say no)
                 return
-        self[key] = Repeated(args, dtypes, make, made_of, timeout, algorithm)
+        nbytes = held_bytes(args)
+        if nbytes > MAX_REPEATED_BYTES:
+            return
+        while self and self.nbytes + nbytes > MAX_REPEATED_BYTES:
+            self.forget(next(iter(self)))
+        entry = self[key] = Repeated(args, dtypes, make, made_of, timeout, algorithm)
+        entry.nbytes = nbytes
+        self.nbytes += nbytes

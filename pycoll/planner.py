@@ -437,6 +437,4 @@ class Planner:
             task.finalize()
         self._plans.clear()
         self._plan_bytes = 0
-        for entry in self.recent.values():
-            entry.free()
         self.recent.clear()

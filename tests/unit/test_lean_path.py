@@ -384,3 +384,28 @@ def test_a_remembered_call_replaced_while_its_run_is_in_flight_still_finishes():
     late = [teams[1].allreduce(x[1], y[1]), teams[1].allreduce(x[1], z[1])]
     pycoll.wait_all([running, other] + late)
     assert all((b == 3.0).all() for b in y) and all((c == 3.0).all() for c in z)
+
+
+def test_remembered_calls_hold_at_most_max_repeated_bytes_of_buffers(monkeypatch):
+    """A remembered call keeps its buffers alive: the table holds at most MAX_REPEATED_BYTES of
+    them (whole bases of views counted), the oldest making room, and a call whose buffers alone
+    hold more is not remembered (so a dropped large array is freed)."""
+    monkeypatch.setattr(persistent, "MAX_REPEATED_BYTES", 64 << 10)  # 64 KiB
+    teams = pycoll.local_teams(2)
+
+    def call(xs):
+        pycoll.wait_all([t.allreduce(x, None) for t, x in zip(teams, xs)])
+
+    small = [[np.ones(1024) for _ in teams] for _ in range(10)]  # 8 KiB each
+    for xs in small:
+        call(xs)
+    recent = teams[0].recent
+    assert 0 < recent.nbytes <= 64 << 10 and len(recent) == 8  # the oldest two made room
+    assert ("allreduce", id(small[0][0])) not in recent and ("allreduce", id(small[-1][0])) in recent
+    big = [np.ones(1 << 14)[: 1 << 10] for _ in teams]  # a view of 128 KiB: its base counts
+    call(big)
+    assert ("allreduce", id(big[0])) not in recent and recent.nbytes <= 64 << 10
+    assert persistent.held_bytes((big[0], None, 3)) == 128 << 10
+    for t in teams:
+        t.close()
+    assert recent.nbytes == 0 and not recent
