@@ -16,6 +16,7 @@ when a team uses them (they need compiled modules a build may lack).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import socket
@@ -139,21 +140,30 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         transport = chosen
         ctx.add_transport(transport)
     team = cls(rank, size, transport, ctx, name=team_prefix)
-    team.store = store
-    team.recovery = Recovery(team, store, tls, advertise)
-    rounds = itertools.count()
-    attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v), tls)
-    topo = team.topology
-    if topo is not None and topo.hierarchical:
-        made = []
-        for level, members, color, sub_tls in (
-                ("node", topo.members(topo.nodes[rank]), topo.nodes[rank],
-                 _level_tls("PYCOLL_NODE_TLS", tls)),
-                ("rail", topo.rail(topo.local_rank(rank)), topo.local_rank(rank),
-                 _level_tls("PYCOLL_LEADER_TLS", tls))):
-            made.append(from_store(cls, store, members.index(rank), len(members), ctx, advertise=advertise,
-                                   prefix=f"{team_prefix}/{level}{color}", tls=sub_tls, watch=False))
-        team.levels.node, team.levels.rail = made
+    made: List[Team] = []
+    try:
+        team.store = store
+        team.recovery = Recovery(team, store, tls, advertise)
+        rounds = itertools.count()
+        attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v),
+                   tls)
+        topo = team.topology
+        if topo is not None and topo.hierarchical:
+            for level, members, color, sub_tls in (
+                    ("node", topo.members(topo.nodes[rank]), topo.nodes[rank],
+                     _level_tls("PYCOLL_NODE_TLS", tls)),
+                    ("rail", topo.rail(topo.local_rank(rank)), topo.local_rank(rank),
+                     _level_tls("PYCOLL_LEADER_TLS", tls))):
+                made.append(from_store(cls, store, members.index(rank), len(members), ctx,
+                                       advertise=advertise, prefix=f"{team_prefix}/{level}{color}",
+                                       tls=sub_tls, watch=False))
+            team.levels.node, team.levels.rail = made
+    except BaseException:  # (a peer lost during the bootstrap: leave nothing registered or open)
+        with contextlib.suppress(Exception):  # (the bootstrap's own error is the one to raise)
+            for sub in made:
+                sub.close()
+            close(team)
+        raise
     if watch:
         team.recovery.start_watching()
     return team

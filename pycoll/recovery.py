@@ -59,6 +59,7 @@ class Recovery:
         self.tls = tls
         self.advertise = advertise
         self._epochs = itertools.count()  # agreements and shrinks, in calling order (the same everywhere)
+        self._own_keys: List[str] = []  # this rank's keys of the last agreements (_forget_agreements)
         self._revoked_key = f"{team.name}/revoked"
         self._watching: Optional[Callable[[], bool]] = None
         self._watcher: Any = store  # the store connection the watch uses (None: not made yet)
@@ -132,6 +133,7 @@ class Recovery:
         epoch = next(self._epochs)
         base = f"{team.name}/agree{epoch}"
         mine = _compare_set(store, f"{base}/{team.rank}", b"", b"1" if flag else b"0")
+        self._forget_agreements(f"{base}/{team.rank}")
         if mine == LOST:
             raise PeerLostError(f"{team.name}: rank {team.rank} reached agreement #{epoch} after its "
                                 "peers had given it up for lost (past their timeout)", rank=team.rank)
@@ -141,12 +143,10 @@ class Recovery:
         waiting = [r for r in range(team.size) if r != team.rank]
         pause = 0.0005
         while waiting:
-            for r in list(waiting):
-                key = f"{base}/{r}"
-                if store.check([key]):
+            keys = [f"{base}/{r}" for r in waiting]
+            if store.check(keys):  # (one round trip a look, whatever the number of ranks)
+                for r, key in zip(waiting, keys):
                     fates[r] = store_get(store, key)
-                    waiting.remove(r)
-            if not waiting:
                 break
             team.ctx.progress()  # (a transport learns of closed connections as it reads)
             late = deadline is not None and time.monotonic() >= deadline
@@ -157,6 +157,18 @@ class Recovery:
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         return {r: v == b"1" for r, v in sorted(fates.items()) if v != LOST}
+
+    def _forget_agreements(self, key: str) -> None:
+        """Keep this rank's key of the agreement just decided; delete the one of the agreement
+        before the last (every rank that took part in the last one has read it: a rank reaches
+        an agreement only after reading every key of the one before, or being given up for
+        lost), so that the store holds at most two agreements' keys of each team."""
+        self._own_keys.append(key)
+        while len(self._own_keys) > 2:
+            old = self._own_keys.pop(0)
+            delete = getattr(self.store, "delete_key", None)
+            if delete is not None:
+                delete(old)
 
     def shrink(self, timeout: Optional[float]) -> Team:
         """A new team of the ranks still there (see :meth:`pycoll.Team.shrink`)."""

@@ -42,6 +42,9 @@ REVOKE = textwrap.dedent("""
     x = np.full(10, float(rank))
     new.allreduce(x).wait()
     print(f"RANK {rank} SHRUNK {new.size} {x[0]:g} {team.revoked} {new.revoked}", flush=True)
+    # three agreements (two agree, the shrink's): the store keeps the last two's keys only
+    kept = [store.check([f"{team.name}/agree{e}/{rank}"]) for e in range(3)]
+    print(f"RANK {rank} KEYS {kept}", flush=True)
     new.close()
     team.close()
 """)
@@ -60,6 +63,7 @@ def test_revoke_frees_the_waiting_ranks_and_the_team_agrees_and_shrinks(tls, sto
     for r in range(3):
         assert f"RANK {r} AGREE False True" in outs[r], text
         assert f"RANK {r} SHRUNK 3 3 True False" in outs[r], text  # a shrink of nobody lost: all 3
+        assert f"RANK {r} KEYS [False, True, True]" in outs[r], text
 
 
 KILLED_IN_AGREE = textwrap.dedent("""

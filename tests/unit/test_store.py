@@ -48,3 +48,45 @@ def test_tcp_rejects_malformed_header():
         req.test()
     b.close()
     t.close()
+
+
+def test_a_bootstrap_that_fails_leaves_no_transport_registered_or_open(monkeypatch):
+    """A store-made team whose bootstrap fails after its transport was made (here: the segment's
+    step raises on both ranks, as a peer lost in a shrink's bootstrap would make it) closes that
+    transport and takes it out of the engine before the error reaches the caller."""
+    import threading
+
+    from pycoll import bootstrap, get_context
+    from pycoll.team import Team
+
+    def broken(team, allgather, tls=None):
+        raise RuntimeError("the bootstrap broke")
+
+    class OneTeamNumber(dict):  # (both threads' teams are one team: the same store keys)
+        def get(self, key, default=None):
+            return 0
+
+    monkeypatch.setattr(bootstrap, "attach_shm", broken)
+    monkeypatch.setattr(bootstrap, "_store_teams", OneTeamNumber())
+    ctx = get_context()
+    before = list(ctx._transports)
+    server = TCPStore(port=0, is_master=True, timeout=10)
+    errors = []
+
+    def rank(r):
+        store = TCPStore("127.0.0.1", server.port, timeout=10)
+        try:
+            Team.from_store(store, r, 2, ctx, tls=["tcp"])
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    server.close()
+    assert errors == ["the bootstrap broke"] * 2
+    assert ctx._transports == before
