@@ -155,6 +155,8 @@ def main() -> None:
     kinds: Counter = Counter()
     wrong: List[str] = []
     first = middle = None
+    if args.trace_memory:
+        tracemalloc.start(8)
     for i in range(args.calls):
         name, check = one_call(team, rng, i, max_count)
         kinds[name.split()[0]] += 1
@@ -163,7 +165,6 @@ def main() -> None:
         if i == args.calls // 10:
             first = usage()
             if args.trace_memory:
-                tracemalloc.start(8)
                 snap0 = tracemalloc.take_snapshot()
         if i == args.calls // 2:
             middle = usage()

@@ -16,6 +16,7 @@ reducer needs (it waits on the future in C++).
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -58,6 +59,16 @@ def reduce_op(op: Any) -> ReduceOp:
     except KeyError:
         raise ValueError(f"pycoll backend: reduction {kind} is not supported "
                          f"(supported: {', '.join(k.name for k in OPS)})") from None
+
+
+#: What torch's SUM and PRODUCT of bool tensors compute (as gloo does): logical OR and AND.
+_LOGICAL = {ReduceOp.SUM: ReduceOp.LOR, ReduceOp.PROD: ReduceOp.LAND}
+
+
+def op_for(arr: np.ndarray, op: ReduceOp) -> ReduceOp:
+    """``op`` as it applies to ``arr``'s elements: on bool, SUM is OR and PRODUCT is AND (gloo's
+    meaning; pycoll itself refuses arithmetic on bool)."""
+    return _LOGICAL.get(op, op) if arr.dtype == np.bool_ else op
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -298,9 +309,35 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
         op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = self._timeout(opts)
+        if any(x.layout is torch.sparse_coo for x in tensors):
+            return self._sparse_allreduce(tensors, op, t, opts)
         staged = [Staged(x, views=self.views) for x in tensors]
-        reqs = [self._start("allreduce", s.arr, None, op, timeout=t) for s in staged]
+        reqs = [self._start("allreduce", s.arr, None, op_for(s.arr, op), timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
+
+    def _sparse_allreduce(self, tensors: List[torch.Tensor], op: ReduceOp, timeout: Optional[float],
+                          opts: Any) -> PycollWork:
+        """The SUM of sparse COO tensors, as gloo computes it: every rank's indices and values
+        gathered (an allgather of the counts, then two allgathervs), added up and coalesced into
+        each tensor in place. Runs before it returns (the work is done)."""
+        if op is not ReduceOp.SUM:
+            raise ValueError(f"pycoll backend: sparse tensors reduce with SUM only (as gloo), not {op.name}")
+        team = self.team
+        for x in tensors:
+            mine = x.coalesce()
+            idx = mine.indices().t().contiguous()  # (nnz, sparse dims)
+            val = mine.values().contiguous()  # (nnz, *dense shape)
+            dims, per = idx.shape[1], max(1, math.prod(val.shape[1:]))
+            counts = np.zeros(team.size, np.int64)
+            team.allgather(np.array([idx.shape[0]], np.int64), counts, timeout=timeout).wait()
+            every_idx = torch.empty((int(counts.sum()), dims), dtype=torch.int64)
+            every_val = torch.empty((int(counts.sum()), *val.shape[1:]), dtype=val.dtype)
+            team.allgatherv(as_numpy(idx), as_numpy(every_idx), [int(c) * dims for c in counts],
+                            timeout=timeout).wait()
+            team.allgatherv(as_numpy(val), as_numpy(every_val), [int(c) * per for c in counts],
+                            timeout=timeout).wait()
+            x.copy_(torch.sparse_coo_tensor(every_idx.t(), every_val, x.shape).coalesce())
+        return self._work([], tensors, None, timeout, opts=opts)
 
     def allreduce_scheduled(self, tensor: torch.Tensor, priority: int = 0, op: Any = dist.ReduceOp.SUM,
                             tag: Any = None) -> PycollWork:
@@ -331,7 +368,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         root = opts.rootRank
         t = self._timeout(opts)
         staged = [Staged(x, output=self.team.rank == root) for x in tensors]
-        reqs = [self._start("reduce", s.arr, None, op, root, timeout=t) for s in staged]
+        reqs = [self._start("reduce", s.arr, None, op_for(s.arr, op), root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
@@ -344,7 +381,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             flat = torch.cat([x.reshape(-1) for x in ins])
             s = Staged(out)
             staged.append(s)
-            reqs.append(self._start("reduce_scatter", as_numpy(flat), s.arr, op, timeout=t))
+            reqs.append(self._start("reduce_scatter", as_numpy(flat), s.arr, op_for(s.arr, op), timeout=t))
         return self._work(reqs, output_tensors, self._finisher(staged), t, opts=opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
@@ -354,7 +391,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise ValueError(f"reduce_scatter_tensor: input of {input.numel()} elements must be "
                              f"{self.team.size} x the output's {output.numel()}")
         s, src = Staged(output), Staged(input, output=False)
-        req = self._start("reduce_scatter", src.arr, s.arr, op, timeout=t)
+        req = self._start("reduce_scatter", src.arr, s.arr, op_for(s.arr, op), timeout=t)
         return self._work([req], [output], self._finisher([s]), t, opts=opts)
 
     reduce_scatter_tensor = reduce_scatter_single = _reduce_scatter_base

@@ -89,6 +89,22 @@ def test_allreduce(r, n, gloo):
             t = xs[r].clone()
             dist.all_reduce(t, op=op)
             check(t, reference(op, xs, n), f"all_reduce {op} {dtype}")
+    # bool: SUM is logical OR and PRODUCT logical AND, as gloo computes them
+    for op in (RED.SUM, RED.PRODUCT, RED.MAX, RED.MIN):
+        flags = [torch.tensor([q % 2 == 0, q == 0, True, False, q == n - 1]) for q in range(n)]
+        t, g = flags[r].clone(), flags[r].clone()
+        dist.all_reduce(t, op=op)
+        dist.all_reduce(g, op=op, group=gloo)
+        check(t, g, f"all_reduce {op} bool vs gloo")
+    # sparse COO (SUM): every rank's entries added up, as gloo does; overlapping indices too
+    for dense in ((), (3,)):
+        idx = torch.tensor([[r, r + 1, 0], [0, 1, r % 2]])
+        val = torch.arange(3 * (dense[0] if dense else 1), dtype=torch.float32).reshape(3, *dense) + r
+        t = torch.sparse_coo_tensor(idx, val, (n + 1, 2, *dense))
+        g = t.clone()
+        dist.all_reduce(t)
+        dist.all_reduce(g, group=gloo)
+        check(t.to_dense(), g.to_dense(), f"all_reduce of a sparse tensor (dense part {dense}) vs gloo")
     # a non-contiguous tensor: reduced through a copy, written back in place
     base = data(r, (6, 4), torch.float32) * 0 + (r + 1)
     view = base.t()[:, ::2]
