@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 
 class PycollError(Exception):
@@ -13,14 +13,17 @@ class PycollError(Exception):
 class TimeoutError(PycollError, builtins.TimeoutError):  # noqa: A001 - the public name is fixed
     """A task or collective did not finish in time.
 
-    ``task`` is the task that timed out and ``waiting_on`` the unfinished tasks inside it (for a
-    schedule: the operations still in progress, each naming its peer where it has one).
+    ``task`` is the task that timed out, ``waiting_on`` the unfinished tasks inside it (for a
+    schedule: the operations still in progress, each naming its peer where it has one) and
+    ``seconds`` the limit that ran out (None when not known).
     """
 
-    def __init__(self, message: str, task: Any = None, waiting_on: Sequence[Any] = ()) -> None:
+    def __init__(self, message: str, task: Any = None, waiting_on: Sequence[Any] = (),
+                 seconds: Optional[float] = None) -> None:
         super().__init__(message)
         self.task = task
         self.waiting_on = list(waiting_on)
+        self.seconds = seconds
 
 
 class CanceledError(PycollError):

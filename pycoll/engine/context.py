@@ -376,7 +376,7 @@ class Context:
                     what += f"; and {len(waiting) - 8} more"
                 task.fail(TimeoutError(
                     f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}",
-                    task=task, waiting_on=waiting))
+                    task=task, waiting_on=waiting, seconds=task.timeout))
                 expired += 1
         return expired
 
@@ -558,7 +558,7 @@ class Context:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
                 raise TimeoutError(f"wait: {task.name} did not finish within {timeout:g} s; "
-                                   f"waiting on: {what}", task=task, waiting_on=waiting)
+                                   f"waiting on: {what}", task=task, waiting_on=waiting, seconds=timeout)
             if self._watches:
                 self.look()
             backoff.idle(self._nap())

@@ -42,6 +42,16 @@ _FLAVOURS = ((MismatchError, MismatchDistError), (PeerLostError, PeerLostDistErr
              (TransportError, TransportDistError))
 
 
+def timed_out(exc: TimeoutError) -> str:
+    """A timeout's text in the words torch's callers look for (gloo's: ``Timed out waiting 1000ms
+    for ...``), followed by pycoll's (what it waited on)."""
+    task = getattr(exc, "task", None)
+    seconds = getattr(exc, "seconds", None)
+    waited = f" {seconds * 1000:.0f}ms" if isinstance(seconds, (int, float)) else ""
+    name = getattr(task, "name", None) or "the collective"
+    return f"[pycoll] Timed out waiting{waited} for {name} to complete: {exc}"
+
+
 def torch_error(exc: BaseException) -> BaseException:
     """``exc`` as torch's callers catch it: a ``DistBackendError`` that is also ``exc``'s pycoll
     type, with its text and attributes (``exc`` itself when it is not a pycoll error with a torch
@@ -51,7 +61,7 @@ def torch_error(exc: BaseException) -> BaseException:
     for kind, flavour in _FLAVOURS:
         if isinstance(exc, kind):
             err = flavour.__new__(flavour)
-            Exception.__init__(err, str(exc))
+            Exception.__init__(err, timed_out(exc) if kind is TimeoutError else str(exc))
             err.__dict__.update(exc.__dict__)
             return err.with_traceback(exc.__traceback__)
     return exc
