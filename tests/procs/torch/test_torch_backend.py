@@ -24,3 +24,11 @@ def test_ranks_that_disagree_raise_dist_backend_errors(torchrun):
     """all_reduce with one element more on the last rank: DistBackendError (pycoll's
     MismatchError) on every rank, never a result."""
     torchrun(3, "tests/procs/torch/scripts/collectives.py", "mismatch", launcher="env", timeout=60)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_dtensor_and_checkpoint_match_gloo(n, torchrun):
+    """FSDP2 (fully_shard) training, DTensor on a CPU DeviceMesh and torch.distributed.checkpoint
+    save/load on pycoll give gloo's losses and parameters (bit for bit on 2 ranks, within float32
+    rounding on 4, where the reduction orders differ)."""
+    torchrun(n, "tests/procs/torch/scripts/fsdp_dtensor.py", launcher="env", timeout=180)
