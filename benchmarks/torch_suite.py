@@ -39,6 +39,7 @@ BOUND_TO_GLOO = {
     "test_monitored_barrier_allreduce_hang": "monitored_barrier: gloo only",
     "test_monitored_barrier_allreduce_hang_wait_all_ranks": "monitored_barrier: gloo only",
     "test_monitored_barrier_failure_order": "monitored_barrier: gloo only",
+    "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier: gloo only",
     "test_monitored_barrier_wait_all_ranks": "monitored_barrier: gloo only",
 }
 

@@ -52,13 +52,37 @@ _VIEWED = {to_torch(n): (to_torch(v), DTYPES[n]) for n, v in TORCH_VIEWS.items()
 
 
 def reduce_op(op: Any) -> ReduceOp:
-    """pycoll's operator for a torch ``ReduceOp`` (PREMUL_SUM has no pycoll equivalent)."""
+    """pycoll's operator for a torch ``ReduceOp``: PREMUL_SUM (NCCL's, made by
+    ``dist._make_nccl_premul_sum(factor)``) is a SUM of inputs the caller scales first (see
+    :func:`premul_factor`)."""
     kind = getattr(op, "op", op)
+    if kind == _RED.PREMUL_SUM:
+        return ReduceOp.SUM
     try:
         return OPS[kind]
     except KeyError:
         raise ValueError(f"pycoll backend: reduction {kind} is not supported "
                          f"(supported: {', '.join(k.name for k in OPS)})") from None
+
+
+def premul_factor(op: Any) -> Any:
+    """The factor (a number or a one-element tensor) each input of a PREMUL_SUM is multiplied
+    by before the sum, as NCCL does; None for every other op."""
+    if getattr(op, "op", op) != _RED.PREMUL_SUM:
+        return None
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        raise ValueError("pycoll backend: a PREMUL_SUM without its factor (make it with "
+                         "torch.distributed._make_nccl_premul_sum(factor))")
+    return factor
+
+
+def scaled(x: torch.Tensor, factor: Any, in_place: bool) -> torch.Tensor:
+    """``x`` times a PREMUL_SUM's ``factor`` (``x`` itself when factor is None): in place for a
+    tensor the collective overwrites anyway, else a new one (an input the caller keeps)."""
+    if factor is None:
+        return x
+    return x.mul_(factor) if in_place else x * factor
 
 
 #: What torch's SUM and PRODUCT of bool tensors compute (as gloo does): logical OR and AND.
@@ -307,10 +331,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ reductions
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
-        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        torch_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        op, factor = reduce_op(torch_op), premul_factor(torch_op)
         t = self._timeout(opts)
         if any(x.layout is torch.sparse_coo for x in tensors):
             return self._sparse_allreduce(tensors, op, t, opts)
+        for x in tensors:
+            scaled(x, factor, in_place=True)  # (the result overwrites it)
         staged = [Staged(x, views=self.views) for x in tensors]
         reqs = [self._start("allreduce", s.arr, None, op_for(s.arr, op), timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
@@ -344,7 +371,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         """An allreduce with an engine priority (lower starts first), partitioned and held back by
         credit as the engine's settings say: what :func:`pycoll.torch.priority_hook` posts."""
         rop = reduce_op(op)
-        s = Staged(tensor)
+        s = Staged(scaled(tensor, premul_factor(op), in_place=True))
         req = self._start("allreduce", s.arr, None, rop, priority=priority, tag=tag,
                                                      timeout=self.timeout)
         return self._work([req], [tensor], self._finisher([s]), self.timeout)
@@ -364,33 +391,34 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
-        op = reduce_op(opts.reduceOp)
+        op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
         root = opts.rootRank
         t = self._timeout(opts)
-        staged = [Staged(x, output=self.team.rank == root) for x in tensors]
+        at_root = self.team.rank == root
+        staged = [Staged(scaled(x, factor, in_place=at_root), output=at_root) for x in tensors]
         reqs = [self._start("reduce", s.arr, None, op_for(s.arr, op), root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts: Any) -> PycollWork:
-        op = reduce_op(opts.reduceOp)
+        op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
         t = self._timeout(opts)
         reqs, staged = [], []
         for out, ins in zip(output_tensors, input_tensors):
             self._check_list(ins, out, "reduce_scatter")
-            flat = torch.cat([x.reshape(-1) for x in ins])
+            flat = scaled(torch.cat([x.reshape(-1) for x in ins]), factor, in_place=True)
             s = Staged(out)
             staged.append(s)
             reqs.append(self._start("reduce_scatter", as_numpy(flat), s.arr, op_for(s.arr, op), timeout=t))
         return self._work(reqs, output_tensors, self._finisher(staged), t, opts=opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
-        op = reduce_op(opts.reduceOp)
+        op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
         t = self._timeout(opts)
         if input.numel() != output.numel() * self.team.size:
             raise ValueError(f"reduce_scatter_tensor: input of {input.numel()} elements must be "
                              f"{self.team.size} x the output's {output.numel()}")
-        s, src = Staged(output), Staged(input, output=False)
+        s, src = Staged(output), Staged(scaled(input, factor, in_place=False), output=False)
         req = self._start("reduce_scatter", src.arr, s.arr, op_for(s.arr, op), timeout=t)
         return self._work([req], [output], self._finisher([s]), t, opts=opts)
 

@@ -89,6 +89,24 @@ def test_allreduce(r, n, gloo):
             t = xs[r].clone()
             dist.all_reduce(t, op=op)
             check(t, reference(op, xs, n), f"all_reduce {op} {dtype}")
+    # PREMUL_SUM (NCCL's; gloo has none): every input times the factor (a number or a tensor), summed
+    for factor in (2.5, torch.tensor([0.5])):
+        op = dist._make_nccl_premul_sum(factor)
+        xs = [data(q, (6,), torch.float64, salt=3) for q in range(n)]
+        want = sum(x * factor for x in xs)
+        t = xs[r].clone()
+        dist.all_reduce(t, op=op)
+        check(t, want, f"all_reduce PREMUL_SUM({factor})")
+        out = torch.zeros(2, dtype=torch.float64)
+        big = torch.cat([xs[r]] * n)[: 2 * n].clone()
+        kept = big.clone()
+        dist.reduce_scatter_tensor(out, big, op=op)
+        check(out, sum(torch.cat([x] * n)[: 2 * n] * factor for x in xs)[2 * r: 2 * r + 2],
+              f"reduce_scatter_tensor PREMUL_SUM({factor})")
+        check(big, kept, "reduce_scatter_tensor PREMUL_SUM leaves its input")
+        t = xs[r].clone()
+        dist.reduce(t, dst=n - 1, op=op)
+        check(t, want if r == n - 1 else xs[r], f"reduce PREMUL_SUM({factor}): root's result, others' inputs")
     # bool: SUM is logical OR and PRODUCT logical AND, as gloo computes them
     for op in (RED.SUM, RED.PRODUCT, RED.MAX, RED.MIN):
         flags = [torch.tensor([q % 2 == 0, q == 0, True, False, q == n - 1]) for q in range(n)]
