@@ -16,6 +16,7 @@ reducer needs (it waits on the future in C++).
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -30,7 +31,7 @@ from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.ops import ReduceOp
-from pycoll.torch.errors import torch_error
+from pycoll.torch.errors import InvalidArgumentError, torch_error
 
 #: The ProcessGroup method that serves each ``torch.distributed`` function of the table of
 #: collectives (``Collective.torch``); list forms and coalesced forms are built on these.
@@ -251,6 +252,24 @@ def _seconds(timeout: Any) -> Optional[float]:
     return s if s > 0 else None
 
 
+def rejecting(method: Callable[..., PycollWork]) -> Callable[..., PycollWork]:
+    """A collective of the group whose argument errors (``ValueError`` raised before anything is
+    sent) reach torch as gloo's do: an :class:`InvalidArgumentError`, a ``ValueError`` that is a
+    ``RuntimeError`` too. (Only this rank raises, as with gloo: torch checks some arguments in its
+    own Python layer first, where a backend cannot take part, so a rank that rejected a call
+    cannot tell its peers by posting a rejection, as :class:`pycoll.mpi.Comm` does.)"""
+
+    @functools.wraps(method)
+    def checked(self: ProcessGroupPycoll, *args: Any, **kwargs: Any) -> PycollWork:
+        try:
+            return method(self, *args, **kwargs)
+        except ValueError as exc:
+            if isinstance(exc, (PycollError, InvalidArgumentError)):
+                raise  # (the engine's own errors, or a call inside this one that said so already)
+            raise InvalidArgumentError(str(exc)) from exc
+    return checked
+
+
 class ProcessGroupPycoll(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on a pycoll team."""
 
@@ -330,6 +349,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return finish
 
     # ------------------------------------------------------------------ reductions
+    @rejecting
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
         torch_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         op, factor = reduce_op(torch_op), premul_factor(torch_op)
@@ -387,9 +407,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                                 mode=mode, timeout=self.timeout))
         return self._work([req], [tensor], self._finisher([s]), self.timeout)
 
+    @rejecting
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> PycollWork:
         return self.allreduce(tensors, opts)
 
+    @rejecting
     def reduce(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
         op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
         root = opts.rootRank
@@ -399,6 +421,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         reqs = [self._start("reduce", s.arr, None, op_for(s.arr, op), root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
+    @rejecting
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts: Any) -> PycollWork:
         op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
@@ -412,6 +435,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             reqs.append(self._start("reduce_scatter", as_numpy(flat), s.arr, op_for(s.arr, op), timeout=t))
         return self._work(reqs, output_tensors, self._finisher(staged), t, opts=opts)
 
+    @rejecting
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> PycollWork:  # noqa: A002
         op, factor = reduce_op(opts.reduceOp), premul_factor(opts.reduceOp)
         t = self._timeout(opts)
@@ -424,6 +448,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     reduce_scatter_tensor = reduce_scatter_single = _reduce_scatter_base
 
+    @rejecting
     def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                         opts: Any) -> PycollWork:
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
@@ -432,6 +457,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # ------------------------------------------------------------------ data movement
+    @rejecting
     def broadcast(self, tensors: List[torch.Tensor], opts: Any) -> PycollWork:
         root = opts.rootRank
         t = self._timeout(opts)
@@ -439,6 +465,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         reqs = [self._start("bcast", s.arr, root, timeout=t) for s in staged]
         return self._work(reqs, tensors, self._finisher(staged), t, opts=opts)
 
+    @rejecting
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                   opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
@@ -451,6 +478,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             copies.append((flat, outs))
         return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
+    @rejecting
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
         t = self._timeout(opts)
         if output.numel() != input.numel() * self.team.size:
@@ -462,6 +490,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     allgather_into_tensor = all_gather_single = _allgather_base
 
+    @rejecting
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                         opts: Any = None) -> PycollWork:
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
@@ -469,6 +498,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @rejecting
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
                             opts: Any = None) -> PycollWork:
         """gloo's ``all_gather_coalesced``: ``output_lists[r][j]`` gets rank r's ``input_list[j]``
@@ -482,6 +512,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                  for j, x in enumerate(input_list)]
         return self._merge(works, output_lists)
 
+    @rejecting
     def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                opts: Any) -> PycollWork:
         root = opts.rootRank
@@ -497,6 +528,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         req = self._start("gather", src.arr, as_numpy(flat), root, timeout=t)
         return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t, opts=opts)
 
+    @rejecting
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                 opts: Any) -> PycollWork:
         root = opts.rootRank
@@ -511,6 +543,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             req = self._start("scatter", flat, out.arr, root, timeout=t)
         return self._work([req], output_tensors, self._finisher([out]), t, opts=opts)
 
+    @rejecting
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
                  opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
@@ -529,6 +562,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         copies = [(recv, output_tensors)]
         return self._work([req], output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
 
+    @rejecting
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],  # noqa: A002
                       input_split_sizes: List[int], opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
@@ -547,6 +581,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @rejecting
     def barrier(self, opts: Any = None) -> PycollWork:
         t = self._timeout(opts)
         req = self._start("barrier", timeout=t)

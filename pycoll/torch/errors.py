@@ -16,6 +16,11 @@ from pycoll.errors import (
 )
 
 
+class InvalidArgumentError(ValueError, RuntimeError):
+    """A call's arguments failed the backend's checks before anything was sent: a ``ValueError``
+    (pycoll's way) that is a ``RuntimeError`` too (what gloo raises for them)."""
+
+
 class MismatchDistError(MismatchError, dist.DistBackendError):
     """Ranks called a collective with arguments that must agree and do not."""
 

@@ -354,13 +354,38 @@ def test_groups(r, n):
     dist.barrier()
 
 
-def test_errors(r, n):
-    try:
-        dist.all_reduce(torch.ones(2), op=RED.BAND)
-    except (ValueError, RuntimeError) as exc:
-        assert "BAND" in str(exc), exc
-    else:
-        raise AssertionError("BAND on float32 did not raise")
+def bad_calls(r, n):
+    """(name, call(group)) of calls every rank makes with arguments gloo rejects."""
+    yield "BAND on float", lambda g: dist.all_reduce(torch.ones(2), op=RED.BAND, group=g)
+    yield "all_gather list too short", lambda g: dist.all_gather([torch.zeros(2)], torch.ones(2), group=g)
+    yield "all_gather tensors of another size", lambda g: dist.all_gather([torch.zeros(3)] * n, torch.ones(2),
+                                                                         group=g)
+    yield "all_gather_into_tensor of the wrong size", lambda g: dist.all_gather_into_tensor(
+        torch.zeros(2 * n + 1), torch.ones(2), group=g)
+    yield "all_to_all_single split sizes that do not add up", lambda g: dist.all_to_all_single(
+        torch.zeros(4), torch.ones(4), [1] * n, [3] * n, group=g)
+    yield "all_reduce of tensors of different dtypes", lambda g: dist.all_reduce_coalesced(
+        [torch.ones(2), torch.ones(2, dtype=torch.float64)], group=g)
+
+
+def test_errors(r, n, gloo):
+    """Where gloo rejects a call, pycoll rejects it with an error of gloo's type (a RuntimeError:
+    pycoll's is a ValueError too), and the group stays usable."""
+    for name, call in bad_calls(r, n):
+        caught = []
+        for group in (gloo, None):
+            try:
+                call(group)
+            except Exception as exc:  # noqa: BLE001 - the type is what is compared
+                caught.append(exc)
+            else:
+                caught.append(None)
+        theirs, ours = caught
+        assert theirs is not None and ours is not None, f"{name}: gloo raised {theirs!r}, pycoll {ours!r}"
+        assert isinstance(ours, type(theirs)), f"{name}: gloo raised {type(theirs)}, pycoll {type(ours)}"
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        check(t, torch.full((3,), float(n)), f"all_reduce after {name}")
     dist.barrier()
 
 
@@ -462,7 +487,7 @@ def main(mode):
         test_data_movement(r, n, gloo)
         test_point_to_point(r, n)
         test_groups(r, n)
-        test_errors(r, n)
+        test_errors(r, n, gloo)
     dist.destroy_process_group()
 
 
