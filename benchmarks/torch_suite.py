@@ -33,14 +33,9 @@ from typing import Dict, List
 #: Tests that hold the backend to gloo's name, with why (not counted).
 BOUND_TO_GLOO = {
     "test_get_backend": "asserts that dist.get_backend() is 'gloo'",
-    "test_monitored_barrier_gloo": "torch's monitored_barrier is refused for any backend but gloo",
-    "test_monitored_barrier_gloo_subgroup": "monitored_barrier: gloo only",
-    "test_monitored_barrier_gloo_rank_0_timeout_wait_all_ranks": "monitored_barrier: gloo only",
-    "test_monitored_barrier_allreduce_hang": "monitored_barrier: gloo only",
-    "test_monitored_barrier_allreduce_hang_wait_all_ranks": "monitored_barrier: gloo only",
-    "test_monitored_barrier_failure_order": "monitored_barrier: gloo only",
-    "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier: gloo only",
-    "test_monitored_barrier_wait_all_ranks": "monitored_barrier: gloo only",
+    **{f"test_monitored_barrier_{name}": "torch's monitored_barrier is refused for every backend but gloo"
+       for name in ("gloo", "gloo_subgroup", "gloo_rank_0_timeout", "failure_order", "wait_all_ranks",
+                    "allreduce_hang", "allreduce_hang_wait_all_ranks")},
 }
 
 
