@@ -17,6 +17,7 @@ result, or on growth past ``--max-rss-growth`` or of files or threads.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import threading
 import tracemalloc
@@ -41,8 +42,12 @@ def data(rank: int, count: int, dtype: Any, salt: int) -> np.ndarray:
     return ((np.arange(count, dtype=np.int64) * 7 + rank * 3 + salt) % 11 - 5).astype(dtype)
 
 
-def usage() -> Tuple[int, int, int]:
-    """(resident bytes, open files, threads) of this process."""
+def usage(trim: bool = False) -> Tuple[int, int, int]:
+    """(resident bytes, open files, threads) of this process; ``trim``: first hand the memory glibc's
+    allocator keeps free for reuse back to the system (``malloc_trim(0)``), so that RSS counts what
+    is in use."""
+    if trim:
+        ctypes.CDLL(None).malloc_trim(0)
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     threads = max(threading.active_count(), len(os.listdir("/proc/self/task")))
@@ -142,6 +147,9 @@ def main() -> None:
     ap.add_argument("--max-rss-growth", type=float, default=0.10, help="from the first tenth to the end")
     ap.add_argument("--quick", action="store_true",
                     help="400 calls up to 256 KiB, RSS growth up to 50%% (what the test runs)")
+    ap.add_argument("--trim", action="store_true",
+                    help="call glibc's malloc_trim(0) before each reading: RSS without the free memory "
+                         "the allocator keeps")
     ap.add_argument("--trace-memory", action="store_true",
                     help="rank 0 prints where Python's allocations (numpy's included) grew from the first "
                          "tenth to the end (tracemalloc; slower)")
@@ -163,12 +171,12 @@ def main() -> None:
         if not check():
             wrong.append(f"call {i}: {name}")
         if i == args.calls // 10:
-            first = usage()
+            first = usage(args.trim)
             if args.trace_memory:
                 snap0 = tracemalloc.take_snapshot()
         if i == args.calls // 2:
-            middle = usage()
-    last = usage()
+            middle = usage(args.trim)
+    last = usage(args.trim)
     if args.trace_memory and world.rank == 0 and tracemalloc.is_tracing():
         grown = tracemalloc.take_snapshot().compare_to(snap0, "traceback")
         print(f"Python allocations grown from call {args.calls // 10} to the end: "
