@@ -166,7 +166,9 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
     ``thin`` (large teams): 1: counts 0, odd and large, persistent only for the odd count; 2: that,
     with one root (the middle rank: relative ranks wrap) instead of three, in place only for the
     odd count; 3: that, with the large count and the persistent form only for the algorithms on
-    the shared segment (shm, cma): the point-to-point ones do the same steps at every team size."""
+    the shared segment (shm, cma): the point-to-point ones do the same steps at every team size;
+    4: that, with the point-to-point algorithms at the odd count only (count 0 ends before any
+    step, whatever the team size)."""
     roots = [n // 2] if thin >= 2 else sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
@@ -188,6 +190,8 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
                             if thin >= 2 and in_place and count != 7:
                                 continue
                             if thin >= 3 and alg not in ("shm", "cma") and (persistent or count == large):
+                                continue
+                            if thin >= 4 and alg not in ("shm", "cma") and count != 7:
                                 continue
                             yield Case(coll, alg, dtype, ReduceOp.SUM, count, in_place, persistent, root)
 

@@ -11,13 +11,13 @@ from pycoll.algorithms import ALGORITHMS
 from tests.reference import run_matrix
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])  # (4, 6, 7: between these; the processes run 1-5)
 def test_matrix_local(n):
     done = run_matrix(pycoll.local_teams(n), n, False, 1000)
     assert len(done) == len(ALGORITHMS) and min(done.values()) > 0
 
 
-@pytest.mark.parametrize("n", [16, 33, 64])
+@pytest.mark.parametrize("n", [33, 64])  # (16: the processes run it)
 def test_matrix_large_local_teams(n):
     run_matrix(pycoll.local_teams(n), n, False, 200, dtypes=False, thin=1 if n <= 16 else 2)
 
@@ -33,9 +33,10 @@ def test_matrix_processes(n, mpirun):
 def test_matrix_many_processes(n, mpirun):
     """Many more ranks than cores: float32 SUM and int16 only, counts 0, odd and large (persistent
     for the odd one), every algorithm; at 16 ranks three roots; at 64 the middle root, in place
-    for the odd count only, and the large count and persistent forms only on the segment (the
-    point-to-point algorithms take the same steps at every size: covered at 16). Measured on a
-    2-core VM: 16 ranks 12 s, 64 ranks 56-78 s. (32 ranks, 22-25 s, was dropped to keep the suite
-    under its time: it sits between these two.)"""
-    mpirun(n, "tests/coll/scripts/matrix.py", "0", "5000" if n <= 32 else "1000", "1" if n <= 16 else "3",
+    for the odd count only, and the point-to-point algorithms at the odd count only (they take the
+    same steps at every size: counts 0 and large and the persistent forms are covered at 16).
+    Measured on a 2-core VM: 16 ranks 12-15 s, 64 ranks 56-83 s before the point-to-point
+    algorithms were held to the odd count. (32 ranks, 22-25 s, was dropped to keep the suite under
+    its time: it sits between these two.)"""
+    mpirun(n, "tests/coll/scripts/matrix.py", "0", "5000" if n <= 32 else "1000", "1" if n <= 16 else "4",
            timeout=120 if n <= 16 else 300)

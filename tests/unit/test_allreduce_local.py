@@ -158,7 +158,7 @@ def test_partitioned_tagged_collectives_in_different_orders_under_credit_of_one_
     assert ctx.stats["credit_waits"] > 0
 
 
-@pytest.mark.parametrize("alg", ALGS)
+@pytest.mark.parametrize("alg", ["rd", "ring"])  # (knomial: every dtype and op in the process matrix)
 def test_large_count_every_dtype_and_op(alg):
     count = (1 << 20) + 3
     for i, dtype in enumerate(ALL_DTYPES):
