@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -32,9 +33,10 @@ def make_model(width: int, layers: int) -> nn.Module:
     return nn.Sequential(*mods, nn.Linear(width, 1))
 
 
-def step_time(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> float:
-    """Seconds per training step over ``steps`` steps."""
-    dist.barrier()
+def step_time(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
+              group: Optional[dist.ProcessGroup] = None) -> float:
+    """Seconds per training step over ``steps`` steps (the ranks of ``group`` start together)."""
+    dist.barrier(group=group)
     start = time.perf_counter()
     for _ in range(steps):
         opt.zero_grad()
@@ -43,15 +45,20 @@ def step_time(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, ste
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str) -> argparse.Namespace:
+    """The model, batch and timing options of the torch training benchmarks."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--width", type=int, default=1024, help="hidden width (default 1024)")
     ap.add_argument("--layers", type=int, default=8, help="hidden layers (default 8)")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank and step (default 32)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = options(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     dist.init_process_group("pycoll")
     rank = dist.get_rank()

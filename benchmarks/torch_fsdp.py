@@ -10,15 +10,14 @@ each layer's parameters before its forward and backward and reduce-scatters its 
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch_ddp import options, step_time  # (this folder: the DDP benchmark's options and timer)
 
 import pycoll.torch  # noqa: F401 - registers the backend
 
@@ -35,28 +34,8 @@ def make_model(width: int, layers: int, mesh: DeviceMesh) -> nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-def step_time(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int,
-              group: dist.ProcessGroup) -> float:
-    """Seconds per training step over ``steps`` steps."""
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
-    dist.barrier(group=group)
-    return (time.perf_counter() - start) / steps
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--width", type=int, default=1024, help="hidden width (default 1024)")
-    ap.add_argument("--layers", type=int, default=8, help="hidden layers (default 8)")
-    ap.add_argument("--batch", type=int, default=32, help="samples per rank and step (default 32)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    args = ap.parse_args()
+    args = options(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     dist.init_process_group("pycoll")
     groups = {"pycoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
