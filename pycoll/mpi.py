@@ -49,6 +49,7 @@ from pycoll.team import Persistent, Team
 log = logging.getLogger("pycoll")
 
 
+# ---------------------------------------------------------------------- errors as mpi4py's
 class _MPIFlavour(MPI.Exception):
     """An ``MPI.Exception`` of error class :attr:`error_class_code` whose text is pycoll's."""
 

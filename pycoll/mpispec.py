@@ -86,7 +86,7 @@ def as_buffer(spec: Any, *, blocks: int = 0, writable: bool = False, what: str =
     return arr[start:start + n]
 
 
-# ---------------------------------------------------------------------- errors as mpi4py's
+# ---------------------------------------------------------------------- device memory, Alltoallw
 
 
 def device_memory(obj: Any) -> bool:
