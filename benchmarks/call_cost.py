@@ -22,7 +22,7 @@ turn (every call checked, its task taken from the pool and rebound):
 The profile inflates Python calls more than C calls, so the shares are scaled to the unprofiled
 time per call: read them as where the time goes, not to the nanosecond.
 
-    mpiexec -n 2 python benchmarks/call_cost.py [--colls allreduce,bcast,gather,alltoall,barrier,
+    mpiexec -n 2 python benchmarks/call_cost.py [--colls allreduce,bcast,gather,scatter,alltoall,barrier,
         persistent,Comm.Allreduce] [--bytes 8] [--iters 20000]
 
 ``persistent`` is ``team.allreduce_init(x, y)`` then ``start().wait()``; ``Comm.Allreduce`` the
@@ -80,7 +80,7 @@ def stage_of(filename: str, function: str) -> str:
 #: Buffers the ``new`` rows take in turn (more than the calls a team remembers).
 ROTATE = 256
 #: The collectives timed both ways; the others (barrier, persistent, Comm.Allreduce) once.
-ROTATING = ("allreduce", "bcast", "gather", "alltoall")
+ROTATING = ("allreduce", "bcast", "gather", "scatter", "alltoall")
 
 
 def call_of(coll: str, team: Team, nbytes: int,
@@ -105,6 +105,11 @@ def call_of(coll: str, team: Team, nbytes: int,
             b = turn()
             return team.gather(b[0], b[2], 0).wait()
         return py, (lambda: comm.Gather(x, out, root=0))
+    if coll == "scatter":
+        def py() -> Any:
+            b = turn()
+            return team.scatter(b[1], b[3], 0).wait()
+        return py, (lambda: comm.Scatter(whole, y, root=0))
     if coll == "alltoall":
         def py() -> Any:
             b = turn()

@@ -157,7 +157,10 @@ enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COL
        /* allreduce of buffers in memory every rank maps (a region: see region below): each rank
         * reduces its 1/n straight from the ranks' inputs and writes it into every rank's output;
         * the segment carries only the offsets, in one generation */
-       PC_COLL_ALLREDUCE_MAPPED, PC_NCOLLS };
+       PC_COLL_ALLREDUCE_MAPPED,
+       /* prefix reductions: every rank's chunk in its slot; rank r reduces slots 0..r (exscan:
+        * 0..r-1; rank 0's dst is left as it was) in rank order into its dst */
+       PC_COLL_SCAN, PC_COLL_EXSCAN, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;

@@ -459,10 +459,15 @@ static void tell(pc_shm_ctrl_t *me, uint64_t gen0, uint64_t chunks, uint64_t cou
  * disagree on the count, or the segment is corrupted), reduces every rank's data in rank order
  * (so every rank gets bitwise the same result) or copies the root's, and publishes reduced. Nobody
  * waits for the readers in the collective itself: the next write waits (usually for nothing). */
+static int prefix(int coll) { return coll == PC_COLL_SCAN || coll == PC_COLL_EXSCAN; }
+
 static int inline_ok(const pc_shm_coll_t *c, size_t es) {
-    return (c->coll == PC_COLL_ALLREDUCE || c->coll == PC_COLL_REDUCE || c->coll == PC_COLL_BCAST) &&
-           c->count * es <= PC_INLINE;
+    return (c->coll == PC_COLL_ALLREDUCE || c->coll == PC_COLL_REDUCE || c->coll == PC_COLL_BCAST ||
+            prefix(c->coll)) && c->count * es <= PC_INLINE;
 }
+
+/* The ranks whose data rank `rank` reduces in a prefix reduction (scan: 0..rank; exscan: 0..rank-1). */
+static int prefix_inputs(const pc_shm_coll_t *c) { return (int)c->rank + (c->coll == PC_COLL_SCAN); }
 
 static int inline_header(pc_shm_ctrl_t *b, uint64_t gen, uint64_t nbytes) {
     if (b->inline_gen != gen) return PC_ESTATE;
@@ -476,7 +481,7 @@ static int inline_small(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
     int root = (int)c->rank == c->root;
     int writes = c->coll != PC_COLL_BCAST || root;
     int reads = c->coll == PC_COLL_ALLREDUCE || (c->coll == PC_COLL_REDUCE && root) ||
-                (c->coll == PC_COLL_BCAST && !root);
+                (c->coll == PC_COLL_BCAST && !root) || (prefix(c->coll) && prefix_inputs(c) > 0);
     int rc;
     if (c->phase == 0) {
         if (writes) {
@@ -509,7 +514,8 @@ static int inline_small(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
                 if (rc) return rc;
                 ins[r] = b->inline_data;
             }
-            rc = pycoll_reduce_n(c->op, c->dtype, c->dst, ins, (int)c->nranks, c->count);
+            int nin = prefix(c->coll) ? prefix_inputs(c) : (int)c->nranks;
+            rc = pycoll_reduce_n(c->op, c->dtype, c->dst, ins, nin, c->count);
             if (rc) return rc;
         }
     }
@@ -840,7 +846,8 @@ static uint64_t flow(const pc_shm_coll_t *c) {
 
 static void sign(pc_shm_coll_t *c) {
     int coll = base_coll(c->coll);
-    int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER;
+    int reduces = coll == PC_COLL_ALLREDUCE || coll == PC_COLL_REDUCE || coll == PC_COLL_REDUCE_SCATTER ||
+                  prefix(coll);
     /* the form itself (c->coll): a rank on the single-copy form and one on the segment form of the
      * same collective would read each other's slots wrongly */
     uint64_t what = (uint64_t)c->coll | (uint64_t)(coll == PC_COLL_BARRIER ? 0xff : (c->dtype & 0xff)) << 8 |
@@ -848,7 +855,9 @@ static void sign(pc_shm_coll_t *c) {
                     (uint64_t)(rooted(c->coll) ? (uint32_t)c->root : 0xffffffffu) << 32;
     uint64_t agree = 0, count = c->count;
     switch (coll) {
-    case PC_COLL_ALLREDUCE: case PC_COLL_BCAST: case PC_COLL_REDUCE: agree = c->count; break;
+    case PC_COLL_ALLREDUCE: case PC_COLL_BCAST: case PC_COLL_REDUCE: case PC_COLL_SCAN: case PC_COLL_EXSCAN:
+        agree = c->count;
+        break;
     case PC_COLL_ALLGATHER: agree = counts_digest(c->layout, c->nranks); count = c->src_count; break;
     case PC_COLL_REDUCE_SCATTER: agree = counts_digest(c->layout, c->nranks); break;
     case PC_COLL_GATHER: case PC_COLL_ALLTOALL: count = c->src_count; break;
@@ -1086,6 +1095,26 @@ static int progress(pc_shm_coll_t *c, uint64_t max_polls) {
                 if (rc <= 0) return rc;
                 copy_out(c, es, c->dst + off * es, result, m * es);
             }
+        } else if (prefix(c->coll)) {
+            /* every rank's chunk in its slot; this rank reduces those of the ranks before it (and
+             * its own: scan) in rank order into dst, reading its own from the slot too (dst may be
+             * src) */
+            if (c->phase == 0) {
+                rc = slot_free(c, max_polls);
+                if (rc <= 0) return rc;
+                memcpy(mine, c->src + off * es, m * es);
+                arrive(me, c->gen);
+                c->phase = 1;
+            }
+            rc = wait_flags(c, 0, c->gen, -1, max_polls);
+            if (rc <= 0) return rc;
+            int nin = prefix_inputs(c);
+            if (nin > 0 && m) {
+                for (int r = 0; r < nin; r++) ins[r] = slots + (uint64_t)r * h->slot_bytes;
+                rc = pycoll_reduce_n(c->op, c->dtype, c->dst + off * es, ins, nin, m);
+                if (rc) return rc;
+            }
+            reduced(me, c->gen);
         } else if (c->coll == PC_COLL_ALLGATHER) {
             /* every rank's piece of its block in its slot; everyone copies the others' out */
             if (c->phase == 0) {

@@ -254,14 +254,14 @@ TABLE: Tuple[Collective, ...] = (
         "Scan (inclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the ``sendbuf`` "
         "of ranks 0..r (``None``: in place). Any op but AVG.",
         _scan, mpi="Scan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
-        size="the buffer (send = recv)", reduces=True, default="rd"),
+        factor="1", size="the buffer (send = recv)", reduces=True, default="rd"),
     Collective(
         "exscan", calls.exscan,
         "Exscan (exclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the "
         "``sendbuf`` of ranks 0..r-1; rank 0's is left as it was (MPI leaves it undefined). "
         "``None``: in place. Any op but AVG.",
         _exscan, mpi="Exscan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
-        size="the buffer (send = recv)", reduces=True, default="rd"),
+        factor="1", size="the buffer (send = recv)", reduces=True, default="rd"),
     Collective(
         "barrier", calls.barrier, "Barrier: the request completes once every rank of the team entered it.",
         _nothing, mpi="Barrier", torch="barrier", size="none: time only", send="", recv=""),

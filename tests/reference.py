@@ -174,12 +174,14 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
         for alg in ALGORITHMS[coll]:
             if (alg == "shm" and not shared) or (alg == "cma" and not cma) or alg == "mapped":
                 continue  # (mapped: arrays of team.alloc, tests/coll/scripts/mapped_allreduce.py)
-            if thin and coll in ("scan", "exscan"):
+            if thin and coll in ("scan", "exscan") and alg != "shm":
                 continue  # (point to point, the same steps at every size: covered up to 9 ranks)
-            if coll in REDUCING and dtypes and coll not in ("scan", "exscan"):  # (those: test_scan_local)
+            # (rd's dtypes and ops: test_scan_local; the segment's reduce natively: swept here)
+            if coll in REDUCING and dtypes and (coll not in ("scan", "exscan") or alg == "shm"):
                 for dtype in ALL_DTYPES:
                     for op in valid_ops(dtype):
-                        yield Case(coll, alg, dtype, op, 7, False, False, n - 1)
+                        if op is not ReduceOp.AVG or coll not in ("scan", "exscan"):
+                            yield Case(coll, alg, dtype, op, 7, False, False, n - 1)
             dtype = "float32" if coll in REDUCING else "int16"
             for count in ((0, 7, large) if thin else (0, 1, 7, large)):
                 for root in (roots if coll in ROOTED else [0]):

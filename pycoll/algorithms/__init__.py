@@ -144,8 +144,10 @@ DEFAULT_RULES: List[Rule] = [
     Rule("scatterv", "cma", team=(2, INF)),
     Rule("scatterv", "shm", team=(2, INF)),
     Rule("scatterv", "linear"),
+    # scan, exscan: the segment on one host, else recursive doubling (the table's default).
+    Rule("scan", "shm", team=(2, INF)),
+    Rule("exscan", "shm", team=(2, INF)),
 ]
-
 
 
 def rules() -> List[Rule]:
