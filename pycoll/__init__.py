@@ -6,6 +6,7 @@ per process starts work by priority while credit allows; transports move the byt
 
 from pycoll.engine import Context, Request, get_context, wait_all
 from pycoll.errors import (
+    BufferError,
     CanceledError,
     ConfigError,
     MismatchError,
@@ -23,8 +24,8 @@ from pycoll.team import Team, local_teams
 __version__ = "0.1.0"
 
 __all__ = [
-    "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError", "PeerLostError",
-    "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request", "RevokedError", "Schedule",
-    "Task", "TaskState", "Team", "TimeoutError", "TransportError", "get_context", "local_teams", "wait_all",
-    "__version__",
+    "BufferError", "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError",
+    "PeerLostError", "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request",
+    "RevokedError", "Schedule", "Task", "TaskState", "Team", "TimeoutError", "TransportError",
+    "get_context", "local_teams", "wait_all", "__version__",
 ]

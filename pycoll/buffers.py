@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from pycoll.errors import BufferError  # noqa: A004 - pycoll.buffers.BufferError stays importable
+
 _UINT8 = np.dtype(np.uint8)
-
-
-class BufferError(ValueError):  # noqa: A001 - pycoll.buffers.BufferError, a ValueError
-    """A buffer cannot be used as given (non-contiguous, read-only where written, ...)."""
 
 
 def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:

@@ -83,7 +83,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         torch_version = version("torch")
         print(f"  torch    torch.distributed backend 'pycoll' (torch {torch_version}): import pycoll.torch")
     except PackageNotFoundError:
-        print("  torch    not installed (pip install torch): the 'pycoll' torch.distributed backend needs it")
+        print("  torch    not installed: the 'pycoll' torch.distributed backend needs it (pip install "
+              "torch==2.13.0 for the CPU build; an unpinned torch pulls several GB of CUDA packages)")
     print("\nalgorithms:")
     for coll, table in algorithms.ALGORITHMS.items():
         extra = ", push_pull (BytePS summation services; by name only)" if coll == "allreduce" else ""
@@ -212,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="launch N ranks with the bundled mpiexec")
     run.add_argument("-n", type=int, required=True, help="number of ranks")
-    run.add_argument("--timeout", type=float, default=None, help="kill all ranks after this many seconds")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="end all ranks after this many seconds (default: no limit)")
     run.add_argument("--servers", type=int, default=0,
-                     help="also start K push-pull summation servers (python -m pycoll.ps.server)")
+                     help="also start K push-pull summation servers (python -m pycoll.ps.server; default 0)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
@@ -235,29 +237,35 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--servers", type=int, default=None, metavar="K",
                       help="push_pull: also start K summation servers (default 0; under a launch of "
                            "one's own, PYCOLL_NUM_SERVERS=K)")
-    perf.add_argument("--min-bytes", default="8")
-    perf.add_argument("--max-bytes", default="128M")
-    perf.add_argument("--dtype", default="float32")
+    perf.add_argument("--min-bytes", default="8", metavar="SIZE",
+                      help="smallest size (default 8; suffixes K, M, G: 64K, 4M, 1G; sizes double from here)")
+    perf.add_argument("--max-bytes", default="128M", metavar="SIZE",
+                      help="largest size (default 128M; suffixes as --min-bytes)")
+    perf.add_argument("--dtype", default="float32",
+                      help="element type (default float32; any numpy name pycoll reduces: int8-64, uint8-64, "
+                           "float16, bfloat16, float32, float64, complex64, complex128, bool)")
     perf.add_argument("--op", default=None,
                       help="reduction of allreduce, reduce, reduce_scatter(v) (default sum)")
     perf.add_argument("--root", type=int, default=None,
                       help="root of bcast, reduce, gather(v), scatter(v) (default 0)")
     perf.add_argument("--algorithm", default="auto",
-                      help="auto, one of the collective's algorithms, or all (each that can run here, "
-                           "one table each)")
+                      help="auto (default: the selection table's), one of the collective's algorithms, "
+                           "or all (each that can run here, one table each)")
     perf.add_argument("--iters", type=int, default=0, help="calls per size (default: by size)")
-    perf.add_argument("--warmup", type=int, default=None, help="warm-up calls per size")
+    perf.add_argument("--warmup", type=int, default=None,
+                      help="warm-up calls per size (default: a tenth of the calls, 2 to 10)")
     perf.add_argument("--check", action="store_true", help="verify every size against numpy (pycoll and MPI)")
     perf.add_argument("--compare", choices=["mpi", "none"], default="none",
-                      help="also time MPI's own collective in the same run")
+                      help="mpi: also time MPI's own collective in the same run (default none)")
     perf.add_argument("--alloc", action="store_true",
                       help="buffers made by team.alloc (memory every rank on the host maps), for "
                            "pycoll and MPI alike")
-    perf.add_argument("--json", default=None, help="write the results to this file")
+    perf.add_argument("--json", default=None, help="write the results to this file (default: none)")
     perf.add_argument("--plot", default=None, metavar="FILE.png",
                       help="draw time and busbw against size, pycoll next to MPI (one picture per "
                            "collective: FILE_<coll>.png when there are several; needs matplotlib)")
-    perf.add_argument("--timeout", type=float, default=1800, help="kill the ranks after this many seconds")
+    perf.add_argument("--timeout", type=float, default=1800,
+                      help="kill the ranks after this many seconds (default 1800)")
     perf.set_defaults(func=None)
 
     trace = sub.add_parser("trace", help="merge and plot PYCOLL_TRACE timelines",

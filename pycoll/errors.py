@@ -64,3 +64,8 @@ class MismatchError(PycollError):
 
 class ConfigError(PycollError, ValueError):
     """A setting (a ``PYCOLL_*`` variable or an argument naming one) could not be parsed."""
+
+
+class BufferError(PycollError, ValueError):  # noqa: A001 - pycoll.BufferError, a ValueError
+    """A buffer cannot be used as given (non-contiguous, read-only where written, a size that does
+    not fit the call, ...): raised by the argument checks, before anything is sent."""

@@ -351,14 +351,64 @@ class Comm:
         (:meth:`pycoll.planner.Planner.reject`), so that peers that posted it raise too instead
         of waiting. ``error`` itself when every rank rejected the call (the Comm stays usable);
         else an ``MPI.Exception`` that is a :class:`pycoll.MismatchError`, on every rank."""
-        if isinstance(error, PycollError):  # (the engine's own errors: the call was posted)
-            return error
+        if isinstance(error, PycollError) and not isinstance(error, ValueError):
+            return error  # (the engine's own errors: the call was posted; pycoll's ValueErrors are checks')
         err = self.team.planner.reject(method, error)
         if err is error:
             return error
         flavoured = mpi_error(err) if isinstance(err, PycollError) else err
         flavoured.__cause__ = error
         return flavoured
+
+    # -- communicator constructors: a new communicator stays on pycoll (MPI's COMM_NULL stays null)
+    def derived(self, comm: Any) -> Any:
+        """A :class:`Comm` over ``comm``, a communicator made from this one (on this process's
+        engine); ``MPI.COMM_NULL`` as it is (a rank outside the new communicator)."""
+        if comm == MPI.COMM_NULL:
+            return comm
+        return Comm(comm, self.team.ctx)
+
+    def Dup(self, info: Any = None) -> Comm:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Dup``, on pycoll."""
+        return self.derived(self.comm.Dup() if info is None else self.comm.Dup(info))
+
+    def Clone(self) -> Comm:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Clone``, on pycoll."""
+        return self.derived(self.comm.Clone())
+
+    def Dup_with_info(self, info: Any) -> Comm:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Dup_with_info``, on pycoll."""
+        return self.derived(self.comm.Dup_with_info(info))
+
+    def Idup(self, info: Any = None) -> Tuple[Comm, Any]:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Idup`` (``(comm, request)``), on pycoll. The duplicate is complete on return
+        (making its team is collective and blocking): the request is ``MPI.REQUEST_NULL``."""
+        comm, request = self.comm.Idup() if info is None else self.comm.Idup(info)
+        request.Wait()
+        return self.derived(comm), MPI.REQUEST_NULL
+
+    def Split(self, color: int = 0, key: int = 0) -> Any:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Split``, on pycoll (``MPI.UNDEFINED`` color: ``MPI.COMM_NULL``)."""
+        return self.derived(self.comm.Split(color, key))
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Any:  # noqa: N802
+        """mpi4py's ``Split_type`` (e.g. ``MPI.COMM_TYPE_SHARED``: the ranks of this host), on pycoll."""
+        kw = {} if info is None else {"info": info}
+        return self.derived(self.comm.Split_type(split_type, key, **kw))
+
+    def Create(self, group: Any) -> Any:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Create``, on pycoll (``MPI.COMM_NULL`` off the group)."""
+        return self.derived(self.comm.Create(group))
+
+    def Create_group(self, group: Any, tag: int = 0) -> Any:  # noqa: N802 - mpi4py's name
+        """mpi4py's ``Create_group`` (collective over the group only), on pycoll."""
+        return self.derived(self.comm.Create_group(group, tag))
+
+    def Free(self) -> None:  # noqa: N802 - mpi4py's name
+        """Free the communicator (mpi4py's ``Free``; collective, as MPI's), then close the team (its
+        shared memory and its duplicate of the communicator)."""
+        self.comm.Free()  # (first: MPI refuses to free COMM_WORLD, and then nothing changed)
+        self.team.close()
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
         return self.team.rank

@@ -26,34 +26,17 @@ from pycoll.calls import Call
 from pycoll.collectives import TABLE, Collective, docstring
 from pycoll.collectives import get as collective
 from pycoll.engine.context import Context, get_context
-from pycoll.engine.request import Request
+from pycoll.engine.request import Finished, Request
 from pycoll.ops import ReduceOp
 from pycoll.persistent import BUFFER_PARAMS, Persistent, buffer_dtype, persistent_of
 from pycoll.planner import Planner
 from pycoll.ps.worker import PushPull
-from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask, SendTask
+from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask, SendTask, raw_inside_task
 from pycoll.tasks.task import Task
-from pycoll.tl.base import Transport, TransportRequest
+from pycoll.tl.base import Channel, Transport
 from pycoll.tl.self import SelfTransport
-from pycoll.topology import Topology
+from pycoll.topology import Levels, Topology
 from pycoll.traffic import reset_traffic, team_traffic
-
-
-class Levels:
-    """A team's sub-teams: ``node`` (this rank's node) and ``rail`` (the ranks with its local
-    index on every node), made by the bootstrap when the team spans nodes with several ranks on
-    some node; ``alone`` (a team of this rank only), made when first needed."""
-
-    __slots__ = ("node", "rail", "alone")
-
-    def __init__(self) -> None:
-        self.node: Optional[Team] = None
-        self.rail: Optional[Team] = None
-        self.alone: Optional[Team] = None
-
-    def all(self) -> List[Team]:
-        """The sub-teams made so far."""
-        return [t for t in (self.node, self.rail, self.alone) if t is not None]
 
 
 class Team:
@@ -150,34 +133,49 @@ class Team:
         return f"<Team {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
 
     # ------------------------------------------------------------------ point to point
-    def isend(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
-        """Non-blocking send of ``buf`` to team rank ``peer``; ``req.test()`` says when done."""
-        return self.transport.isend(as_bytes(buf), self._peer(peer), ("p", tag))
-
-    def irecv(self, buf: Any, peer: int, tag: Hashable = 0) -> TransportRequest:
-        """Non-blocking receive into ``buf`` from team rank ``peer``."""
-        return self.transport.irecv(as_bytes(buf, writable=True), self._peer(peer), ("p", tag))
+    @property
+    def p2p(self) -> Channel:
+        """Raw point to point on the team's transport, outside the engine: ``p2p.isend(wire, peer,
+        tag)`` and ``p2p.irecv(wire, peer, tag)`` post byte views (:func:`pycoll.buffers.as_bytes`)
+        and return transport requests (poll ``test()``); they match :meth:`isend`/:meth:`irecv` by tag."""
+        return self.transport.channel(("p",))
 
     def probe(self, peer: int, tag: Hashable = 0) -> bool:
         """Whether a message from team rank ``peer`` with ``tag`` waits for its receive."""
         return self.transport.probe(self._peer(peer), ("p", tag))
 
-    def send(self, buf: Any, peer: int, tag: Hashable = 0, *, priority: int = 0,
-             timeout: Optional[float] = None) -> Request:
-        """Send ``buf`` to team rank ``peer`` as a task of the engine; returns a Request (done
-        once the send completed locally: the buffer may be reused)."""
+    def isend(self, buf: Any, peer: int, tag: Hashable = 0, *, priority: int = 0,
+              timeout: Optional[float] = None) -> Request:
+        """Send ``buf`` to team rank ``peer`` as a task of the engine (``MPI_Isend``): the Request
+        is done once the send completed locally (the buffer may be reused)."""
+        if self.ctx.inside():
+            return raw_inside_task(self, "isend", as_bytes(buf), self._peer(peer), tag)
         task = SendTask(self, buf, self._peer(peer), tag, name=f"send->{peer}@{self.rank}")
         return self.planner.submit(task, priority, timeout, None)
 
-    def recv(self, buf: Any, peer: Optional[int] = None, tag: Hashable = 0, *, priority: int = 0,
-             timeout: Optional[float] = None) -> Request:
+    def irecv(self, buf: Any, peer: Optional[int] = None, tag: Hashable = 0, *, priority: int = 0,
+              timeout: Optional[float] = None) -> Request:
         """Receive into ``buf`` from team rank ``peer`` (``None``: from any rank; the request's
-        ``task.source`` then names it) as a task of the engine; returns a Request."""
+        ``task.source`` then names it) as a task of the engine (``MPI_Irecv``)."""
+        if peer is not None and self.ctx.inside():
+            return raw_inside_task(self, "irecv", as_bytes(buf, writable=True), self._peer(peer), tag)
         if peer is None:
             task: Task = AnySourceRecvTask(self, buf, tag, name=f"recv<-any@{self.rank}")
         else:
             task = RecvTask(self, buf, self._peer(peer), tag, name=f"recv<-{peer}@{self.rank}")
         return self.planner.submit(task, priority, timeout, None)
+
+    def send(self, buf: Any, peer: int, tag: Hashable = 0, *, priority: int = 0,
+             timeout: Optional[float] = None) -> Any:
+        """Blocking send (``MPI_Send``): returns once ``buf`` may be reused. (Its result stands in for
+        the Request ``send`` returned before 0.2, with a DeprecationWarning: see Finished.)"""
+        return Finished(self.isend(buf, peer, tag, priority=priority, timeout=timeout), "send")
+
+    def recv(self, buf: Any, peer: Optional[int] = None, tag: Hashable = 0, *, priority: int = 0,
+             timeout: Optional[float] = None) -> Any:
+        """Blocking receive (``MPI_Recv``) into ``buf`` from team rank ``peer`` (``None``: any rank;
+        to learn which, use :meth:`irecv`). Its result is as :meth:`send`'s."""
+        return Finished(self.irecv(buf, peer, tag, priority=priority, timeout=timeout), "recv")
 
     def _peer(self, peer: int) -> int:
         if not 0 <= peer < self.size:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from pycoll import config
 from pycoll.errors import ConfigError
@@ -115,3 +115,20 @@ class Topology:
 
     def __str__(self) -> str:
         return f"{self.n_nodes} node(s), ranks per node {self.ppn}"
+
+
+class Levels:
+    """A team's sub-teams: ``node`` (this rank's node) and ``rail`` (the ranks with its local
+    index on every node), made by the bootstrap when the team spans nodes with several ranks on
+    some node; ``alone`` (a team of this rank only), made when first needed."""
+
+    __slots__ = ("node", "rail", "alone")
+
+    def __init__(self) -> None:
+        self.node: Optional[Any] = None
+        self.rail: Optional[Any] = None
+        self.alone: Optional[Any] = None
+
+    def all(self) -> List[Any]:
+        """The sub-teams made so far."""
+        return [t for t in (self.node, self.rail, self.alone) if t is not None]

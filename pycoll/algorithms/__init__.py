@@ -184,6 +184,27 @@ def select(coll: str, size: int, nbytes: int, shared: bool = False, mem: str = "
     return name
 
 
+def register(module: ModuleType, *, replace: bool = False) -> None:
+    """Add the algorithm ``module`` declares (``NAME``, ``COLLECTIVES``, ``OPTIONS``, ``build``: as
+    a file of this package does) to the tables, for each of its collectives: ``algorithm=NAME``
+    and ``PYCOLL_TUNE`` rules can name it from then on (register it on every rank, before the
+    collectives that use it). ValueError if a collective has an algorithm of that name already
+    (unless ``replace``) or the collective is unknown."""
+    for attr in ("NAME", "COLLECTIVES", "OPTIONS", "build"):
+        if not hasattr(module, attr):
+            what = getattr(module, "__name__", module)
+            raise ValueError(f"{what!r} declares no {attr} (see pycoll.algorithms)")
+    for coll in module.COLLECTIVES:
+        if coll not in ALGORITHMS:
+            raise ValueError(f"unknown collective {coll!r}; known: {', '.join(ALGORITHMS)}")
+        if module.NAME in ALGORITHMS[coll] and not replace:
+            raise ValueError(f"{coll} has an algorithm {module.NAME!r} already (replace=True replaces it)")
+    for coll in module.COLLECTIVES:
+        MODULES[coll][module.NAME] = module
+        ALGORITHMS[coll][module.NAME] = module.build
+    _parsed.clear()  # (PYCOLL_TUNE's rules are checked against the names when parsed)
+
+
 def get(coll: str, name: str) -> Builder:
     """The builder of algorithm ``name`` for ``coll``; ValueError naming the choices otherwise."""
     table = ALGORITHMS.get(coll)

@@ -217,6 +217,12 @@ class Context:
         return ExpressLane(self, (self._ready, self._free, self._active, self._demand_of), task, sequence,
                            result, owner)
 
+    def inside(self) -> bool:
+        """Whether the calling thread is inside the engine: in a task's ``post``/``progress`` or a
+        callback the engine runs (it holds the engine's lock), where submitting and waiting for
+        more work would run the engine again from within itself."""
+        return self.lock._is_owned()  # type: ignore[attr-defined]  # noqa: SLF001 - RLock's own test
+
     def adopt(self, task: Task) -> None:
         """Take over ``task``, started outside the engine by its express lane: polled while in
         progress, with its deadline."""

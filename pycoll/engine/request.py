@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional
 
 from pycoll.errors import CanceledError
@@ -107,6 +108,28 @@ class Request:
 
     def __repr__(self) -> str:
         return f"<Request {self.task.name!r} {self.state.name}>"
+
+
+class Finished:
+    """What the blocking ``team.send``/``team.recv`` return: they wait for their request (raising
+    its error) before they return this. Until 0.2 it stands in for the Request these calls used to
+    return: reading it as one (``wait()``, ``test()``, ``task``...) still works and warns
+    (DeprecationWarning: the Request is ``team.isend``/``team.irecv``'s); from 0.2 they return None."""
+
+    __slots__ = ("_request", "_call")
+
+    def __init__(self, request: Request, call: str) -> None:
+        request.wait()
+        self._request = request
+        self._call = call
+
+    def __getattr__(self, name: str) -> Any:
+        warnings.warn(f"team.{self._call} blocks (as MPI_{self._call.capitalize()}) and returns None from "
+                      f"pycoll 0.2: for a Request use team.i{self._call}", DeprecationWarning, stacklevel=2)
+        return getattr(self._request, name)
+
+    def __repr__(self) -> str:
+        return f"<finished {self._call}>"
 
 
 def wait_all(requests: Iterable[Request], timeout: Optional[float] = None) -> List[Any]:

@@ -53,7 +53,7 @@ def parse_control(buf: np.ndarray) -> Dict[str, Any]:
 
 def goodbye(world: Any, n: int, k: int, me: int) -> None:
     """Worker ``me`` tells every server it is done (blocking until the messages are sent)."""
-    reqs = [world.send(control_message(kind="bye", worker=me), n + s, CONTROL) for s in range(k)]
+    reqs = [world.isend(control_message(kind="bye", worker=me), n + s, CONTROL) for s in range(k)]
     for req in reqs:
         req.wait()
 

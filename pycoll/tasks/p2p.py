@@ -1,11 +1,31 @@
-"""Built-in point-to-point tasks: send or receive one buffer to or from a team peer."""
+"""Built-in point-to-point tasks: send or receive one buffer to or from a team peer.
+
+``team`` is a :class:`pycoll.Team` (the tasks post on its raw point to point, :attr:`Team.p2p
+<pycoll.team.Team.p2p>`) or a transport's :class:`~pycoll.tl.base.Channel` (an algorithm's, whose
+messages are keyed by its collective)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Hashable, Optional
 
 from pycoll.buffers import as_bytes
 from pycoll.tasks.task import Task
+
+
+def raw_inside_task(team: Any, call: str, wire: Any, peer: int, tag: Hashable) -> Any:
+    """``team.isend``/``team.irecv`` called inside the engine (a task's ``post``/``progress``): the
+    raw transport request those calls returned before 0.2 (an engine Request there would run the
+    engine from within itself), with a DeprecationWarning: tasks post on ``team.p2p``."""
+    warnings.warn(f"team.{call} inside a task returns an engine Request from pycoll 0.2: a task posts "
+                  f"raw messages with team.p2p.{call}(wire, peer, tag)", DeprecationWarning, stacklevel=3)
+    return getattr(team.p2p, call)(wire, peer, tag)
+
+
+def endpoint(team: Any) -> Any:
+    """What a task posts on: a team's raw point to point (its ``p2p`` channel), or ``team`` itself
+    (a channel)."""
+    return getattr(team, "p2p", team)
 
 
 class SendTask(Task):
@@ -21,7 +41,7 @@ class SendTask(Task):
                  priority: Optional[int] = None) -> None:
         self.buf = as_bytes(buf)
         super().__init__(name or "send", priority=priority, nbytes=self.buf.nbytes)
-        self.team = team
+        self.team = endpoint(team)
         self.peer = peer
         self.tag = tag
         self.req = None
@@ -53,7 +73,7 @@ class RecvTask(Task):
                  priority: Optional[int] = None) -> None:
         self.buf = as_bytes(buf, writable=True)
         super().__init__(name or "recv", priority=priority, nbytes=self.buf.nbytes)
-        self.team = team
+        self.team = endpoint(team)
         self.peer = peer
         self.source = peer
         self.tag = tag
@@ -86,6 +106,7 @@ class AnySourceRecvTask(RecvTask):
     def __init__(self, team: Any, buf: Any, tag: Hashable, *, name: Optional[str] = None,
                  priority: Optional[int] = None) -> None:
         super().__init__(team, buf, None, tag, name=name or "recv(any)", priority=priority)
+        self.team = team  # (a Team: it probes the peers, then receives on team.p2p)
 
     def post(self) -> None:
         self.progress()
@@ -98,7 +119,7 @@ class AnySourceRecvTask(RecvTask):
                 peer = (team.rank + i) % n
                 if team.probe(peer, self.tag):
                     self.peer = self.source = peer
-                    self.req = team.irecv(self.buf, peer, self.tag)
+                    self.req = team.p2p.irecv(self.buf, peer, self.tag)
                     break
             else:
                 return

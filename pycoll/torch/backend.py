@@ -263,9 +263,9 @@ def rejecting(method: Callable[..., PycollWork]) -> Callable[..., PycollWork]:
     def checked(self: ProcessGroupPycoll, *args: Any, **kwargs: Any) -> PycollWork:
         try:
             return method(self, *args, **kwargs)
-        except ValueError as exc:
-            if isinstance(exc, (PycollError, InvalidArgumentError)):
-                raise  # (the engine's own errors, or a call inside this one that said so already)
+        except ValueError as exc:  # (pycoll's BufferError and ConfigError too: argument checks)
+            if isinstance(exc, InvalidArgumentError):
+                raise  # (a call inside this one said so already)
             raise InvalidArgumentError(str(exc)) from exc
     return checked
 
@@ -590,17 +590,17 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> PycollWork:
         x = Staged(tensors[0], output=False)
-        req = self._post(lambda: self.team.send(x.arr, dst, tag=("torch", tag), timeout=self.timeout))
+        req = self._post(lambda: self.team.isend(x.arr, dst, tag=("torch", tag), timeout=self.timeout))
         return self._work([req], tensors)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> PycollWork:
         x = Staged(tensors[0])
-        req = self._post(lambda: self.team.recv(x.arr, src, tag=("torch", tag), timeout=self.timeout))
+        req = self._post(lambda: self.team.irecv(x.arr, src, tag=("torch", tag), timeout=self.timeout))
         return self._work([req], tensors, self._finisher([x]), source=lambda: src)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> PycollWork:
         x = Staged(tensors[0])
-        req = self._post(lambda: self.team.recv(x.arr, None, tag=("torch", tag), timeout=self.timeout))
+        req = self._post(lambda: self.team.irecv(x.arr, None, tag=("torch", tag), timeout=self.timeout))
         return self._work([req], tensors, self._finisher([x]), source=lambda: req.task.source)
 
     # ------------------------------------------------------------------ coalescing, shutdown

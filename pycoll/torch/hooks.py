@@ -39,11 +39,12 @@ class PriorityHookState:
         partition_bytes: split buckets into parts of at most this many bytes (None: keep the
             engine's setting, ``PYCOLL_PARTITION_BYTES``). Must be equal on every rank.
         credit_bytes: most bytes in flight (None: keep ``PYCOLL_CREDIT_BYTES``).
-
-    Both are settings of the process's engine, applied when the hook first runs: credit is one
-    budget for all of a process's communication (as ByteScheduler's), so they hold for every
-    collective of the process from then on, not only for the buckets.
         average: divide the summed gradients by the group size, as DDP's default hook does.
+
+    ``partition_bytes`` and ``credit_bytes`` are settings of the process's engine, applied when the
+    hook first runs: credit is one budget for all of a process's communication (as
+    ByteScheduler's), so they hold for every collective of the process from then on, not only
+    for the buckets.
     """
 
     def __init__(self, process_group: Any = None, partition_bytes: Any = None, credit_bytes: Any = None,

@@ -58,3 +58,8 @@ def test_comm_scan_exscan_alltoallw_and_in_place_copies_match_mpi(n, mpirun):
     in place, persistent in place refilled) and the in-place Alltoall(v)/Reduce_scatter(_block)
     through pycoll's engine, against mpi4py's own results."""
     mpirun(n, "tests/coll/scripts/comm_prefix_w.py", timeout=120)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_comm_constructors_stay_on_pycoll(n, mpirun):
+    mpirun(n, "tests/coll/scripts/comm_constructors.py", timeout=120)

@@ -118,7 +118,7 @@ DIES_IN_SHRINK = textwrap.dedent("""
     else:  # waiting in a schedule of the user's, and in a receive: both freed
         sched = Schedule(name="user")
         sched.add(team.task("allreduce", np.ones(1000)))
-        for what, req in (("SCHED", team.ctx.submit(sched)), ("RECV", team.recv(np.empty(4), 0, tag=7))):
+        for what, req in (("SCHED", team.ctx.submit(sched)), ("RECV", team.irecv(np.empty(4), 0, tag=7))):
             try:
                 req.wait(timeout=20)
             except pycoll.RevokedError:

@@ -66,3 +66,71 @@ def test_custom_schedule_example_runs():
 
     main(4)
     main(8, count=1000)
+
+
+def test_buffer_errors_are_pycoll_errors_raised_before_anything_is_sent():
+    import pycoll.buffers
+
+    team = pycoll.local_teams(1)[0]
+    posted = team.ctx.posted
+    with pytest.raises(pycoll.BufferError, match="contiguous") as info:
+        team.allreduce(np.ones(8)[::2], np.empty(4))
+    assert isinstance(info.value, pycoll.PycollError) and isinstance(info.value, ValueError)
+    assert pycoll.buffers.BufferError is pycoll.BufferError and team.ctx.posted == posted
+
+
+def test_send_and_recv_block_isend_and_irecv_return_engine_requests():
+    import threading
+    import warnings
+
+    from pycoll.engine.request import Request
+
+    a, b = pycoll.local_teams(2)
+    req = b.irecv(np.zeros(3), 0, tag="q")
+    assert isinstance(req, Request) and not req.done
+    a.send(np.arange(3.0), 1, tag="q")  # blocks until the buffer may be reused: here at once
+    req.wait(5)
+    assert req.done
+    # a blocking recv waits for its message (sent by another thread here)
+    out = np.zeros(2)
+    sender = threading.Timer(0.05, lambda: a.isend(np.full(2, 5.0), 1, tag="late").wait())
+    sender.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (ignoring the result warns about nothing)
+        b.recv(out, 0, tag="late")
+    sender.join()
+    assert (out == 5.0).all()
+    # the result of send/recv still answers as the Request they used to return, with a warning
+    done = a.send(np.ones(1), 1, tag="old")
+    with pytest.warns(DeprecationWarning, match="team.isend"):
+        done.wait()
+    b.recv(np.zeros(1), 0, tag="old")
+    # raw messages outside the engine: the team's p2p channel, matched with the engine's by tag
+    raw = a.p2p.isend(np.full(4, 2, np.uint8), 1, "raw")
+    got = np.zeros(4, np.uint8)
+    b.recv(got, 0, tag="raw")
+    assert raw.test() and (got == 2).all()
+
+
+def test_isend_inside_a_task_keeps_the_raw_request_with_a_warning():
+    from pycoll.tasks.task import Task
+    from pycoll.tl.base import TransportRequest
+
+    a, b = pycoll.local_teams(2)
+    seen = []
+
+    class OldStyle(Task):
+        def post(self) -> None:
+            self.req = a.isend(np.ones(2), 1, tag="in-task")  # the old way: raw, polled below
+            seen.append(self.req)
+
+        def progress(self) -> None:
+            if self.req.test():
+                self.complete()
+
+    got = np.zeros(2)
+    recv = b.irecv(got, 0, tag="in-task")
+    with pytest.warns(DeprecationWarning, match="team.p2p.isend"):
+        a.ctx.submit(OldStyle("old")).wait(5)
+    recv.wait(5)
+    assert isinstance(seen[0], TransportRequest) and (got == 1).all()

@@ -98,23 +98,23 @@ def test_send_recv_requests_and_any_source():
     reqs = []
     for _ in range(3):
         buf = np.zeros(2)
-        reqs.append((a.recv(buf, None, tag="t"), buf))
+        reqs.append((a.irecv(buf, None, tag="t"), buf))
     for r in (3, 1, 2):
-        teams[r].send(np.full(2, float(r)), 0, tag="t").wait(5)
+        teams[r].isend(np.full(2, float(r)), 0, tag="t").wait(5)
     for req, buf in reqs:
         req.wait(5)
         assert buf[0] == req.task.source
         got.append(req.task.source)
     assert sorted(got) == [1, 2, 3]
     exact = np.zeros(3)
-    req = a.recv(exact, 2, tag=9)
-    teams[2].send(np.arange(3.0), 0, tag=9)
+    req = a.irecv(exact, 2, tag=9)
+    teams[2].isend(np.arange(3.0), 0, tag=9)
     req.wait(5)
     assert req.task.source == 2 and list(exact) == [0.0, 1.0, 2.0]
 
 
 def test_any_source_times_out_naming_the_wait():
     a, _ = pycoll.local_teams(2)
-    req = a.recv(np.zeros(1), None, tag="never", timeout=0.1)
+    req = a.irecv(np.zeros(1), None, tag="never", timeout=0.1)
     with pytest.raises(pycoll.TimeoutError, match="any rank"):
         req.wait(5)

@@ -79,8 +79,8 @@ def test_untagged_and_point_to_point():
         t.reset_traffic()
     # a receive buffer larger than the message counts the bytes that arrived
     big = np.zeros(500, np.uint8)
-    recv = teams[1].recv(big, 0, tag="x")
-    teams[0].send(np.ones(123, np.uint8), 1, tag="x").wait()
+    recv = teams[1].irecv(big, 0, tag="x")
+    teams[0].isend(np.ones(123, np.uint8), 1, tag="x").wait()
     recv.wait()
     assert teams[0].traffic()[1] == {"sent": 123, "received": 0, "msgs_sent": 1, "msgs_received": 0}
     assert teams[1].traffic()[0] == {"sent": 0, "received": 123, "msgs_sent": 0, "msgs_received": 1}
@@ -90,8 +90,8 @@ def test_messages_to_oneself_count_under_own_rank():
     teams = pycoll.local_teams(2)
     t = teams[1]
     out = np.zeros(64, np.uint8)
-    recv = t.recv(out, 1, tag="me")
-    t.send(np.ones(64, np.uint8), 1, tag="me").wait()
+    recv = t.irecv(out, 1, tag="me")
+    t.isend(np.ones(64, np.uint8), 1, tag="me").wait()
     recv.wait()
     got = t.traffic()
     assert got[1] == {"sent": 64, "received": 64, "msgs_sent": 1, "msgs_received": 1}

@@ -120,3 +120,37 @@ def test_info_shows_the_choice_for_n_ranks_size_by_size(monkeypatch):
     monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-1K:knomial#allreduce:1K-inf:ring")
     lines = {line.split()[0]: line for line in chosen_by_size(16)}
     assert lines["allreduce"].split(None, 1)[1] == "1-512 knomial, 1K-128M ring"
+
+
+def test_register_an_algorithm_at_run_time(monkeypatch):
+    import types
+
+    import numpy as np
+
+    import pycoll
+    from pycoll import algorithms
+
+    built = []
+
+    def build(args):
+        built.append(args.rank)
+        return algorithms.ALGORITHMS["allreduce"]["rd"](args)
+
+    mine = types.ModuleType("mine")
+    mine.NAME, mine.COLLECTIVES, mine.OPTIONS, mine.build = "mine", ("allreduce",), {}, build
+    try:
+        algorithms.register(mine)
+        with pytest.raises(ValueError, match="already"):
+            algorithms.register(mine)
+        monkeypatch.setenv("PYCOLL_TUNE", "allreduce:0-inf:mine")
+        teams = pycoll.local_teams(2)
+        outs = [np.empty(3) for _ in teams]
+        pycoll.wait_all([t.allreduce(np.full(3, t.rank + 1.0), outs[t.rank]) for t in teams])
+        assert built == [0, 1] and all((o == 3.0).all() for o in outs)
+    finally:
+        algorithms.ALGORITHMS["allreduce"].pop("mine", None)
+        algorithms.MODULES["allreduce"].pop("mine", None)
+    bad = types.ModuleType("bad")
+    bad.NAME, bad.COLLECTIVES, bad.OPTIONS, bad.build = "bad", ("allsum",), {}, build
+    with pytest.raises(ValueError, match="unknown collective"):
+        algorithms.register(bad)

@@ -51,9 +51,9 @@ def stream(world, team, name, limit):
     world.Barrier()
     t0 = time.monotonic()
     if team.rank == 0:
-        reqs = [team.send(b, 1, tag=("bw", i)) for i, b in enumerate(bufs)]
+        reqs = [team.isend(b, 1, tag=("bw", i)) for i, b in enumerate(bufs)]
     else:
-        reqs = [team.recv(b, 0, tag=("bw", i)) for i, b in enumerate(bufs)]
+        reqs = [team.irecv(b, 0, tag=("bw", i)) for i, b in enumerate(bufs)]
     pycoll.wait_all(reqs)
     elapsed = time.monotonic() - t0
     if team.rank == 1:

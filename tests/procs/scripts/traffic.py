@@ -58,7 +58,7 @@ def oversized(world, team, name):
     world.Barrier()
     team.reset_traffic()
     if team.rank == 0:
-        team.send(np.arange(100, dtype=np.uint8), 1, tag="small").wait()
+        team.isend(np.arange(100, dtype=np.uint8), 1, tag="small").wait()
         req = team.transport.isend(np.arange(60, dtype=np.uint8), 1, ("c", 65000, 7))
         while not req.test():
             team.transport.progress()
@@ -66,7 +66,7 @@ def oversized(world, team, name):
         assert t[1]["sent"] == 160 and t[1]["msgs_sent"] == 2, (name, t)
     elif team.rank == 1:
         big = np.zeros(1000, np.uint8)
-        team.recv(big, 0, tag="small").wait()
+        team.irecv(big, 0, tag="small").wait()
         assert (big[:100] == np.arange(100)).all()
         big2 = np.zeros(1000, np.uint8)
         req = team.transport.irecv(big2, 0, ("c", 65000, 7))

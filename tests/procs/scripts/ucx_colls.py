@@ -69,8 +69,8 @@ def point_to_point(team):
     right, left = (r + 1) % n, (r - 1) % n
     for count in (0, 10, 100_000):
         out = np.full(count, -1.0)
-        rq = team.recv(out, left, tag=("ring", count))
-        team.send(np.full(count, float(r)), right, tag=("ring", count)).wait()
+        rq = team.irecv(out, left, tag=("ring", count))
+        team.isend(np.full(count, float(r)), right, tag=("ring", count)).wait()
         rq.wait()
         assert (out == left).all()
     # rank 0 receives one message from every other rank, from any source
@@ -78,14 +78,14 @@ def point_to_point(team):
         seen = set()
         for _ in range(n - 1):
             out = np.zeros(4)
-            req = team.recv(out, None, tag="any")
+            req = team.irecv(out, None, tag="any")
             req.wait()
             src = req.task.source
             assert (out == src).all() and src not in seen, (out, src)
             seen.add(src)
         assert seen == set(range(1, n))
     else:
-        team.send(np.full(4, float(r)), 0, tag="any").wait()
+        team.isend(np.full(4, float(r)), 0, tag="any").wait()
     team.barrier().wait()
 
 
@@ -96,14 +96,14 @@ def too_large(team):
         return
     r = team.rank
     if r == 1:
-        team.send(np.arange(100, dtype=np.uint8), 0, tag="big").wait()
+        team.isend(np.arange(100, dtype=np.uint8), 0, tag="big").wait()
         req = team.transport.isend(np.arange(5000, dtype=np.uint8), 0, ("c", 10**9, 0))
         while not req.test():
             team.ctx.progress()
     elif r == 0:
         small = np.zeros(10, np.uint8)
         try:
-            team.recv(small, 1, tag="big").wait()
+            team.irecv(small, 1, tag="big").wait()
         except TransportError as exc:
             assert "larger than the receive buffer" in str(exc), exc
         else:

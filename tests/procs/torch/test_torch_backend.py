@@ -32,3 +32,27 @@ def test_fsdp2_dtensor_and_checkpoint_match_gloo(n, torchrun):
     save/load on pycoll give gloo's losses and parameters (bit for bit on 2 ranks, within float32
     rounding on 4, where the reduction orders differ)."""
     torchrun(n, "tests/procs/torch/scripts/fsdp_dtensor.py", launcher="env", timeout=180)
+
+
+def test_backend_by_name_without_importing_pycoll_torch():
+    """``import torch`` registers the "pycoll" backend by name (torch's backend autoload, the
+    ``torch.backends`` entry point of the installed package): init_process_group("pycoll") works
+    without ``import pycoll.torch``, which the backend's creator imports on first use."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = """
+import sys
+import torch
+import torch.distributed as dist
+assert "pycoll" in dist.Backend.backend_list and "pycoll.torch" not in sys.modules
+dist.init_process_group("pycoll", rank=0, world_size=1, store=dist.HashStore())
+t = torch.arange(4.0)
+dist.all_reduce(t)
+assert dist.get_backend() == "pycoll" and "pycoll.torch" in sys.modules and t.tolist() == [0, 1, 2, 3]
+dist.destroy_process_group()
+print("BY NAME OK")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "BY NAME OK" in out.stdout, out.stderr[-2000:]
