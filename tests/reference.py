@@ -168,13 +168,13 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
     odd count; 3: that, with the large count and the persistent form only for the algorithms on
     the shared segment (shm, cma): the point-to-point ones do the same steps at every team size;
     4: that, with the point-to-point algorithms at the odd count only (count 0 ends before any
-    step, whatever the team size)."""
+    step, whatever the team size); 5: the algorithms on the shared segment only (and no scan)."""
     roots = [n // 2] if thin >= 2 else sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
             if (alg == "shm" and not shared) or (alg == "cma" and not cma) or alg == "mapped":
                 continue  # (mapped: arrays of team.alloc, tests/coll/scripts/mapped_allreduce.py)
-            if thin and coll in ("scan", "exscan") and alg != "shm":
+            if thin and coll in ("scan", "exscan") and (alg != "shm" or thin >= 5):
                 continue  # (point to point, the same steps at every size: covered up to 9 ranks)
             # (rd's dtypes and ops: test_scan_local; the segment's reduce natively: swept here)
             if coll in REDUCING and dtypes and (coll not in ("scan", "exscan") or alg == "shm"):
@@ -194,6 +194,8 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
                             if thin >= 3 and alg not in ("shm", "cma") and (persistent or count == large):
                                 continue
                             if thin >= 4 and alg not in ("shm", "cma") and count != 7:
+                                continue
+                            if thin >= 5 and alg not in ("shm", "cma"):
                                 continue
                             yield Case(coll, alg, dtype, ReduceOp.SUM, count, in_place, persistent, root)
 
