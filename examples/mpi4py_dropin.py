@@ -54,6 +54,7 @@ assert np.allclose(reduced, sum(everyone)) and local > 0
 
 # Split: even and odd ranks, each half sums its ranks.
 half = comm.Split(color=rank % 2, key=rank)
+assert type(half) is type(comm)  # (a communicator made from a pycoll one is a pycoll one too)
 mine_sum = np.array([rank], dtype=np.int64)
 half_sum = np.empty(1, dtype=np.int64)
 half.Allreduce(mine_sum, half_sum, op=MPI.SUM)

@@ -168,7 +168,8 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
     odd count; 3: that, with the large count and the persistent form only for the algorithms on
     the shared segment (shm, cma): the point-to-point ones do the same steps at every team size;
     4: that, with the point-to-point algorithms at the odd count only (count 0 ends before any
-    step, whatever the team size); 5: the algorithms on the shared segment only (and no scan)."""
+    step, whatever the team size); 5: the algorithms on the shared segment only, no count 0
+    (it takes no generation on the segment, whatever the team size) and no scan."""
     roots = [n // 2] if thin >= 2 else sorted({0, n // 2, n - 1})
     for coll in ALGORITHMS:
         for alg in ALGORITHMS[coll]:
@@ -195,7 +196,7 @@ def matrix_cases(n: int, shared: bool, large: int, dtypes: bool = True, thin: in
                                 continue
                             if thin >= 4 and alg not in ("shm", "cma") and count != 7:
                                 continue
-                            if thin >= 5 and alg not in ("shm", "cma"):
+                            if thin >= 5 and (alg not in ("shm", "cma") or count == 0):
                                 continue
                             yield Case(coll, alg, dtype, ReduceOp.SUM, count, in_place, persistent, root)
 

@@ -19,7 +19,7 @@ def test_matrix_local(n):
 
 @pytest.mark.parametrize("n", [33, 64])  # (16: the processes run it)
 def test_matrix_large_local_teams(n):
-    run_matrix(pycoll.local_teams(n), n, False, 200, dtypes=False, thin=1 if n <= 16 else 2)
+    run_matrix(pycoll.local_teams(n), n, False, 200, dtypes=False, thin=2 if n <= 33 else 4)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])  # (6-8 dropped to keep the suite under its time; 16, 64 below)

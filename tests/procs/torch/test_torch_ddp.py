@@ -19,9 +19,9 @@ def test_ddp_matches_gloo(n, torchrun):
     torchrun(n, SCRIPT, "equal", launcher="env", timeout=90)
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+@pytest.mark.parametrize("launcher", ["mpiexec"])  # (torchrun: test_example_under_torchrun and the restart)
 def test_ddp_matches_gloo_launchers(launcher, torchrun):
-    """The same under mpiexec (``import pycoll.torch`` fills in env://) and the real torchrun."""
+    """The same under mpiexec (``import pycoll.torch`` fills in env://)."""
     torchrun(2, SCRIPT, "equal", launcher=launcher, timeout=90)
 
 
