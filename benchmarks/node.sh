@@ -6,11 +6,11 @@
 #     bash benchmarks/node.sh OUT [RANKS] [STEPS]
 #
 # RANKS: the rank counts of the perf table (default 8,16); STEPS: which parts to run, any of
-# info,perf,bound,torch,ddp (default all of them). Every launch has a wall-clock limit.
+# info,perf,forms,bound,torch,ddp (default all of them). Every launch has a wall-clock limit.
 set -u
 out=${1:?usage: node.sh OUT [RANKS] [STEPS]}
 ranks=${2:-8,16}
-steps=${3:-info,perf,bound,torch,ddp}
+steps=${3:-info,perf,forms,bound,torch,ddp}
 top=${ranks##*,}  # the largest rank count
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -32,10 +32,27 @@ if has perf; then
     echo "rc $?"
     tail -45 "$out/perf.txt"  # the table of vs_mpi by collective, size and rank count
 fi
+if has forms; then
+    # the large-message forms side by side: the segment's allreduce and the single copy
+    for alg in shm cma; do
+        say "pycoll perf allreduce -n $ranks --algorithm $alg --compare mpi (256 KiB to 128 MiB)"
+        timeout 200 "$py" -m pycoll perf allreduce -n "$ranks" --algorithm "$alg" --compare mpi \
+            --min-bytes 256K --max-bytes 128M --timeout 190 > "$out/allreduce_$alg.txt" 2>&1
+        echo "rc $?"
+        grep -v '^pycoll perf:' "$out/allreduce_$alg.txt"
+    done
+    say "pycoll perf scatterv -n $ranks --algorithm shm --compare mpi (256 KiB to 4 MiB; perf: the default)"
+    timeout 100 "$py" -m pycoll perf scatterv -n "$ranks" --algorithm shm --compare mpi \
+        --min-bytes 256K --max-bytes 4M --timeout 90 > "$out/scatterv_shm.txt" 2>&1
+    echo "rc $?"
+    grep -v '^pycoll perf:' "$out/scatterv_shm.txt"
+fi
 if has bound; then
-    say "copy bound, allreduce 16-128 MiB at $top ranks"
-    timeout 180 "$py" -m pycoll run -n "$top" --timeout 170 -- "$py" benchmarks/copy_bound.py \
-        --sizes 16M,64M,128M --iters 5 2>&1 | tee "$out/bound.txt"
+    for n in ${ranks//,/ }; do
+        say "copy bound, allreduce 16-128 MiB at $n ranks"
+        timeout 180 "$py" -m pycoll run -n "$n" --timeout 170 -- "$py" benchmarks/copy_bound.py \
+            --sizes 16M,64M,128M --iters 5 2>&1 | tee "$out/bound_$n.txt"
+    done
 fi
 if has torch; then
     say "torch all_reduce, pycoll vs gloo, $top ranks"

@@ -49,6 +49,7 @@ int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
 int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls);
 int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
+int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64_t n);
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                     uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
 int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,

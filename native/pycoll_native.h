@@ -24,9 +24,10 @@ enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LO
 #define PC_ERANGE -3      /* an offset or size read from the segment is out of bounds */
 #define PC_ESTATE -4      /* a peer's control block holds an impossible value */
 #define PC_EDISAGREE -5   /* the ranks disagree on the blocks of a collective (their sizes) */
-#define PC_ECMA -6        /* reading a peer's memory (process_vm_readv) failed */
+#define PC_ECMA -6        /* reading or writing a peer's memory (process_vm_readv/writev) failed */
 #define PC_EMISMATCH -7   /* the ranks called different collectives, or the same one with other
                            * arguments (count, dtype, op, root): their signatures differ */
+#define PC_ENOMEM -8      /* a native work buffer could not be allocated */
 
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
@@ -160,7 +161,11 @@ enum { PC_COLL_ALLREDUCE, PC_COLL_BCAST, PC_COLL_BARRIER, PC_COLL_REDUCE, PC_COL
        PC_COLL_ALLREDUCE_MAPPED,
        /* prefix reductions: every rank's chunk in its slot; rank r reduces slots 0..r (exscan:
         * 0..r-1; rank 0's dst is left as it was) in rank order into its dst */
-       PC_COLL_SCAN, PC_COLL_EXSCAN, PC_NCOLLS };
+       PC_COLL_SCAN, PC_COLL_EXSCAN,
+       /* single-copy allreduce of the ranks' own buffers: each rank reduces its 1/n, reading the
+        * peers' inputs with process_vm_readv a block at a time, and writes each reduced block
+        * into every rank's output (process_vm_writev); the segment carries the addresses */
+       PC_COLL_ALLREDUCE_CMA, PC_NCOLLS };
 typedef struct {
     void *base;
     uint64_t mapped;
@@ -227,5 +232,6 @@ int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 
 /* ------------------------------------------------------------------ cross-memory attach */
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
+int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64_t n);
 
 #endif

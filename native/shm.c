@@ -420,7 +420,9 @@ static int geometry(const pc_shm_coll_t *c, size_t es, uint64_t *per, uint64_t *
 }
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c) {
-    if (c->coll == PC_COLL_BARRIER || single_copy(c->coll) || c->coll == PC_COLL_ALLREDUCE_MAPPED) return 1;
+    if (c->coll == PC_COLL_BARRIER || single_copy(c->coll) || c->coll == PC_COLL_ALLREDUCE_MAPPED ||
+        c->coll == PC_COLL_ALLREDUCE_CMA)
+        return 1;
     if (c->nranks < 1 || c->nranks > PC_SHM_MAX_RANKS || c->rank >= c->nranks ||
         pycoll_shm_check(c->base, c->mapped, c->nranks))
         return 0;
@@ -778,6 +780,104 @@ static int mapped_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ single-copy allreduce
+ *
+ * The mapped allreduce's plan on the ranks' own buffers: rank i owns 1/n of the elements and
+ * reduces them, a block at a time, in rank order; the peers' blocks of input come in with
+ * process_vm_readv (the kernel copies them into a buffer that stays in cache), and the reduced
+ * block goes out into every peer's output with process_vm_writev. Per rank M bytes read from
+ * memory and M written, as the mapped form, for 2 (n - 1) system calls per block; the segment's
+ * form moves (5 - 1/n) M. No rank touches another's share of any buffer, so in place needs no
+ * barrier between reading and writing: one generation carries the addresses (arrive: this
+ * rank's input is ready), reduced says this rank has written its share everywhere, and every
+ * rank returns once all have. A peer's address that is wrong fails the system call (the kernel
+ * checks it against that process's mappings): an error, never a write outside the buffers. */
+#define PC_CMA_TMP_BYTES (2u << 20) /* the blocks of one step, all inputs: kept in cache */
+#define PC_CMA_BLOCK_MIN (16u << 10)
+#define PC_CMA_BLOCK_MAX (128u << 10)
+static _Thread_local char *cma_tmp;
+static _Thread_local uint64_t cma_tmp_bytes;
+
+/* the bytes of one input's block for n ranks (a multiple of 64) */
+static uint64_t cma_block(uint32_t n) {
+    uint64_t b = PC_CMA_TMP_BYTES / (n ? n : 1);
+    b = b < PC_CMA_BLOCK_MIN ? PC_CMA_BLOCK_MIN : b > PC_CMA_BLOCK_MAX ? PC_CMA_BLOCK_MAX : b;
+    return b & ~(uint64_t)63;
+}
+
+static int cma_allreduce_check(const pc_shm_coll_t *c, size_t es) {
+    const pc_shm_header_t *h = c->base;
+    if (!es || es > PC_CMA_BLOCK_MIN || c->nchunks != 1 || h->slot_bytes < 2 * sizeof(uint64_t)) return PC_EINVAL;
+    if (c->count > UINT64_MAX / es) return PC_EINVAL;
+    uint64_t nb = c->count * es;
+    uintptr_t s = (uintptr_t)c->src, d = (uintptr_t)c->dst;
+    if (s != d && nb && s < d + nb && d < s + nb) return PC_EINVAL; /* overlapping, not in place */
+    return PC_OK;
+}
+
+static int write_peer(const pc_shm_coll_t *c, uint32_t r, uint64_t addr, const void *from, uint64_t nbytes) {
+    if (!nbytes) return PC_OK;
+    uint64_t pid = ctrl(c->base, r)->pid;
+    if (!pid || pid > INT_MAX) return PC_ESTATE;
+    return pycoll_cma_write((int64_t)pid, from, addr, nbytes) == (int64_t)nbytes ? PC_OK : PC_ECMA;
+}
+
+static int cma_allreduce_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
+    pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
+    uint32_t n = c->nranks, rank = c->rank;
+    int rc;
+    if (c->phase == 0) {
+        rc = slot_free(c, max_polls); /* nobody reads this parity's slots of generation gen - 2 */
+        if (rc <= 0) return rc;
+        uint64_t *mine = pairs(c, rank);
+        mine[0] = (uintptr_t)c->src, mine[1] = (uintptr_t)c->dst;
+        arrive(me, c->gen);
+        c->phase = 1;
+    }
+    if (c->phase == 1) {
+        rc = wait_flags(c, 0, c->gen, -1, max_polls);
+        if (rc <= 0) return rc;
+        uint64_t blk = cma_block(n), per = blk / es;
+        uint64_t need = (uint64_t)(n + 1) * blk; /* a block of each peer's input, and the result */
+        if (cma_tmp_bytes < need) {
+            free(cma_tmp);
+            cma_tmp_bytes = 0;
+            if (posix_memalign((void **)&cma_tmp, 64, need)) return PC_ENOMEM;
+            cma_tmp_bytes = need;
+        }
+        uint64_t lo = c->count * rank / n, hi = c->count * (rank + 1) / n;
+        char *acc = cma_tmp + (uint64_t)n * blk;
+        const void *ins[PC_SHM_MAX_RANKS];
+        for (uint64_t at = lo; at < hi; at += per) {
+            uint64_t m = min64(per, hi - at), off = at * es;
+            for (uint32_t i = 1; i < n; i++) { /* each rank starts with a different peer */
+                uint32_t r = (rank + i) % n;
+                char *to = cma_tmp + (uint64_t)r * blk;
+                rc = read_peer(c, r, to, pairs(c, r)[0] + off, m * es);
+                if (rc) return rc;
+                ins[r] = to;
+            }
+            ins[rank] = c->src + off;
+            rc = pycoll_reduce_n(c->op, c->dtype, acc, ins, (int)n, m);
+            if (rc) return rc;
+            for (uint32_t i = 1; i < n; i++) {
+                uint32_t r = (rank + i) % n;
+                rc = write_peer(c, r, pairs(c, r)[1] + off, acc, m * es);
+                if (rc) return rc;
+            }
+            copy_out(c, es, c->dst + off, acc, m * es);
+        }
+        reduced(me, c->gen);
+        c->phase = 2;
+    }
+    rc = wait_flags(c, 1, c->gen, -1, max_polls); /* every share written everywhere */
+    if (rc <= 0) return rc;
+    c->chunk = 1;
+    c->gen++;
+    c->phase = 0;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ signatures
  *
  * Ranks that call different collectives, or the same one with a different count, dtype, op or
@@ -797,6 +897,7 @@ static int base_coll(int coll) {
     case PC_COLL_SCATTER_CMA: return PC_COLL_SCATTER;
     case PC_COLL_ALLTOALL_CMA: return PC_COLL_ALLTOALL;
     case PC_COLL_ALLREDUCE_MAPPED: return PC_COLL_ALLREDUCE;
+    case PC_COLL_ALLREDUCE_CMA: return PC_COLL_ALLREDUCE;
     default: return coll;
     }
 }
@@ -1019,6 +1120,10 @@ static int progress(pc_shm_coll_t *c, uint64_t max_polls) {
     if (c->coll == PC_COLL_ALLREDUCE_MAPPED) {
         rc = mapped_check(c, es);
         return rc ? rc : mapped_run(c, es, max_polls);
+    }
+    if (c->coll == PC_COLL_ALLREDUCE_CMA) {
+        rc = cma_allreduce_check(c, es);
+        return rc ? rc : cma_allreduce_run(c, es, max_polls);
     }
     uint64_t per, need;
     rc = geometry(c, es, &per, &need);
@@ -1381,6 +1486,19 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
     if (!d) return rc;
     atomic_store_explicit((_Atomic uint64_t *)&d->state, PC_DESC_CONSUMED, memory_order_release);
     return PC_OK;
+}
+
+int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64_t n) {
+    uint64_t done = 0;
+    while (done < n) {
+        struct iovec l = {(char *)local + done, n - done};
+        struct iovec r = {(void *)(uintptr_t)(remote + done), n - done};
+        ssize_t got = process_vm_writev((pid_t)pid, &l, 1, &r, 1, 0);
+        if (got < 0) return -errno;
+        if (got == 0) return -EFAULT;
+        done += (uint64_t)got;
+    }
+    return (int64_t)done;
 }
 
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n) {

@@ -43,6 +43,16 @@ def _nonneg_int(text: str, name: str) -> int:
     return value
 
 
+def _nonneg_float(text: str, name: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == math.inf:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def parse_seconds(text: str) -> float:
     """Parse a duration in seconds; ``0``, ``inf`` or ``none`` mean no limit (returns ``math.inf``)."""
     s = str(text).strip().lower()
@@ -153,6 +163,11 @@ _declare("PYCOLL_NUM_SERVERS", "0", lambda t: _nonneg_int(t, "PYCOLL_NUM_SERVERS
 _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
          "Seconds a collective may take before it fails with pycoll.TimeoutError naming what it waited "
          "on. 0 or inf: wait forever.")
+_declare("PYCOLL_SPIN_US", "20", lambda t: _nonneg_float(t, "PYCOLL_SPIN_US"),
+         "Microseconds a waiting rank polls before it sleeps (on the flag of a collective on the shared "
+         "segment, else in short naps), when its host's ranks do not outnumber its cores (when they do, a "
+         "waiting rank yields its core at once). Longer: a rank whose peer is briefly late stays awake, "
+         "at the price of a busy core while it waits. Read when a team's engine is made.")
 _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
          "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store), ucx (UCX's tag "

@@ -22,8 +22,9 @@ ERRORS = {-1: "invalid argument", -2: "the segment header is not valid (corrupte
           -3: "an offset or size in the segment is out of bounds",
           -4: "a peer's control block holds an impossible value",
           -5: "the ranks disagree on the sizes of the blocks (counts) of this collective",
-          -6: "reading a peer's memory (process_vm_readv) failed",
-          -7: "the ranks called different collectives, or the same one with different arguments"}
+          -6: "reading or writing a peer's memory (process_vm_readv/writev) failed",
+          -7: "the ranks called different collectives, or the same one with different arguments",
+          -8: "out of memory for a native work buffer"}
 
 
 def pointer(arr: np.ndarray) -> ffi.CData:

@@ -76,7 +76,10 @@ DEFAULT_RULES: List[Rule] = [
     # Teams spanning nodes (only there): hierarchical allreduce and bcast for large messages.
     Rule("allreduce", "split_rail", msg=(256 << 10, INF)),
     Rule("bcast", "hier", msg=(1 << 20, INF)),
-    # allreduce: the shared segment on one host; else rd for small messages, ring for large.
+    # allreduce: on one host the single copy from 256 KiB below 16 MiB on 4+ ranks where it is
+    # fast (from 16 MiB the segment's streamed copies out win), else the shared segment; off it
+    # rd for small messages, ring for large.
+    Rule("allreduce", "cma", msg=(256 << 10, 16 << 20), team=(4, INF), cma_speed="fast"),
     Rule("allreduce", "shm", team=(2, INF)),
     Rule("allreduce", "rd", msg=(0, 8 << 20), team=(1, 2)),
     Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),

@@ -153,7 +153,8 @@ class Context:
         self.lock = threading.RLock()
         self.posted = 0  # tasks started
         #: Back-off of a waiting rank: (spin_s, yield_s, sleep_min_s, sleep_max_s, nap_s); see Backoff.
-        self.backoff: tuple = (20e-6, 2e-3, 20e-6, 1e-3, None)
+        spin_s = config.get("PYCOLL_SPIN_US") * 1e-6
+        self.backoff: tuple = (spin_s, max(2e-3, spin_s), 20e-6, 1e-3, None)
         self.stats = {"partitioned": 0, "credit_waits": 0, "demand_starts": 0, "stall_starts": 0}
         #: Seconds the engine may stand still while work waits for credit before it starts the
         #: most urgent waiting task anyway (see ``_start_stalled``).

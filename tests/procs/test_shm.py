@@ -65,7 +65,8 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
 @pytest.mark.parametrize("coll,size", [("allreduce", 3), ("gather", 3), ("scatter", 3), ("alltoall", 3),
                                        ("allreduce", 16), ("gather", 16), ("alltoall", 16),
                                        ("bcast-cma", 3), ("gather-cma", 3), ("scatter-cma", 3),
-                                       ("alltoall-cma", 3), ("alltoall-cma", 16), ("allreduce-mapped", 3)])
+                                       ("alltoall-cma", 3), ("alltoall-cma", 16), ("allreduce-mapped", 3),
+                                       ("allreduce-cma", 3)])
 def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ranks):
     """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written;
     ``-cma``: the single-copy form, its addresses published; ``-mapped``: arrays of ``team.alloc``,
@@ -98,7 +99,7 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
                 assert "mapped" in req.task.name, req.task.name
                 return req
             if coll == "allreduce":
-                return team.allreduce(np.ones(4 * m, np.float32), timeout=timeout)
+                return team.allreduce(np.ones(4 * m, np.float32), algorithm=alg, timeout=timeout)
             if coll == "bcast":
                 return team.bcast(np.ones(m, np.float32), root=root, algorithm=alg, timeout=timeout)
             if coll == "gather":

@@ -168,6 +168,13 @@ def test_settings_from_environment(monkeypatch):
     monkeypatch.setenv("PYCOLL_TIMEOUT", "0")
     ctx = Context()
     assert ctx.credit_bytes == 0 and ctx.timeout == float("inf")
+    assert ctx.backoff[0] == pytest.approx(20e-6)  # PYCOLL_SPIN_US's default
+    monkeypatch.setenv("PYCOLL_SPIN_US", "5000")  # spins 5 ms: yields no sooner than that
+    assert Context().backoff[:2] == pytest.approx((5e-3, 5e-3))
+    for bad in ("-1", "soon", "inf"):
+        monkeypatch.setenv("PYCOLL_SPIN_US", bad)
+        with pytest.raises(pycoll.ConfigError, match="PYCOLL_SPIN_US"):
+            Context()
 
 
 def test_many_tasks_complete_quickly():

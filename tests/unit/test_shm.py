@@ -236,6 +236,40 @@ def test_single_copy_addresses_and_sizes_are_checked():
             s.close()
 
 
+def test_single_copy_allreduce_sums_and_checks_addresses():
+    """The single-copy allreduce: each rank reduces its half out of both inputs and writes it into
+    both outputs (in place too); a peer's published address that cannot be read or written is a
+    failed system call (PC_ECMA), with nothing written into either output."""
+    from pycoll.native import lib
+    from pycoll.tl.shm.segment import COLL_ALLREDUCE_CMA
+
+    for in_place in (False, True):
+        segs = two_rank_segments()
+        ins = [np.arange(9, dtype=np.int32), np.full(9, 100, np.int32)]
+        outs = ins if in_place else [np.full(9, -1, np.int32), np.full(9, -1, np.int32)]
+        st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE_CMA, ins[0], outs[0])
+        assert rc0 == 0  # its addresses published; rank 1 not there
+        st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE_CMA, ins[1], outs[1])
+        assert rc1 in (0, 1)
+        assert lib.pycoll_shm_progress(st0, 1000) == 1 and lib.pycoll_shm_progress(st1, 1000) == 1
+        for r in range(2):
+            assert (outs[r] == np.arange(9) + 100).all(), (in_place, r, outs[r])
+        for s in segs:
+            s.close()
+    for field in (0, 1):  # rank 1's input, then its output, at an address nobody has mapped
+        segs = two_rank_segments()
+        ins, outs = [np.arange(9, dtype=np.int32)] * 2, [np.full(9, -1, np.int32) for _ in range(2)]
+        st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE_CMA, ins[1], outs[1])
+        assert rc1 == 0
+        pairs = np.frombuffer(segs[0].mm, np.uint64, count=2, offset=segs[0].slot_offset(st1.gen, 1))
+        assert pairs[field] != 0
+        pairs[field] = 8
+        st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE_CMA, ins[0], outs[0])
+        assert rc0 == -6 and (outs[0] == -1).all() and (outs[1] == -1).all()
+        for s in segs:
+            s.close()
+
+
 def test_gather_ranks_that_disagree():
     """A gather whose root expects a block size another rank does not send: both ranks say the
     ranks disagree (the root before copying anything, the sender from the flows of the ranks'

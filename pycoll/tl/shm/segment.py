@@ -64,11 +64,12 @@ DISAGREE, MISMATCH = -5, -7
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
- COLL_ALLTOALL_CMA, COLL_ALLREDUCE_MAPPED, COLL_SCAN, COLL_EXSCAN) = range(16)
+ COLL_ALLTOALL_CMA, COLL_ALLREDUCE_MAPPED, COLL_SCAN, COLL_EXSCAN, COLL_ALLREDUCE_CMA) = range(17)
 #: The collectives' names by native code.
 COLL_NAMES = ("allreduce", "bcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather", "scatter",
               "alltoall", "bcast (single copy)", "gather (single copy)", "scatter (single copy)",
-              "alltoall (single copy)", "allreduce (arrays of team.alloc)", "scan", "exscan")
+              "alltoall (single copy)", "allreduce (arrays of team.alloc)", "scan", "exscan",
+              "allreduce (single copy)")
 _DTYPE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 _OP_NAMES = {code: op.name.lower() for op, code in reversed(OP_CODES.items())}  # SUM, not AVG
 _OP_NAMES[0xfe] = "avg"  # PC_SIG_AVG: an average reduces as SUM, its signature says AVG
