@@ -40,6 +40,14 @@ MAX_PLAN_BYTES = 64 << 20
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
+def uncredit(sched: Schedule) -> None:
+    """Take away the credit of every task inside ``sched``, a unit of credit that holds it whole."""
+    for task in sched.tasks:
+        task.credit = 0
+        if isinstance(task, Schedule):
+            uncredit(task)
+
+
 def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     """The ``options`` that algorithm ``name`` of ``coll`` declares. A call that names no
     algorithm may pass options meant for some of the algorithms selection can pick (the ring's
@@ -323,8 +331,12 @@ class Planner:
         peer (a bcast or scatter receiver, a reduce or gather root) injects nothing until that
         peer's data arrives, and must not hold credit meanwhile, or two ranks could each hold the
         credit the other needs. A rank that sends first makes its peers start (their transports
-        report the message), so the collective always finishes."""
+        report the message), so the collective always finishes. The tasks inside a unit take no
+        credit of their own (a step a custom algorithm builds from a plain ``Task`` would otherwise
+        count the collective's bytes twice)."""
         task.credit = task.nbytes if getattr(task, "sends_first", True) else 0
+        if isinstance(task, Schedule):
+            uncredit(task)
         if task.credit and self.ctx.credit_bytes:
             self.ctx.watch_demand(task, self.team.transport, key)
         return task

@@ -201,6 +201,9 @@ class Tracer:
         }
         if parent is not None:
             args["parent"] = parent.name
+        key = getattr(getattr(task, "args", None), "tag", None)  # a tagged collective's ("u", tag, use)
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == "u":
+            args["tag"], args["tag_use"] = repr(key[1]), key[2]
         if ctx_id:
             args["ctx"] = ctx_id
         # once per task object (pooled tasks are re-posted): not if it has us as a listener already

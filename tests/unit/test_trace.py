@@ -95,6 +95,7 @@ def test_queue_waits_and_comm_spans_of_prioritized_tagged_allreduces(traced):
         assert a["name"] == e["name"] and a["name"].startswith("allreduce:") and a["outcome"] == "completed"
         assert (a["nbytes"], a["credit"], a["credit_limit"]) == (4096, 4096, 4096)
         assert 0 <= a["priority"] < 6 and a["in_flight"] >= 0 and e["dur"] > 0
+        assert (a["tag"], a["tag_use"]) == (repr(f"grad{a['priority']}"), 0)  # the user's tag
     assert sorted(e["args"]["priority"] for e in comm) == sorted(list(range(6)) * 2)
     assert sorted((e["name"], e["args"]["priority"]) for e in comm) == sorted(
         (e["name"], e["args"]["priority"]) for e in queue)

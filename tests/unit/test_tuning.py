@@ -154,3 +154,50 @@ def test_register_an_algorithm_at_run_time(monkeypatch):
     bad.NAME, bad.COLLECTIVES, bad.OPTIONS, bad.build = "bad", ("allsum",), {}, build
     with pytest.raises(ValueError, match="unknown collective"):
         algorithms.register(bad)
+
+
+def test_tasks_inside_a_registered_schedule_take_no_credit_of_their_own(monkeypatch):
+    """A custom algorithm's schedule of plain Tasks (which take their bytes of credit by default)
+    holds the collective's credit once, as a unit: its steps hold none."""
+    import types
+
+    import numpy as np
+
+    import pycoll
+    from pycoll import algorithms
+    from pycoll.tasks import Schedule, Task
+
+    class Copy(Task):  # takes_credit left at its default
+        def __init__(self, args):
+            super().__init__("copy", nbytes=args.dst.nbytes)
+            self.args_ = args
+
+        def post(self):
+            self.args_.dst[:] = self.args_.src * self.args_.size  # (every rank gives the same input)
+            self.complete()
+
+    def build(args):
+        sched = Schedule(name=f"copy@{args.rank}")
+        inner = Schedule(name="inner")
+        inner.add(Copy(args))
+        sched.add(inner)
+        return sched
+
+    mine = types.ModuleType("copying")
+    mine.NAME, mine.COLLECTIVES, mine.OPTIONS, mine.build = "copying", ("allreduce",), {}, build
+    try:
+        algorithms.register(mine)
+        monkeypatch.setenv("PYCOLL_CHECK", "off")  # (req.task: the collective, not the check's wrapper)
+        ctx = pycoll.Context(credit_bytes=1 << 20)
+        teams = pycoll.local_teams(2, ctx)
+        outs = [np.empty(8) for _ in teams]
+        reqs = [t.allreduce(np.ones(8), outs[t.rank], algorithm="copying") for t in teams]
+        for req in reqs:
+            top = req.task
+            assert top.credit == 64 and top.tasks[0].credit == 0 and top.tasks[0].tasks[0].credit == 0
+        pycoll.wait_all(reqs)
+        assert all((o == 2.0).all() for o in outs) and ctx.in_flight == 0
+    finally:
+        algorithms.ALGORITHMS["allreduce"].pop("copying", None)
+        algorithms.MODULES["allreduce"].pop("copying", None)
+
