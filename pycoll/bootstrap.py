@@ -30,6 +30,7 @@ from pycoll.errors import RevokedError
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
 from pycoll.recovery import Recovery, revoke_here
+from pycoll.status import MPIStatus, StoreStatus
 from pycoll.store import allgather as store_allgather
 from pycoll.tl.base import Transport, key_hash
 from pycoll.tl.local import LocalFabric
@@ -72,6 +73,9 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
     name = comm.Get_name() or "mpi"
     team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
     team.comm = dup
+    if team.size > 1:  # where a timed-out collective asks its peers what they do
+        team.planner.peer_status = MPIStatus(dup.Dup(), team.planner)
+        ctx.watch(_answering(team.planner.peer_status))
     attach_shm(team, dup.allgather, tls)
     topo = team.topology
     if topo is not None and topo.hierarchical:
@@ -144,6 +148,8 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     try:
         team.store = store
         team.recovery = Recovery(team, store, tls, advertise)
+        if size > 1:  # where a timed-out collective asks its peers what they do (the watch answers)
+            team.planner.peer_status = StoreStatus(store, f"{team_prefix}/status", rank, size, team.planner)
         rounds = itertools.count()
         attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v),
                    tls)
@@ -217,11 +223,30 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
         ctx.add_transport(team.transport)
 
 
+def _answering(asked: MPIStatus) -> Any:
+    """The engine's watch that answers the peers' questions (held weakly: a team dropped without
+    ``close()`` stops answering)."""
+    ref = weakref.WeakMethod(asked.answer)
+
+    def look() -> bool:
+        method = ref()
+        return method is not None and method()
+
+    asked.watch = look
+    return look
+
+
 def close(team: Team) -> None:
     """Release ``team``'s transport, shared segment and sub-teams (after its last collective)."""
     if team.recovery is not None:  # (it stops looking at the store)
         team.recovery.close()
     team.ps.close()
+    asked = team.planner.peer_status
+    if asked is not None:
+        if isinstance(asked, MPIStatus):
+            team.ctx.unwatch(asked.watch)
+        asked.close()
+        team.planner.peer_status = None
     team.planner.close()
     for sub in team.levels.all():
         if sub is not team:

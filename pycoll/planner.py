@@ -11,11 +11,12 @@ per shape when their request is collected: the next call of that shape rebinds o
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Union
 
-from pycoll import agreement, algorithms, config
+from pycoll import agreement, algorithms, config, status
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import REJECTION, Call, block_layout
@@ -77,8 +78,29 @@ class Planner:
         self.recent = RecentCalls()
         #: Why the team was revoked (a :class:`~pycoll.errors.RevokedError`), or None.
         self.revoked: Optional[RevokedError] = None
+        #: Where a timed-out collective asks its peers what they do (:mod:`pycoll.status`), or None.
+        self.peer_status: Optional[Union[status.MPIStatus, status.StoreStatus]] = None
 
     # ------------------------------------------------------------------ message keys
+    def posted(self) -> int:
+        """How many untagged collectives this rank has posted on the team (the next one's number)."""
+        return next(copy.copy(self._seq))
+
+    def tag_uses(self, tag: Hashable) -> int:
+        """How many collectives this rank has posted on the team with ``tag``."""
+        return self._tag_uses.get(tag, 0)
+
+    def explain_wait(self, task: Task, waiting: List[Task]) -> str:
+        """What the peers do about the collective ``task`` that timed out waiting on ``waiting``
+        (asked on the team's status communicator, :mod:`pycoll.status`); empty where the team has
+        none (the segment's collectives say it from the peers' signatures)."""
+        key = status.key_of(task, waiting) if self.peer_status is not None else None
+        if key is None:
+            return ""
+        answers = self.peer_status.ask(key)
+        text = status.explain(key, answers)
+        return f"; collective {status.place(key)} of this team: {text}" if text else ""
+
     def next_sequence(self) -> int:
         """The sequence number of the next untagged collective (matched across ranks by order)."""
         return next(self._seq)

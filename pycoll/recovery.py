@@ -36,6 +36,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from pycoll.errors import PeerLostError, PycollError, RevokedError, TimeoutError
+from pycoll.status import StoreStatus
 from pycoll.store import TCPStore, store_get
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,11 +107,15 @@ class Recovery:
         self.store.set(self._revoked_key, f"{error.rank}|{error}")
 
     def look(self) -> bool:
-        """If a peer revoked the team, revoke it here too (the engine's watch; False: stop)."""
+        """If a peer revoked the team, revoke it here too, and answer the peers' questions (the
+        engine's watch; False: stop)."""
         if self.team.planner.revoked is not None:
             return False
         if self._watcher is None:
             self._watcher = _own_connection(self.store)
+        asked = self.team.planner.peer_status
+        if isinstance(asked, StoreStatus):  # a peer's question about a collective that timed out
+            asked.answer(self._watcher)
         if not self._watcher.check([self._revoked_key]):
             return True
         rank, _, text = store_get(self._watcher, self._revoked_key).decode(errors="replace").partition("|")

@@ -382,8 +382,8 @@ class Context:
                 if len(waiting) > 8:
                     what += f"; and {len(waiting) - 8} more"
                 task.fail(TimeoutError(
-                    f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}",
-                    task=task, waiting_on=waiting, seconds=task.timeout))
+                    f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}"
+                    f"{self._peers_of(task, waiting)}", task=task, waiting_on=waiting, seconds=task.timeout))
                 expired += 1
         return expired
 
@@ -565,10 +565,29 @@ class Context:
                 waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
                 what = "; ".join(t.describe() for t in waiting[:8]) or task.describe()
                 raise TimeoutError(f"wait: {task.name} did not finish within {timeout:g} s; "
-                                   f"waiting on: {what}", task=task, waiting_on=waiting, seconds=timeout)
+                                   f"waiting on: {what}{self._peers_of(task, waiting)}", task=task,
+                                   waiting_on=waiting, seconds=timeout)
             if self._watches:
                 self.look()
             backoff.idle(self._nap())
+
+    @staticmethod
+    def _peers_of(task: Task, waiting: List[Task]) -> str:
+        """What the team's peers say they do about ``task`` (a collective that timed out), where
+        its team can ask them (``owner.explain_wait``); else empty."""
+        owner = task.owner if task.owner is not None else getattr(getattr(task, "task", None), "owner", None)
+        explain = getattr(owner, "explain_wait", None)
+        if explain is None:
+            return ""
+        try:
+            return explain(task, waiting)
+        except Exception:  # noqa: BLE001 - the timeout's own text matters more than the peers'
+            log.warning("pycoll: asking the peers of a timed-out collective failed", exc_info=True)
+            return ""
+
+    def in_progress(self) -> List[Task]:
+        """The polled tasks in progress now (a copy)."""
+        return list(self._active)
 
     def _nap(self) -> Optional[Callable[[float], bool]]:
         """How to sleep until work moves, when the engine waits on one task and it can tell

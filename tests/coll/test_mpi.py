@@ -63,3 +63,9 @@ def test_comm_scan_exscan_alltoallw_and_in_place_copies_match_mpi(n, mpirun):
 @pytest.mark.parametrize("n", [1, 3])
 def test_comm_constructors_stay_on_pycoll(n, mpirun):
     mpirun(n, "tests/coll/scripts/comm_constructors.py", timeout=120)
+
+
+def test_a_timeout_off_the_segment_says_what_each_peer_does(mpirun):
+    """Rank 0's collective #3 times out: rank 1 posted a tagged collective instead (its answer:
+    what it posted and waits on), rank 2 sleeps outside pycoll (no answer in 0.5 s)."""
+    mpirun(3, "tests/coll/scripts/timeout_peers.py", timeout=60, env={"PYCOLL_TLS": "mpi"})

@@ -61,3 +61,41 @@ def test_peer_that_vanishes_gives_an_error_not_a_hang(store_ranks):
     _, outs = store_ranks(script, 2, timeout=60, env={"PYCOLL_TLS": "tcp"})
     out = outs[0]
     assert "RANK 0 ERROR PeerLostError tcp: lost rank 1" in out, out
+
+
+def test_a_timeout_says_what_each_peer_does_through_the_store(store_ranks):
+    """Teams made from a store (TCP here) ask their peers through it when a collective times out:
+    rank 0's untagged collective #2 names rank 1 (posted a tagged one instead: it has posted #0-#1
+    and waits inside pycoll) and rank 2 (asleep in the program: no answer)."""
+    script = textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        x = np.ones(10)
+        for _ in range(2):
+            team.allreduce(x).wait()
+        t0 = time.monotonic()
+        try:
+            if rank == 0:
+                team.allreduce(x, timeout=1.0).wait()
+            elif rank == 1:
+                team.allreduce(x, tag="grads", timeout=2.5).wait()
+            else:
+                time.sleep(3.0)
+        except pycoll.TimeoutError as exc:
+            print(f"RANK {rank} TIMEOUT after {time.monotonic() - t0:.2f} s: {exc}", flush=True)
+        print(f"RANK {rank} DONE", flush=True)
+    """)
+    codes, outs = store_ranks(script, 3, timeout=60, env={"PYCOLL_TLS": "tcp"})
+    assert codes == [0, 0, 0], outs
+    zero, one = outs[0], outs[1]
+    want = "collective #2 of this team: rank 1 has not posted it (posted #0-#1 of this team; waits on: "
+    assert want in zero, zero
+    assert "rank 2 did not answer within 0.5 s" in zero, zero
+    assert "collective use 0 of tag 'grads' of this team: ranks 0, 2 did not answer" in one, one
+    took = float(zero.split("TIMEOUT after ")[1].split(" s")[0])
+    assert took < 2.5, zero  # 1 s, then half a second of questions

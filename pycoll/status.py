@@ -1,0 +1,192 @@
+"""What the peers of a collective that timed out are doing, for its :class:`pycoll.TimeoutError`.
+
+On the shared segment a rank reads its peers' signatures directly (``native/shm.c``). Off it, a
+rank whose wait times out asks every peer whether it has posted that collective (by its place in
+the team's order: untagged collective ``#k``, or use ``k`` of a tag) and what it waits on in
+pycoll now: on a communicator of the team's own (:class:`MPIStatus`, teams made from MPI), or
+through the team's store (:class:`StoreStatus`, teams made from a store: TCP, UCX, the torch
+backend). A peer's engine answers while it waits (a watch, every ``WATCH_S``); a peer that does
+not answer within :data:`ASK_S` is not waiting inside pycoll at all (busy in the program, or
+blocked outside pycoll), which is worth saying too. The texts read:
+
+    rank 1 has not posted it (it has posted #0-#4 of this team); rank 2 posted it and waits on:
+    allreduce:rd@2: recv of 64 B from rank 1; rank 3 did not answer within 0.5 s (not waiting
+    inside pycoll: busy in the program, or blocked outside pycoll)
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import random
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.planner import Planner
+    from pycoll.tasks.task import Task
+
+#: Seconds a rank whose collective timed out waits for its peers' answers.
+ASK_S = 0.5
+#: Most tasks a peer reports it waits on.
+REPORTED = 3
+_QUERY, _REPLY = 1, 2
+
+
+def key_of(task: Task, waiting: Sequence[Task]) -> Optional[tuple]:
+    """The message key of the collective ``task`` is (or wraps: the agreement check), from the
+    first of it and the tasks it waits on that has a channel: ``("c", k)`` or ``("u", tag, k)``."""
+    for t in (task, getattr(task, "task", None), *waiting):
+        key = getattr(getattr(getattr(t, "args", None), "channel", None), "key", None)
+        if key is None:
+            key = getattr(getattr(t, "channel", None), "key", None)
+        if isinstance(key, tuple) and key and key[0] == "c" and len(key) >= 2:
+            return key[:2]
+        if isinstance(key, tuple) and key and key[0] == "u" and len(key) >= 3:
+            return key[:3]
+    return None
+
+
+def place(key: tuple) -> str:
+    """The collective's place in its team's order, as the texts say it."""
+    return f"#{key[1]}" if key[0] == "c" else f"use {key[2]} of tag {key[1]!r}"
+
+
+def report(planner: Planner, key: tuple) -> Dict[str, Any]:
+    """This rank's answer for ``planner``'s team: has it posted the collective of ``key``, how many
+    of that kind it has posted, and what of this team it waits on now."""
+    count = planner.posted() if key[0] == "c" else planner.tag_uses(key[1])
+    owned = []
+    for task in planner.ctx.in_progress():
+        root = task
+        while root.parent is not None:
+            root = root.parent
+        if root.owner is planner or getattr(getattr(root, "task", None), "owner", None) is planner:
+            owned.append(task.describe())
+    return {"posted": count > key[-1], "count": count, "waits_on": owned[:REPORTED]}
+
+
+def _ranks(ranks: List[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
+
+
+def explain(key: tuple, answers: Dict[int, Optional[Dict[str, Any]]]) -> str:
+    """The peers' answers about the collective of ``key`` as one text (empty if there is none)."""
+    parts = []
+    behind = sorted((a["count"], r) for r, a in answers.items() if a is not None and not a["posted"])
+    for count, group in itertools.groupby(behind, key=lambda x: x[0]):
+        ranks = [r for _, r in group]
+        posted = (f"#0-#{count - 1}" if count else "nothing") if key[0] == "c" else f"{count} uses of the tag"
+        waits = answers[ranks[0]]["waits_on"]
+        who = f"; rank {ranks[0]} waits on: " if len(ranks) > 1 else "; waits on: "
+        parts.append(f"{_ranks(ranks)} {'have' if len(ranks) > 1 else 'has'} not posted it (posted {posted} "
+                     f"of this team{who + '; '.join(waits) if waits else ''})")
+    for r, a in sorted(answers.items()):
+        if a is not None and a["posted"] and a["waits_on"]:
+            parts.append(f"rank {r} posted it and waits on: {'; '.join(a['waits_on'])}")
+    silent = sorted(r for r, a in answers.items() if a is None)
+    if silent:
+        parts.append(f"{_ranks(silent)} did not answer within {ASK_S:g} s (not waiting inside pycoll: "
+                     "busy in the program, or blocked outside pycoll)")
+    return "; ".join(parts)
+
+
+class MPIStatus:
+    """Questions and answers about the team's collectives on ``comm`` (a communicator of the
+    team's own, so that no collective's message matches them)."""
+
+    def __init__(self, comm: Any, planner: Planner) -> None:
+        self.comm, self.planner = comm, planner
+        self._sent: List[Any] = []  # answers not yet known sent
+        #: The engine's watch that calls :meth:`answer` (set by the bootstrap).
+        self.watch: Any = None
+
+    def answer(self) -> bool:
+        """Answer every question that has arrived (the engine's watch while it waits)."""
+        comm = self.comm
+        self._sent = [req for req in self._sent if not req.Test()]
+        while comm.iprobe(tag=_QUERY):
+            from mpi4py import MPI  # noqa: PLC0415 - only where MPI is in use
+
+            status = MPI.Status()
+            nonce, key = comm.recv(source=MPI.ANY_SOURCE, tag=_QUERY, status=status)
+            self._sent.append(comm.isend((nonce, report(self.planner, key)), status.Get_source(), _REPLY))
+        return True
+
+    def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
+        """Every peer's answer about the collective of ``key`` (None: no answer in time)."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        comm, me = self.comm, self.comm.Get_rank()
+        nonce = random.getrandbits(62)
+        peers = [r for r in range(comm.Get_size()) if r != me]
+        self._sent += [comm.isend((nonce, key), p, _QUERY) for p in peers]
+        answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
+        deadline = time.monotonic() + timeout_s
+        status = MPI.Status()
+        while any(a is None for a in answers.values()) and time.monotonic() < deadline:
+            self.answer()  # (two ranks that time out on each other answer each other)
+            if comm.iprobe(tag=_REPLY, status=status):
+                got, answer = comm.recv(source=status.Get_source(), tag=_REPLY)
+                if got == nonce:  # (else an answer to an earlier question that came late)
+                    answers[status.Get_source()] = answer
+            else:
+                time.sleep(0.0005)
+        return answers
+
+    def close(self) -> None:
+        """The team closes: let its communicator go."""
+        for req in self._sent:
+            if not req.Test():
+                req.Cancel()
+        self._sent = []
+        try:
+            self.comm.Free()
+        except Exception:  # noqa: BLE001 - MPI finalized already: nothing to free
+            pass
+
+
+class StoreStatus:
+    """Questions and answers about the team's collectives through its store: rank p's questions
+    are the keys ``PREFIX/q/p/1``, ``/2``, ... (numbered by ``add`` on ``PREFIX/q/p``), each
+    answered at ``PREFIX/a/NONCE/p``."""
+
+    def __init__(self, store: Any, prefix: str, rank: int, size: int, planner: Planner) -> None:
+        self.store, self.prefix, self.rank, self.size, self.planner = store, prefix, rank, size, planner
+        self._answered = 0  # questions to this rank answered
+
+    def answer(self, store: Any) -> None:
+        """Answer every question that has arrived, on ``store`` (the connection of the engine's
+        watch: :meth:`pycoll.recovery.Recovery.look`)."""
+        from pycoll.store import store_get  # noqa: PLC0415 - pycoll.store imports nothing of this
+
+        while store.check([f"{self.prefix}/q/{self.rank}/{self._answered + 1}"]):
+            self._answered += 1
+            nonce, key = pickle.loads(store_get(store, f"{self.prefix}/q/{self.rank}/{self._answered}"))
+            store.set(f"{self.prefix}/a/{nonce}/{self.rank}", pickle.dumps(report(self.planner, key)))
+
+    def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
+        """Every peer's answer about the collective of ``key`` (None: no answer in time)."""
+        from pycoll.store import store_get  # noqa: PLC0415
+
+        store, nonce = self.store, random.getrandbits(62)
+        peers = [r for r in range(self.size) if r != self.rank]
+        question = pickle.dumps((nonce, key))
+        for p in peers:
+            number = store.add(f"{self.prefix}/q/{p}", 1)
+            store.set(f"{self.prefix}/q/{p}/{number}", question)
+        answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for p in [p for p, a in answers.items() if a is None]:
+                where = f"{self.prefix}/a/{nonce}/{p}"
+                if store.check([where]):
+                    answers[p] = pickle.loads(store_get(store, where))
+            if all(a is not None for a in answers.values()):
+                break
+            time.sleep(0.005)
+        return answers
+
+    def close(self) -> None:
+        """The team closes (its keys stay in the store with the team's others)."""
