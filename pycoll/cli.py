@@ -188,7 +188,7 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     """Draw one step of a trace as a PNG Gantt chart."""
     from pycoll.trace.plot import plot
 
-    drawn = plot(args.files, args.output, step=args.step, subtasks=args.subtasks)
+    drawn = plot(args.files, args.output, step=args.step, subtasks=args.subtasks, whole=args.all)
     what = f"step {drawn['step']}" if drawn["step"] is not None else "whole trace"
     print(f"{args.output}: {what}, {drawn['ms']:.3f} ms, {drawn['ranks']} rank(s), {drawn['rows']} rows")
     return 0
@@ -281,9 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     tplot.add_argument("files", nargs="+",
                        help="a merged trace, or per-rank files / globs / the PYCOLL_TRACE value")
     tplot.add_argument("-o", "--output", default="step.png", help="PNG file (default step.png)")
-    tplot.add_argument("--step", type=int, default=None,
+    which = tplot.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None,
                        help="the step to draw (default: a middle one of the marked steps; the whole "
                             "trace if none is marked)")
+    which.add_argument("--all", action="store_true", help="draw the whole trace, steps marked or not")
     tplot.add_argument("--subtasks", action="store_true",
                        help="also draw the tasks inside collectives (sends, receives, reductions)")
     tplot.set_defaults(func=cmd_trace_plot)

@@ -56,9 +56,10 @@ def steps_of(events: List[dict]) -> Dict[Any, Dict[int, float]]:
     return marks
 
 
-def window(events: List[dict], step: Optional[int]) -> Tuple[float, float, Optional[int], Dict]:
+def window(events: List[dict], step: Optional[int],
+           whole: bool = False) -> Tuple[float, float, Optional[int], Dict]:
     """``(t0, t1, step, marks)``: the span of ``step`` (default: a middle step if there are step
-    marks, else the whole trace)."""
+    marks, else the whole trace; ``whole``: the whole trace, marks or not)."""
     marks = steps_of(events)
     spans = [e for e in events if e.get("ph") == "X"]
     if not spans:
@@ -66,6 +67,10 @@ def window(events: List[dict], step: Optional[int]) -> Tuple[float, float, Optio
     end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in spans)
     begin = min(float(e["ts"]) for e in spans)
     numbers = sorted({n for m in marks.values() for n in m})
+    if whole:
+        if step is not None:
+            raise PycollError("a step or the whole trace, not both")
+        return begin, end, None, marks
     if step is None:
         if not numbers:
             return begin, end, None, marks
@@ -107,14 +112,15 @@ def _rows(events: List[dict], t0: float, t1: float, cats: Optional[set]) -> Dict
 
 
 def plot(inputs: Iterable[str], out: str, step: Optional[int] = None, subtasks: bool = False,
-         title: Optional[str] = None) -> Dict[str, Any]:
+         title: Optional[str] = None, whole: bool = False) -> Dict[str, Any]:
     """Draw one step of the traces named by ``inputs`` (see :func:`pycoll.trace.files.expand`)
-    into the PNG ``out``; returns what was drawn (step, window in ms, ranks, rows)."""
+    into the PNG ``out`` (``whole``: all of it, steps marked or not); returns what was drawn
+    (step, window in ms, ranks, rows)."""
     Figure, FigureCanvasAgg, Patch = _matplotlib()
     paths = expand(inputs)
     doc = merge_docs(paths)
     events = doc["traceEvents"]
-    t0, t1, step, marks = window(events, step)
+    t0, t1, step, marks = window(events, step, whole)
     hidden = set() if subtasks else {"subtask"}
     cats = {e.get("cat") for e in events if e.get("ph") == "X"} - hidden
     rows = _rows(events, t0, t1, cats)

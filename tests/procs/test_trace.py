@@ -44,3 +44,6 @@ def test_two_ranks_merge_and_plot(tmp_path, mpirun):
     # per-rank files (a glob) directly, default step, subtasks
     cli("trace", "plot", "t.rank*.json", "-o", "all.png", "--subtasks", cwd=tmp_path)
     assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"
+    # the whole trace though steps are marked
+    out = cli("trace", "plot", "merged.json", "-o", "whole.png", "--all", cwd=tmp_path)
+    assert "whole trace" in out and (tmp_path / "whole.png").read_bytes()[:4] == b"\x89PNG"
