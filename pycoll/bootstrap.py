@@ -141,6 +141,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
                 advertise = _local_address(store)
             socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
             chosen = TCPTransport(rank, size, socks)
+            ctx.watch(_weakly(chosen.check_silence))  # a peer's host that stops answering
         transport = chosen
         ctx.add_transport(transport)
     team = cls(rank, size, transport, ctx, name=team_prefix)
@@ -223,17 +224,22 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
         ctx.add_transport(team.transport)
 
 
-def _answering(asked: MPIStatus) -> Any:
-    """The engine's watch that answers the peers' questions (held weakly: a team dropped without
-    ``close()`` stops answering)."""
-    ref = weakref.WeakMethod(asked.answer)
+def _weakly(method: Callable[[], bool]) -> Callable[[], bool]:
+    """An engine watch that calls ``method`` while its object lives (held weakly: a team dropped
+    without ``close()`` is not kept alive by its engine, and its watch then ends)."""
+    ref = weakref.WeakMethod(method)
 
     def look() -> bool:
-        method = ref()
-        return method is not None and method()
+        bound = ref()
+        return bound is not None and bound()
 
-    asked.watch = look
     return look
+
+
+def _answering(asked: MPIStatus) -> Any:
+    """The engine's watch that answers the peers' questions."""
+    asked.watch = _weakly(asked.answer)
+    return asked.watch
 
 
 def close(team: Team) -> None:

@@ -17,3 +17,14 @@ def test_two_hosts_ucx_tcp(hosts):
     need_ucx()
     hosts("tests/procs/scripts/two_hosts.py", [3, 2], "ucx", timeout=150,
           env={"PYCOLL_TLS": "ucx,shm", "UCX_TLS": "tcp"})
+
+
+def test_a_host_cut_off_is_lost_in_seconds_a_stopped_rank_is_not(hosts):
+    """A host that leaves the network without closing its connections: its rank is lost within
+    PYCOLL_PEER_SILENCE (1.5 s), not PYCOLL_TIMEOUT; a rank stopped (SIGSTOP) for longer than that
+    is not lost: its host still answers, and its collective completes when it resumes."""
+    for mode in ("cut", "cut-idle"):
+        out = hosts("tests/procs/scripts/host_silence.py", [1, 1], mode, timeout=60)
+        assert "rank 0 lost rank 1 after" in out, out
+    out = hosts("tests/procs/scripts/host_silence.py", [1, 1], "stop", timeout=60)
+    assert "rank 0 waited" in out, out

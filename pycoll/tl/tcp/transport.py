@@ -16,6 +16,8 @@ is complete: in :meth:`TCPTransport._read`, or in ``irecv`` for a message that a
 
 from __future__ import annotations
 
+import errno
+import math
 import selectors
 import socket
 import struct
@@ -25,6 +27,7 @@ from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
 
 import numpy as np
 
+from pycoll import config
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
 
@@ -32,6 +35,10 @@ _HEADER = struct.Struct("<IIQQQ")
 _MAGIC = 0x50544350  # "PCTP"
 _VERSION = 1
 _HELLO = struct.Struct("<IIQ")  # magic, rank, team id
+#: The key hash of a ping: an empty message the receiver drops, sent to a peer from which this
+#: rank waits while nothing of its own waits for that peer's acknowledgement (see check_silence).
+_PING_HASH = 0x50494E4750494E47  # "PINGPING"
+_PING = _HEADER.pack(_MAGIC, _VERSION, _PING_HASH, 0, 0)
 _MAX_MESSAGE = 1 << 40
 
 
@@ -57,7 +64,40 @@ class _Peer:
         self.recv: Optional[_Recv] = None  # the receive being filled, or None: stash
         self.k: Tuple[int, int] = (0, 0)
         self.data: Optional[np.ndarray] = None
+        self.pinged = 0.0  # when this rank last pinged the peer (time.monotonic())
         self.error: Optional[TransportError] = None
+
+
+#: ``struct tcp_info`` (linux/tcp.h) up to ``tcpi_last_ack_recv``: eight one-byte fields, then rto,
+#: ato, snd_mss, rcv_mss, unacked, sacked, lost, retrans, fackets, last_data_sent, last_ack_sent,
+#: last_data_recv, last_ack_recv (u32; the last four in ms ago).
+_TCP_INFO = struct.Struct("<8B13I")
+_UNACKED, _LAST_ACK_RECV = 12, 20
+
+
+def unanswered_ms(sock: socket.socket) -> Optional[int]:
+    """How long the peer's host has left data of ours unacknowledged: ms since its last ACK while
+    segments wait for one; None when none waits (or the kernel does not say)."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except (OSError, AttributeError):
+        return None
+    if len(raw) < _TCP_INFO.size:
+        return None
+    info = _TCP_INFO.unpack(raw)
+    return info[_LAST_ACK_RECV] if info[_UNACKED] else None
+
+
+def watch_silence(sock: socket.socket, seconds: float) -> None:
+    """Have the kernel probe ``sock``'s peer once the connection is idle (TCP keepalive: 1 s idle,
+    then a probe a second) and break it after about ``seconds`` without an answer; a stopped
+    process's kernel answers the probes, a host that is gone does not."""
+    if not hasattr(socket, "TCP_KEEPIDLE"):  # (not Linux: the OS's own keepalive, if any)
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, math.ceil(seconds) - 1))
 
 
 class TCPTransport(Transport):
@@ -70,9 +110,14 @@ class TCPTransport(Transport):
         self.size = size
         self.peers: Dict[int, _Peer] = {}
         self.selector = selectors.DefaultSelector()
+        silence = config.get("PYCOLL_PEER_SILENCE")
+        #: Seconds a peer's host may leave our data unacknowledged (see :meth:`check_silence`).
+        self.silence = max(1.0, silence) if silence < math.inf else math.inf
         for r, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.silence < math.inf:
+                watch_silence(sock, self.silence)
             peer = _Peer(r, sock)
             self.peers[r] = peer
             self.selector.register(sock, selectors.EVENT_READ, peer)
@@ -182,7 +227,11 @@ class TCPTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return done
             except OSError as exc:
-                self._lost(p, f"broke the connection ({exc})")
+                if exc.errno == errno.ETIMEDOUT:  # the keepalive probes went unanswered
+                    self._lost(p, f"stopped answering: its host did not answer for about {self.silence:g} s "
+                                  "(gone, or cut off the network)")
+                else:
+                    self._lost(p, f"broke the connection ({exc})")
                 return done
             if n == 0:
                 self._lost(p, "closed its connection")
@@ -197,6 +246,8 @@ class TCPTransport(Transport):
                     self._lost(p, f"sent a malformed header (magic {magic:#x}, version {version}, "
                                   f"{nbytes} B)")
                     return done
+                if khash == _PING_HASH and not step and not nbytes:  # a ping: nothing to deliver
+                    continue
                 p.k = (khash, step)
                 queue = self._posted.get((p.rank, khash, step))
                 recv = queue.popleft() if queue else None
@@ -263,12 +314,39 @@ class TCPTransport(Transport):
     def poll_unexpected(self) -> None:
         self.progress()
 
+    def check_silence(self) -> bool:
+        """Lose every peer whose host has left data of ours unacknowledged for :attr:`silence`
+        seconds (the engine's watch while it waits; an idle connection is the keepalive's). True:
+        go on watching."""
+        limit_ms, now = self.silence * 1000, time.monotonic()
+        for p in self.peers.values():
+            if p.error is not None:
+                continue
+            ms = unanswered_ms(p.sock)
+            if ms is not None and ms > limit_ms:
+                self._lost(p, f"stopped answering: its host acknowledged nothing for {ms / 1000:.1f} s "
+                              "(gone, or cut off the network)")
+            elif ms is None and not p.out and now - p.pinged > self.silence / 3:
+                # nothing of ours waits for its acknowledgement: a ping gives its host something to
+                # acknowledge (sooner than the keepalive's whole seconds)
+                p.pinged = now
+                req = _Send("send", p.rank, ("ping",), 0)
+                req.parts = [memoryview(_PING)]
+                p.out.append(req)
+                self._sending.append(p)
+                self._flush(p)
+                self._sending = [q for q in self._sending if q.out]
+        return self.silence < math.inf and not self.closed
+
     def lost_peers(self) -> Set[int]:
         """The ranks whose connection closed or broke (their process exited or was killed, or
         they closed the team), as far as the reads so far have seen."""
         return {p.rank for p in self.peers.values() if p.error is not None}
 
+    closed = False
+
     def close(self) -> None:
+        self.closed = True
         for p in self.peers.values():
             try:
                 self.selector.unregister(p.sock)

@@ -1,0 +1,73 @@
+"""Two ranks on two hosts (tests/launch.py run_hosts), a team over TCP through a store.
+
+argv ``cut``: rank 1 takes its host off the network (its link down) without closing anything and
+waits; rank 0's allreduce (its data sent, unacknowledged) must fail with PeerLostError naming rank
+1 within 2 s (PYCOLL_PEER_SILENCE, 1.5 s), not at its 30 s timeout. ``cut-idle``: the same while
+rank 0 only receives (a bcast from rank 1: nothing of its own in flight, the pings find the
+silence).
+
+argv ``stop``: rank 1 stops itself (SIGSTOP) for 4 s, longer than PYCOLL_PEER_SILENCE, while rank 0's
+8 MiB allreduce waits on it (its data fills rank 1's socket buffers); its host still answers, so
+nobody is lost: the allreduce completes with the right sum once rank 1 resumes.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import pycoll
+from pycoll import Team
+from pycoll.store import TCPStore
+
+
+def main(rank: int, size: int, mode: str) -> None:
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0,
+                     timeout=60)
+    team = Team.from_store(store, rank, size)
+    assert team.transport.name == "tcp", team.transport
+    x = np.ones(1 << 20, np.float64)  # 8 MiB
+    for _ in range(3):
+        team.allreduce(x.copy(), algorithm="rd").wait()
+    store.set(f"ready{rank}", b"1")
+    store.wait([f"ready{r}" for r in range(size)])
+    if mode in ("cut", "cut-idle"):
+        if rank == 1:
+            devs = [d for d in os.listdir("/sys/class/net") if d != "lo"]
+            subprocess.run(["ip", "link", "set", "dev", devs[0], "down"], check=True)
+            time.sleep(8)
+        else:
+            t0 = time.monotonic()
+            try:
+                if mode == "cut":
+                    team.allreduce(x.copy(), algorithm="rd", timeout=30).wait()
+                else:
+                    team.bcast(x, root=1, timeout=30).wait()
+                raise AssertionError("the collective finished without rank 1")
+            except pycoll.PeerLostError as exc:
+                took = time.monotonic() - t0
+                print(f"rank 0 lost rank 1 after {took:.2f} s: {exc}", flush=True)
+                assert exc.rank == 1 and "stopped answering" in str(exc), exc
+                assert took < 2.0, took  # (the target: within 2 s across hosts)
+        print(f"RANK {rank} OK", flush=True)
+        os._exit(0)  # (the store's server is on a host cut off from the other rank: no goodbyes)
+    if rank == 1:
+        subprocess.Popen(["sh", "-c", f"sleep 4; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t0 = time.monotonic()
+    buf = x.copy()
+    team.allreduce(buf, algorithm="rd", timeout=30).wait()
+    took = time.monotonic() - t0
+    assert (buf == size).all(), buf[:4]
+    if rank == 0:
+        print(f"rank 0 waited {took:.2f} s for the stopped rank", flush=True)
+        assert took > 3.0, took
+    team.close()
+    print(f"RANK {rank} OK", flush=True)
+
+
+if __name__ == "__main__":
+    main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1])
