@@ -790,8 +790,9 @@ static int mapped_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
  * form moves (5 - 1/n) M. No rank touches another's share of any buffer, so in place needs no
  * barrier between reading and writing: one generation carries the addresses (arrive: this
  * rank's input is ready), reduced says this rank has written its share everywhere, and every
- * rank returns once all have. A peer's address that is wrong fails the system call (the kernel
- * checks it against that process's mappings): an error, never a write outside the buffers. */
+ * rank returns once all have. Every rank checks the others' mark and buffer size first
+ * (PC_CMA_AR_MARK), so ranks that disagree never read or write past a buffer; an address that is
+ * not mapped in the peer fails the system call (PC_ECMA). */
 #define PC_CMA_TMP_BYTES (2u << 20) /* the blocks of one step, all inputs: kept in cache */
 #define PC_CMA_BLOCK_MIN (16u << 10)
 #define PC_CMA_BLOCK_MAX (128u << 10)
@@ -805,9 +806,15 @@ static uint64_t cma_block(uint32_t n) {
     return b & ~(uint64_t)63;
 }
 
+/* what a rank publishes besides its addresses: the form's mark and its buffer's bytes, which every
+ * reader checks before it reads or writes anything (ranks that disagree on the count or the dtype,
+ * or a rank on another form of allreduce whose slot holds data, never lead to an access past a
+ * buffer; the kernel checks only that an address is mapped) */
+#define PC_CMA_AR_MARK 0x50434341524D4B31ULL /* "PCCARMK1" */
+
 static int cma_allreduce_check(const pc_shm_coll_t *c, size_t es) {
     const pc_shm_header_t *h = c->base;
-    if (!es || es > PC_CMA_BLOCK_MIN || c->nchunks != 1 || h->slot_bytes < 2 * sizeof(uint64_t)) return PC_EINVAL;
+    if (!es || es > PC_CMA_BLOCK_MIN || c->nchunks != 1 || h->slot_bytes < 4 * sizeof(uint64_t)) return PC_EINVAL;
     if (c->count > UINT64_MAX / es) return PC_EINVAL;
     uint64_t nb = c->count * es;
     uintptr_t s = (uintptr_t)c->src, d = (uintptr_t)c->dst;
@@ -831,16 +838,22 @@ static int cma_allreduce_run(pc_shm_coll_t *c, size_t es, uint64_t max_polls) {
         if (rc <= 0) return rc;
         uint64_t *mine = pairs(c, rank);
         mine[0] = (uintptr_t)c->src, mine[1] = (uintptr_t)c->dst;
+        mine[2] = PC_CMA_AR_MARK ^ c->gen, mine[3] = c->count * es;
         arrive(me, c->gen);
         c->phase = 1;
     }
     if (c->phase == 1) {
         rc = wait_flags(c, 0, c->gen, -1, max_polls);
         if (rc <= 0) return rc;
+        for (uint32_t r = 0; r < n; r++) { /* every rank on this form, with buffers of our size */
+            const uint64_t *p = pairs(c, r);
+            if (p[2] != (PC_CMA_AR_MARK ^ c->gen) || p[3] != c->count * es) return PC_EDISAGREE;
+        }
         uint64_t blk = cma_block(n), per = blk / es;
         uint64_t need = (uint64_t)(n + 1) * blk; /* a block of each peer's input, and the result */
         if (cma_tmp_bytes < need) {
             free(cma_tmp);
+            cma_tmp = NULL;
             cma_tmp_bytes = 0;
             if (posix_memalign((void **)&cma_tmp, 64, need)) return PC_ENOMEM;
             cma_tmp_bytes = need;

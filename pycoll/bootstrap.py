@@ -74,7 +74,7 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
     team = cls(dup.Get_rank(), dup.Get_size(), transport, ctx, name=name)
     team.comm = dup
     if team.size > 1:  # where a timed-out collective asks its peers what they do
-        team.planner.peer_status = MPIStatus(dup.Dup(), team.planner)
+        team.planner.peer_status = MPIStatus(dup.Dup(), team.planner, ctx.lock)
         ctx.watch(_answering(team.planner.peer_status))
     attach_shm(team, dup.allgather, tls)
     topo = team.topology
@@ -141,7 +141,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
                 advertise = _local_address(store)
             socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
             chosen = TCPTransport(rank, size, socks)
-            ctx.watch(_weakly(chosen.check_silence))  # a peer's host that stops answering
+            ctx.watch(_weakly(chosen.check_silence, ctx.lock))  # a peer's host that stops answering
         transport = chosen
         ctx.add_transport(transport)
     team = cls(rank, size, transport, ctx, name=team_prefix)
@@ -224,14 +224,20 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
         ctx.add_transport(team.transport)
 
 
-def _weakly(method: Callable[[], bool]) -> Callable[[], bool]:
-    """An engine watch that calls ``method`` while its object lives (held weakly: a team dropped
-    without ``close()`` is not kept alive by its engine, and its watch then ends)."""
+def _weakly(method: Callable[[], bool], lock: Any = None) -> Callable[[], bool]:
+    """An engine watch that calls ``method`` (under ``lock``, if given) while its object lives
+    (held weakly: a team dropped without ``close()`` is not kept alive by its engine, and its
+    watch then ends)."""
     ref = weakref.WeakMethod(method)
 
     def look() -> bool:
         bound = ref()
-        return bound is not None and bound()
+        if bound is None:
+            return False
+        if lock is None:
+            return bound()
+        with lock:
+            return bound()
 
     return look
 

@@ -169,12 +169,12 @@ _declare("PYCOLL_SPIN_US", "20", lambda t: _nonneg_float(t, "PYCOLL_SPIN_US"),
          "waiting rank yields its core at once). Longer: a rank whose peer is briefly late stays awake, "
          "at the price of a busy core while it waits. Read when a team's engine is made.")
 _declare("PYCOLL_PEER_SILENCE", "1.5", parse_seconds,
-         "Seconds a peer's host may leave a TCP connection of this rank unanswered (sent data not "
-         "acknowledged, keepalive probes not answered) before the peer is lost (pycoll.PeerLostError): a "
-         "host that is gone, or cut off the network, without closing its connections. The host of a "
-         "stopped process (SIGSTOP, a debugger) still answers, so such a peer is not lost. At least 1 (an "
-         "idle connection's keepalive probes, a second apart, take up to 2); 0 or inf: never (only "
-         "PYCOLL_TIMEOUT ends the wait). Read when a TCP transport is made.")
+         "Seconds a peer's host may leave data of this rank unacknowledged on a TCP connection, while this "
+         "rank waits for that peer, before the peer is lost (pycoll.PeerLostError): a host that is gone, or "
+         "cut off the network, without closing its connections (where nothing of its own is in flight, "
+         "the waiting rank sends a small ping to be acknowledged). The host of a stopped process "
+         "(SIGSTOP, a debugger) still acknowledges, so such a peer is not lost. At least 1; 0 or inf: "
+         "never (only PYCOLL_TIMEOUT ends the wait). Read when a TCP transport is made.")
 _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
          "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store), ucx (UCX's tag "

@@ -11,7 +11,6 @@ per shape when their request is collected: the next call of that shape rebinds o
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Union
@@ -41,12 +40,14 @@ MAX_PLAN_BYTES = 64 << 20
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
-def uncredit(sched: Schedule) -> None:
-    """Take away the credit of every task inside ``sched``, a unit of credit that holds it whole."""
-    for task in sched.tasks:
+def uncredit(task: Task, inside_only: bool = False) -> None:
+    """Take away the credit of ``task`` (unless ``inside_only``) and of every task inside it, if it
+    is a schedule: a collective that takes none, or the tasks of one that holds it whole."""
+    if not inside_only:
         task.credit = 0
-        if isinstance(task, Schedule):
-            uncredit(task)
+    if isinstance(task, Schedule):
+        for sub in task.tasks:
+            uncredit(sub)
 
 
 def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -84,7 +85,7 @@ class Planner:
     # ------------------------------------------------------------------ message keys
     def posted(self) -> int:
         """How many untagged collectives this rank has posted on the team (the next one's number)."""
-        return next(copy.copy(self._seq))
+        return int(repr(self._seq)[6:-1])  # "count(5)": the counter itself, not a copy of it
 
     def tag_uses(self, tag: Hashable) -> int:
         """How many collectives this rank has posted on the team with ``tag``."""
@@ -187,7 +188,7 @@ class Planner:
         with self.ctx.lock:
             if not credit:
                 task, key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
-                task.credit = 0
+                uncredit(task)
                 shape = None
             else:
                 task, key, shape = self.build(call, tag, algorithm, {}, reuse=True)
@@ -208,7 +209,7 @@ class Planner:
         with self.ctx.lock:
             task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
             if shape is not None:
-                task.credit = 0
+                uncredit(task)
         return task
 
     def submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
@@ -296,7 +297,7 @@ class Planner:
         if algorithm is None:
             nbytes = call.nbytes
             name = self._selected.get((coll, nbytes, tag is None)) or self.select(coll, nbytes, tag)
-            if name == "shm" and coll == "allreduce" and self.team.shared.regions:
+            if name in ("shm", "cma") and coll == "allreduce" and self.team.shared.regions:
                 if self.team.shared.regions_of(src, dst) is not None:  # (arrays of team.alloc)
                     name = "mapped"
             if options:  # options go to the algorithms that declare them
@@ -357,8 +358,7 @@ class Planner:
         credit of their own (a step a custom algorithm builds from a plain ``Task`` would otherwise
         count the collective's bytes twice)."""
         task.credit = task.nbytes if getattr(task, "sends_first", True) else 0
-        if isinstance(task, Schedule):
-            uncredit(task)
+        uncredit(task, inside_only=True)
         if task.credit and self.ctx.credit_bytes:
             self.ctx.watch_demand(task, self.team.transport, key)
         return task
@@ -388,7 +388,7 @@ class Planner:
             if credit:
                 self.credit_unit(task, part_key)
             else:
-                task.credit = 0
+                uncredit(task)
             sched.add(task)
         return sched
 

@@ -77,7 +77,10 @@ def explain(key: tuple, answers: Dict[int, Optional[Dict[str, Any]]]) -> str:
     behind = sorted((a["count"], r) for r, a in answers.items() if a is not None and not a["posted"])
     for count, group in itertools.groupby(behind, key=lambda x: x[0]):
         ranks = [r for _, r in group]
-        posted = (f"#0-#{count - 1}" if count else "nothing") if key[0] == "c" else f"{count} uses of the tag"
+        if key[0] == "c":
+            posted = f"#0-#{count - 1}" if count > 1 else "#0" if count else "nothing"
+        else:
+            posted = f"{count} use{'s' if count != 1 else ''} of the tag"
         waits = answers[ranks[0]]["waits_on"]
         who = f"; rank {ranks[0]} waits on: " if len(ranks) > 1 else "; waits on: "
         parts.append(f"{_ranks(ranks)} {'have' if len(ranks) > 1 else 'has'} not posted it (posted {posted} "
@@ -94,24 +97,34 @@ def explain(key: tuple, answers: Dict[int, Optional[Dict[str, Any]]]) -> str:
 
 class MPIStatus:
     """Questions and answers about the team's collectives on ``comm`` (a communicator of the
-    team's own, so that no collective's message matches them)."""
+    team's own, so that no collective's message matches them). ``lock``: the engine's (its
+    watch and a timed-out wait may run in two threads)."""
 
-    def __init__(self, comm: Any, planner: Planner) -> None:
-        self.comm, self.planner = comm, planner
-        self._sent: List[Any] = []  # answers not yet known sent
+    def __init__(self, comm: Any, planner: Planner, lock: Any) -> None:
+        self.comm, self.planner, self.lock = comm, planner, lock
+        self._sent: List[Any] = []  # answers and questions not yet known sent
         #: The engine's watch that calls :meth:`answer` (set by the bootstrap).
         self.watch: Any = None
 
-    def answer(self) -> bool:
-        """Answer every question that has arrived (the engine's watch while it waits)."""
-        comm = self.comm
-        self._sent = [req for req in self._sent if not req.Test()]
-        while comm.iprobe(tag=_QUERY):
-            from mpi4py import MPI  # noqa: PLC0415 - only where MPI is in use
+    def answer(self, stale: bool = True) -> bool:
+        """Answer every question that has arrived (the engine's watch while it waits); ``stale``:
+        also drop answers that came after their question gave up waiting."""
+        from mpi4py import MPI  # noqa: PLC0415 - only where MPI is in use
 
-            status = MPI.Status()
-            nonce, key = comm.recv(source=MPI.ANY_SOURCE, tag=_QUERY, status=status)
-            self._sent.append(comm.isend((nonce, report(self.planner, key)), status.Get_source(), _REPLY))
+        comm, status = self.comm, MPI.Status()
+        with self.lock:
+            self._sent = [req for req in self._sent if not req.Test()]
+            while True:
+                msg = comm.improbe(tag=_QUERY, status=status)
+                if msg is None:
+                    break
+                nonce, key = msg.recv()
+                self._sent.append(comm.isend((nonce, report(self.planner, key)), status.Get_source(), _REPLY))
+            while stale:
+                msg = comm.improbe(tag=_REPLY)
+                if msg is None:
+                    break
+                msg.recv()
         return True
 
     def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
@@ -121,36 +134,51 @@ class MPIStatus:
         comm, me = self.comm, self.comm.Get_rank()
         nonce = random.getrandbits(62)
         peers = [r for r in range(comm.Get_size()) if r != me]
-        self._sent += [comm.isend((nonce, key), p, _QUERY) for p in peers]
+        with self.lock:
+            self._sent += [comm.isend((nonce, key), p, _QUERY) for p in peers]
         answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
         deadline = time.monotonic() + timeout_s
         status = MPI.Status()
         while any(a is None for a in answers.values()) and time.monotonic() < deadline:
-            self.answer()  # (two ranks that time out on each other answer each other)
-            if comm.iprobe(tag=_REPLY, status=status):
-                got, answer = comm.recv(source=status.Get_source(), tag=_REPLY)
-                if got == nonce:  # (else an answer to an earlier question that came late)
-                    answers[status.Get_source()] = answer
-            else:
+            self.answer(stale=False)  # (two ranks that time out on each other answer each other)
+            with self.lock:
+                msg = comm.improbe(tag=_REPLY, status=status)
+                got = msg.recv() if msg is not None else None
+            if got is None:
                 time.sleep(0.0005)
+            elif got[0] == nonce:  # (else an answer to an earlier question that came late)
+                answers[status.Get_source()] = got[1]
         return answers
 
     def close(self) -> None:
-        """The team closes: let its communicator go."""
-        for req in self._sent:
-            if not req.Test():
-                req.Cancel()
-        self._sent = []
+        """The team closes: let its communicator go (sends still pending are canceled)."""
+        with self.lock:
+            for req in self._sent:
+                if not req.Test():
+                    req.Cancel()
+                    req.Test()
+            self._sent = []
+            try:
+                self.comm.Free()
+            except Exception:  # noqa: BLE001 - MPI finalized already: nothing to free
+                pass
+
+
+def _forget(store: Any, key: str) -> None:
+    """Delete ``key`` where the store can (pycoll's and c10d's stores can)."""
+    delete = getattr(store, "delete_key", None)
+    if delete is not None:
         try:
-            self.comm.Free()
-        except Exception:  # noqa: BLE001 - MPI finalized already: nothing to free
+            delete(key)
+        except Exception:  # noqa: BLE001 - a store that cannot delete keeps it
             pass
 
 
 class StoreStatus:
     """Questions and answers about the team's collectives through its store: rank p's questions
     are the keys ``PREFIX/q/p/1``, ``/2``, ... (numbered by ``add`` on ``PREFIX/q/p``), each
-    answered at ``PREFIX/a/NONCE/p``."""
+    answered at ``PREFIX/a/NONCE/p``; each key is deleted once read (an answer that comes after its
+    question gave up stays)."""
 
     def __init__(self, store: Any, prefix: str, rank: int, size: int, planner: Planner) -> None:
         self.store, self.prefix, self.rank, self.size, self.planner = store, prefix, rank, size, planner
@@ -163,7 +191,9 @@ class StoreStatus:
 
         while store.check([f"{self.prefix}/q/{self.rank}/{self._answered + 1}"]):
             self._answered += 1
-            nonce, key = pickle.loads(store_get(store, f"{self.prefix}/q/{self.rank}/{self._answered}"))
+            where = f"{self.prefix}/q/{self.rank}/{self._answered}"
+            nonce, key = pickle.loads(store_get(store, where))
+            _forget(store, where)
             store.set(f"{self.prefix}/a/{nonce}/{self.rank}", pickle.dumps(report(self.planner, key)))
 
     def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
@@ -179,14 +209,16 @@ class StoreStatus:
         answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.answer(store)  # (two ranks that time out on each other answer each other)
             for p in [p for p, a in answers.items() if a is None]:
                 where = f"{self.prefix}/a/{nonce}/{p}"
                 if store.check([where]):
                     answers[p] = pickle.loads(store_get(store, where))
+                    _forget(store, where)
             if all(a is not None for a in answers.values()):
                 break
             time.sleep(0.005)
         return answers
 
     def close(self) -> None:
-        """The team closes (its keys stay in the store with the team's others)."""
+        """The team closes (nothing of its own to release)."""

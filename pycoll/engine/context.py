@@ -374,6 +374,7 @@ class Context:
             return 0
         now = _monotonic()
         expired = 0
+        asked = False  # the peers are asked about the first collective that expires in a pass only
         while deadlines and deadlines[0][0] <= now:
             _, _, task, started_at = _heappop(deadlines)
             if task.state is IN_PROGRESS and task.t_start == started_at:
@@ -381,9 +382,11 @@ class Context:
                 what = "; ".join(t.describe() for t in waiting[:8]) or "nothing left"
                 if len(waiting) > 8:
                     what += f"; and {len(waiting) - 8} more"
+                peers = "" if asked else self._peers_of(task, waiting)
+                asked = asked or bool(peers)
                 task.fail(TimeoutError(
-                    f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}"
-                    f"{self._peers_of(task, waiting)}", task=task, waiting_on=waiting, seconds=task.timeout))
+                    f"{task.name} did not finish within {task.timeout:g} s; waiting on: {what}{peers}",
+                    task=task, waiting_on=waiting, seconds=task.timeout))
                 expired += 1
         return expired
 

@@ -201,8 +201,9 @@ class Tracer:
         }
         if parent is not None:
             args["parent"] = parent.name
-        key = getattr(getattr(task, "args", None), "tag", None)  # a tagged collective's ("u", tag, use)
-        if isinstance(key, tuple) and len(key) == 3 and key[0] == "u":
+        # a tagged collective's message key: ("u", tag, use), and more for its parts
+        key = getattr(getattr(getattr(task, "args", None), "channel", None), "key", None)
+        if isinstance(key, tuple) and len(key) >= 3 and key[0] == "u":
             args["tag"], args["tag_use"] = repr(key[1]), key[2]
         if ctx_id:
             args["ctx"] = ctx_id

@@ -256,13 +256,23 @@ def test_single_copy_allreduce_sums_and_checks_addresses():
             assert (outs[r] == np.arange(9) + 100).all(), (in_place, r, outs[r])
         for s in segs:
             s.close()
+    # ranks that disagree on the count: rank 1's bigger buffers are never read or written past
+    # rank 0's, nor rank 0's past rank 1's: both see another size before touching anything
+    segs = two_rank_segments()
+    big, small = np.full(32, -1, np.int32), np.full(32, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE_CMA, np.arange(16, dtype=np.int32), big[:16])
+    st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE_CMA, np.arange(8, dtype=np.int32), small[:8])
+    assert rc0 in (-5, -7) and lib.pycoll_shm_progress(st1, 1000) in (-5, -7)
+    assert (big == -1).all() and (small == -1).all()
+    for s in segs:
+        s.close()
     for field in (0, 1):  # rank 1's input, then its output, at an address nobody has mapped
         segs = two_rank_segments()
         ins, outs = [np.arange(9, dtype=np.int32)] * 2, [np.full(9, -1, np.int32) for _ in range(2)]
         st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE_CMA, ins[1], outs[1])
         assert rc1 == 0
-        pairs = np.frombuffer(segs[0].mm, np.uint64, count=2, offset=segs[0].slot_offset(st1.gen, 1))
-        assert pairs[field] != 0
+        pairs = np.frombuffer(segs[0].mm, np.uint64, count=4, offset=segs[0].slot_offset(st1.gen, 1))
+        assert pairs[field] != 0 and pairs[3] == 9 * 4
         pairs[field] = 8
         st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE_CMA, ins[0], outs[0])
         assert rc0 == -6 and (outs[0] == -1).all() and (outs[1] == -1).all()

@@ -96,6 +96,13 @@ def test_queue_waits_and_comm_spans_of_prioritized_tagged_allreduces(traced):
         assert (a["nbytes"], a["credit"], a["credit_limit"]) == (4096, 4096, 4096)
         assert 0 <= a["priority"] < 6 and a["in_flight"] >= 0 and e["dur"] > 0
         assert (a["tag"], a["tag_use"]) == (repr(f"grad{a['priority']}"), 0)  # the user's tag
+    # a pooled task reused untagged, and a tag's second use, say so
+    tr.step(2)
+    bufs = [np.ones(1024, np.float32) for _ in teams]
+    pycoll.wait_all([t.allreduce(b) for t, b in zip(teams, bufs)])
+    pycoll.wait_all([t.allreduce(b, tag="grad0") for t, b in zip(teams, bufs)])
+    late = [e for e in spans(traced(), "comm") if e["ts"] > max(c["ts"] for c in comm)]
+    assert sorted(str(e["args"].get("tag_use")) for e in late) == ["1", "1", "None", "None"], late
     assert sorted(e["args"]["priority"] for e in comm) == sorted(list(range(6)) * 2)
     assert sorted((e["name"], e["args"]["priority"]) for e in comm) == sorted(
         (e["name"], e["args"]["priority"]) for e in queue)

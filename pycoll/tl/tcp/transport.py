@@ -16,7 +16,6 @@ is complete: in :meth:`TCPTransport._read`, or in ``irecv`` for a message that a
 
 from __future__ import annotations
 
-import errno
 import math
 import selectors
 import socket
@@ -65,6 +64,7 @@ class _Peer:
         self.k: Tuple[int, int] = (0, 0)
         self.data: Optional[np.ndarray] = None
         self.pinged = 0.0  # when this rank last pinged the peer (time.monotonic())
+        self.unacked_since: Optional[float] = None  # since when data of ours has waited for its ACK
         self.error: Optional[TransportError] = None
 
 
@@ -88,18 +88,6 @@ def unanswered_ms(sock: socket.socket) -> Optional[int]:
     return info[_LAST_ACK_RECV] if info[_UNACKED] else None
 
 
-def watch_silence(sock: socket.socket, seconds: float) -> None:
-    """Have the kernel probe ``sock``'s peer once the connection is idle (TCP keepalive: 1 s idle,
-    then a probe a second) and break it after about ``seconds`` without an answer; a stopped
-    process's kernel answers the probes, a host that is gone does not."""
-    if not hasattr(socket, "TCP_KEEPIDLE"):  # (not Linux: the OS's own keepalive, if any)
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, math.ceil(seconds) - 1))
-
-
 class TCPTransport(Transport):
     """Point-to-point over a mesh of TCP connections (see :func:`connect_mesh`)."""
 
@@ -116,8 +104,6 @@ class TCPTransport(Transport):
         for r, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.silence < math.inf:
-                watch_silence(sock, self.silence)
             peer = _Peer(r, sock)
             self.peers[r] = peer
             self.selector.register(sock, selectors.EVENT_READ, peer)
@@ -227,11 +213,7 @@ class TCPTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return done
             except OSError as exc:
-                if exc.errno == errno.ETIMEDOUT:  # the keepalive probes went unanswered
-                    self._lost(p, f"stopped answering: its host did not answer for about {self.silence:g} s "
-                                  "(gone, or cut off the network)")
-                else:
-                    self._lost(p, f"broke the connection ({exc})")
+                self._lost(p, f"broke the connection ({exc})")
                 return done
             if n == 0:
                 self._lost(p, "closed its connection")
@@ -316,19 +298,28 @@ class TCPTransport(Transport):
 
     def check_silence(self) -> bool:
         """Lose every peer whose host has left data of ours unacknowledged for :attr:`silence`
-        seconds (the engine's watch while it waits; an idle connection is the keepalive's). True:
-        go on watching."""
-        limit_ms, now = self.silence * 1000, time.monotonic()
+        seconds, and ping the others that have nothing of ours to acknowledge (the engine's watch
+        while it waits, called under its lock: it writes to the peers' queues). True: go on
+        watching."""
+        now = time.monotonic()
         for p in self.peers.values():
             if p.error is not None:
                 continue
             ms = unanswered_ms(p.sock)
-            if ms is not None and ms > limit_ms:
-                self._lost(p, f"stopped answering: its host acknowledged nothing for {ms / 1000:.1f} s "
-                              "(gone, or cut off the network)")
-            elif ms is None and not p.out and now - p.pinged > self.silence / 3:
+            if ms is not None:
+                # waiting for an acknowledgement: since the last one came, or since this rank first
+                # saw data wait (after a long idle spell the last one is old, the data new)
+                if p.unacked_since is None:
+                    p.unacked_since = now
+                silent = min(ms / 1000, now - p.unacked_since)
+                if silent > self.silence:
+                    self._lost(p, f"stopped answering: its host acknowledged nothing for {silent:.1f} s "
+                                  "(gone, or cut off the network)")
+                continue
+            p.unacked_since = None
+            if not p.out and now - p.pinged > self.silence / 3:
                 # nothing of ours waits for its acknowledgement: a ping gives its host something to
-                # acknowledge (sooner than the keepalive's whole seconds)
+                # acknowledge
                 p.pinged = now
                 req = _Send("send", p.rank, ("ping",), 0)
                 req.parts = [memoryview(_PING)]
