@@ -95,7 +95,9 @@ class Planner:
         """What the peers do about the collective ``task`` that timed out waiting on ``waiting``
         (asked on the team's status communicator, :mod:`pycoll.status`); empty where the team has
         none (the segment's collectives say it from the peers' signatures)."""
-        key = status.key_of(task, waiting) if self.peer_status is not None else None
+        if self.peer_status is None or any(getattr(t, "seg", None) is not None for t in (task, *waiting)):
+            return ""  # (a collective on the segment: its text reads the peers' signatures)
+        key = status.key_of(task, waiting)
         if key is None:
             return ""
         answers = self.peer_status.ask(key)
