@@ -50,6 +50,9 @@ from pycoll import config
 from pycoll.errors import TransportError
 
 _HASHES: Dict[Any, int] = {}
+#: Keys whose hash is kept (a program's tags repeat; one that makes a new tag per call would
+#: otherwise grow the cache to this size before it is cleared).
+_HASHES_KEPT = 4096
 
 
 def key_hash(prefix: Hashable) -> int:
@@ -57,7 +60,7 @@ def key_hash(prefix: Hashable) -> int:
     so user tags must be built from strings, numbers and tuples."""
     h = _HASHES.get(prefix)
     if h is None:
-        if len(_HASHES) > 65536:
+        if len(_HASHES) >= _HASHES_KEPT:
             _HASHES.clear()
         h = int.from_bytes(hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest(), "little")
         _HASHES[prefix] = h
