@@ -432,6 +432,15 @@ def two_hosts() -> Iterator[List[Tuple[str, str]]]:
         for (ns, addr), dev in zip(hosts, veth):
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
             _ip("-n", ns, "link", "set", dev, "up")
+        # the kernel reports the carrier a moment later (its link watch runs deferred, up to a
+        # second or more on a busy machine): ranks started before see no usable device (UCX
+        # then offers only loopback to its peers)
+        deadline = time.monotonic() + 10
+        while not all(" UP " in _ip("-n", ns, "-br", "link", "show", "dev", dev).stdout
+                      for (ns, _), dev in zip(hosts, veth)):
+            if time.monotonic() > deadline:
+                pytest.fail("the veth pair between the namespaces did not come up within 10 s")
+            time.sleep(0.05)
         yield hosts
     finally:
         for ns, _ in hosts:
