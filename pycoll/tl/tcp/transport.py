@@ -317,10 +317,11 @@ class TCPTransport(Transport):
                                   "(gone, or cut off the network)")
                 continue
             p.unacked_since = None
-            if not p.out and now - p.pinged > self.silence / 3:
+            if not p.out and now - p.pinged > self.silence / 6:
                 # nothing of ours waits for its acknowledgement: a ping gives its host something to
-                # acknowledge
-                p.pinged = now
+                # acknowledge, and its silence counts from the ping (a host cut off just after the
+                # last ping was acknowledged is lost within silence * 7/6)
+                p.pinged = p.unacked_since = now
                 req = _Send("send", p.rank, ("ping",), 0)
                 req.parts = [memoryview(_PING)]
                 p.out.append(req)
