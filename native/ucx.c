@@ -9,6 +9,7 @@
  * pc_ucx_test, which frees it once finished), or an error code (nothing to free).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
 
@@ -48,8 +49,39 @@ static const char *pc_ucx_status_string(int status)
     return ucs_status_string((ucs_status_t)status);
 }
 
-/* A context with the tag feature and one single-threaded worker. */
-static int pc_ucx_init(unsigned api_major, unsigned api_minor, ucp_context_h *ctx, ucp_worker_h *worker)
+/* Apply "NAME=VALUE" lines of settings (UCX names without the UCX_ prefix) to config, each only
+ * where the environment does not set UCX_NAME (the user's word wins). A setting this UCX does not
+ * know is skipped. The number applied. */
+static int pc_ucx_apply_defaults(ucp_config_t *config, const char *settings)
+{
+    char line[256], env[272];
+    const char *p = settings, *end, *eq;
+    size_t n;
+    int applied = 0;
+
+    while (p != NULL && *p != '\0') {
+        end = strchr(p, '\n');
+        n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n > 0 && n < sizeof(line)) {
+            memcpy(line, p, n);
+            line[n] = '\0';
+            eq = strchr(line, '=');
+            if (eq != NULL && eq != line) {
+                line[eq - line] = '\0';
+                snprintf(env, sizeof(env), "UCX_%s", line);
+                if (getenv(env) == NULL && ucp_config_modify(config, line, eq + 1) == UCS_OK)
+                    applied++;
+            }
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return applied;
+}
+
+/* A context with the tag feature and one single-threaded worker; settings as for
+ * pc_ucx_apply_defaults (may be empty). */
+static int pc_ucx_init(unsigned api_major, unsigned api_minor, const char *settings, ucp_context_h *ctx,
+                       ucp_worker_h *worker)
 {
     ucp_config_t *config;
     ucp_params_t params;
@@ -59,6 +91,7 @@ static int pc_ucx_init(unsigned api_major, unsigned api_minor, ucp_context_h *ct
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK)
         return st;
+    pc_ucx_apply_defaults(config, settings);
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG;

@@ -39,7 +39,8 @@ typedef struct { uint64_t sender_tag; size_t length; } ucp_tag_recv_info_t;
 void pc_ucx_version(unsigned *major, unsigned *minor, unsigned *release);
 void pc_ucx_header_version(unsigned *major, unsigned *minor);
 const char *pc_ucx_status_string(int status);
-int pc_ucx_init(unsigned api_major, unsigned api_minor, ucp_context_h *ctx, ucp_worker_h *worker);
+int pc_ucx_init(unsigned api_major, unsigned api_minor, const char *settings, ucp_context_h *ctx,
+                ucp_worker_h *worker);
 void pc_ucx_fini(ucp_context_h ctx, ucp_worker_h worker);
 int pc_ucx_address(ucp_worker_h worker, void *out, size_t cap, size_t *len);
 int pc_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_mode, int *err, ucp_ep_h *ep);

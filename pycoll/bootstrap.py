@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import math
 import os
 import socket
 import weakref
@@ -321,7 +322,10 @@ def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx:
     if "ucx" in tls and (default not in tls or tls.index("ucx") < tls.index(default)):
         from pycoll.tl.ucx import UCXTransport  # noqa: PLC0415 - UCX is optional
 
-        return UCXTransport(rank, size, allgather, ctx)
+        transport = UCXTransport(rank, size, allgather, ctx)
+        if transport.silence < math.inf and any(transport.peer_errors):  # hosts that stop answering
+            ctx.watch(_weakly(transport.check_silence, ctx.lock))
+        return transport
     return None
 
 

@@ -173,8 +173,9 @@ _declare("PYCOLL_PEER_SILENCE", "1.5", parse_seconds,
          "rank waits for that peer, before the peer is lost (pycoll.PeerLostError): a host that is gone, or "
          "cut off the network, without closing its connections (where nothing of its own is in flight, "
          "the waiting rank sends a small ping to be acknowledged). The host of a stopped process "
-         "(SIGSTOP, a debugger) still acknowledges, so such a peer is not lost. At least 1; 0 or inf: "
-         "never (only PYCOLL_TIMEOUT ends the wait). Read when a TCP transport is made.")
+         "(SIGSTOP, a debugger) still acknowledges, so such a peer is not lost. Also UCX's TCP_USER_TIMEOUT "
+         "for UCX's TCP connections (where UCX_TCP_USER_TIMEOUT is not set). At least 1; 0 or inf: "
+         "never (only PYCOLL_TIMEOUT ends the wait). Read when a TCP or UCX transport is made.")
 _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "Transports pycoll may use, in order of preference: shm (a shared segment when all ranks of a team "
          "share a host), mpi (teams from mpi4py communicators), tcp (teams from a store), ucx (UCX's tag "

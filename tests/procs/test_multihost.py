@@ -28,3 +28,15 @@ def test_a_host_cut_off_is_lost_in_seconds_a_stopped_rank_is_not(hosts):
         assert "rank 0 lost rank 1 after" in out, out
     out = hosts("tests/procs/scripts/host_silence.py", [1, 1], "stop", timeout=60)
     assert "rank 0 waited" in out, out
+
+
+def test_a_host_cut_off_is_lost_in_seconds_over_ucx(hosts):
+    """The same over UCX (forced onto TCP): pycoll sets UCX's TCP_USER_TIMEOUT to the silence and
+    pings the peers it waits on, so a host cut off while this rank only receives is lost within
+    2 s; a stopped rank is not lost."""
+    need_ucx()
+    env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"}
+    out = hosts("tests/procs/scripts/host_silence.py", [1, 1], "cut-idle", "ucx", timeout=60, env=env)
+    assert "rank 0 lost rank 1 after" in out, out
+    out = hosts("tests/procs/scripts/host_silence.py", [1, 1], "stop", "ucx", timeout=60, env=env)
+    assert "rank 0 waited" in out, out

@@ -68,16 +68,18 @@ class _Peer:
         self.error: Optional[TransportError] = None
 
 
-#: ``struct tcp_info`` (linux/tcp.h) up to ``tcpi_last_ack_recv``: eight one-byte fields, then rto,
-#: ato, snd_mss, rcv_mss, unacked, sacked, lost, retrans, fackets, last_data_sent, last_ack_sent,
-#: last_data_recv, last_ack_recv (u32; the last four in ms ago).
+#: ``struct tcp_info`` (linux/tcp.h) up to ``tcpi_last_ack_recv``: eight one-byte fields (state,
+#: ca_state, retransmits, probes, ...), then rto, ato, snd_mss, rcv_mss, unacked, sacked, lost,
+#: retrans, fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv (u32; the last
+#: four in ms ago).
 _TCP_INFO = struct.Struct("<8B13I")
-_UNACKED, _LAST_ACK_RECV = 12, 20
+_PROBES, _UNACKED, _LAST_ACK_RECV = 3, 12, 20
 
 
 def unanswered_ms(sock: socket.socket) -> Optional[int]:
-    """How long the peer's host has left data of ours unacknowledged: ms since its last ACK while
-    segments wait for one; None when none waits (or the kernel does not say)."""
+    """How long the peer's host has left us without an ACK: ms since its last one while segments
+    of ours, or window probes (its receive buffer full: a rank that does not read), wait for one;
+    None when none waits (or the kernel does not say)."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
     except (OSError, AttributeError):
@@ -85,7 +87,7 @@ def unanswered_ms(sock: socket.socket) -> Optional[int]:
     if len(raw) < _TCP_INFO.size:
         return None
     info = _TCP_INFO.unpack(raw)
-    return info[_LAST_ACK_RECV] if info[_UNACKED] else None
+    return info[_LAST_ACK_RECV] if info[_UNACKED] or info[_PROBES] else None
 
 
 class TCPTransport(Transport):
@@ -297,30 +299,33 @@ class TCPTransport(Transport):
         self.progress()
 
     def check_silence(self) -> bool:
-        """Lose every peer whose host has left data of ours unacknowledged for :attr:`silence`
-        seconds, and ping the others that have nothing of ours to acknowledge (the engine's watch
-        while it waits, called under its lock: it writes to the peers' queues). True: go on
-        watching."""
+        """Lose every peer whose host has acknowledged nothing for :attr:`silence` seconds while
+        data of ours (or a window probe) has waited for its ACK at least half that, and ping the
+        others that have nothing of ours to acknowledge (the engine's watch while it waits, called
+        under its lock: it writes to the peers' queues). True: go on watching.
+
+        Waiting half the silence keeps a live host whose ACK is merely late (the first after an
+        idle spell, when the last one is old) from being lost; counting from the last ACK finds a
+        host cut off while our data waited behind its full window (the kernel's window probes
+        then go unanswered) as soon as one cut off while data flowed."""
         now = time.monotonic()
         for p in self.peers.values():
             if p.error is not None:
                 continue
             ms = unanswered_ms(p.sock)
             if ms is not None:
-                # waiting for an acknowledgement: since the last one came, or since this rank first
-                # saw data wait (after a long idle spell the last one is old, the data new)
                 if p.unacked_since is None:
-                    p.unacked_since = now
-                silent = min(ms / 1000, now - p.unacked_since)
-                if silent > self.silence:
+                    p.unacked_since = now  # (first seen waiting: data sent since the last look)
+                silent = ms / 1000
+                if silent > self.silence and now - p.unacked_since >= self.silence / 2:
                     self._lost(p, f"stopped answering: its host acknowledged nothing for {silent:.1f} s "
                                   "(gone, or cut off the network)")
                 continue
             p.unacked_since = None
             if not p.out and now - p.pinged > self.silence / 6:
                 # nothing of ours waits for its acknowledgement: a ping gives its host something to
-                # acknowledge, and its silence counts from the ping (a host cut off just after the
-                # last ping was acknowledged is lost within silence * 7/6)
+                # acknowledge (a host cut off just after the last ping was acknowledged is lost
+                # within the silence: the next ping waits from silence / 6 to silence)
                 p.pinged = p.unacked_since = now
                 req = _Send("send", p.rank, ("ping",), 0)
                 req.parts = [memoryview(_PING)]

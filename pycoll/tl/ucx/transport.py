@@ -59,6 +59,7 @@ barrier's "bye" messages): a send counts when it is handed to UCP (``isend`` and
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import struct
@@ -71,7 +72,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 
 from pycoll import config
-from pycoll.errors import TransportError
+from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, limit_sends, split_key
 from pycoll.tl.ucx import loader
 
@@ -87,6 +88,7 @@ _FULL = (1 << 64) - 1
 _TEAM_FIELD = ((1 << _TEAM_BITS) - 1) << _TEAM_SHIFT
 _LOW = (1 << _SRC_SHIFT) - 1  # key and step bits
 _BYE = _CHECKED | _LOW  # key and step bits all ones, zero bytes: the close barrier's message
+_PING = _CHECKED | (_LOW - 1)  # zero bytes: a ping (see check_silence), dropped where it arrives
 _HEADER = struct.Struct("<QQII")  # key hash, step, magic, version
 _MAGIC = 0x50435558  # "PCUX"
 _VERSION = 1
@@ -123,6 +125,32 @@ def _status(st: int) -> str:
     return _ffi.string(_lib.pc_ucx_status_string(st)).decode(errors="replace")
 
 
+def _silence() -> float:
+    """PYCOLL_PEER_SILENCE as the TCP transport reads it (at least 1 s; inf: never)."""
+    silence = config.get("PYCOLL_PEER_SILENCE")
+    return max(1.0, silence) if silence < math.inf else math.inf
+
+
+def _tcp_settings() -> bytes:
+    """UCX's TCP settings that lose a silent host within PYCOLL_PEER_SILENCE (applied where the
+    environment does not set them): data unacknowledged that long closes the connection
+    (``TCP_USER_TIMEOUT``; the pings of :meth:`UCXTransport.check_silence` give an idle one data to
+    acknowledge), and the kernel's keepalive probes an idle one after a second. A stopped
+    process's kernel still acknowledges, so a stopped rank is not lost."""
+    silence = _silence()
+    if silence == math.inf:
+        return b""
+    return f"TCP_USER_TIMEOUT={silence:g}s\nTCP_KEEPIDLE=1s\nTCP_KEEPINTVL=1s".encode()
+
+
+def _finished(req: TransportRequest) -> bool:
+    """Whether ``req`` finished, well or not (a ping's send: nobody waits on it)."""
+    try:
+        return req.test()
+    except TransportError:
+        return True
+
+
 class _Worker:
     """The UCP context and worker of one pycoll Context, shared by its UCX teams."""
 
@@ -134,7 +162,7 @@ class _Worker:
         major, minor = loader.api_version()
         ctxp = _ffi.new("ucp_context_h *")
         wp = _ffi.new("ucp_worker_h *")
-        st = _lib.pc_ucx_init(major, minor, ctxp, wp)
+        st = _lib.pc_ucx_init(major, minor, _tcp_settings(), ctxp, wp)
         if st != _OK:
             raise TransportError(f"ucx: cannot create a UCP context and worker: {_status(st)}")
         self.context, self.worker = ctxp[0], wp[0]
@@ -399,6 +427,11 @@ class UCXTransport(Transport):
         self._nwaiting = 0
         self._pulls: List[_Pull] = []
         self._byes = 0
+        #: Seconds a peer's host may leave data unacknowledged (PYCOLL_PEER_SILENCE, applied to
+        #: UCX's TCP connections: see _tcp_settings); pings while this rank waits (check_silence).
+        self.silence = _silence()
+        self._pinged = [0.0] * self.size
+        self._pings: List[_Req] = []
 
     def __repr__(self) -> str:
         return f"<UCXTransport rank {self.rank}/{self.size} team id {getattr(self, 'team_id', '?')}>"
@@ -577,9 +610,10 @@ class UCXTransport(Transport):
                 raise TransportError(f"ucx: receiving a message from rank {(wire >> _SRC_SHIFT) & _SRC_MASK} "
                                      f"failed: {_status(s)}")
             return
-        if wire & _LOW == _LOW and length == 0:  # a peer's close barrier
+        if wire & _LOW >= _LOW - 1 and length == 0:  # a peer's close barrier, or a ping
             p.ucp = _lib.pc_ucx_msg_recv(self.worker, msg, _ffi.NULL, _ffi.NULL, 0, _ffi.NULL, 0, p.info, st)
-            self._byes += 1
+            if wire & _LOW == _LOW:
+                self._byes += 1
             if st[0] == _INPROGRESS:
                 self._pulls.append(p)  # freed when it completes (nothing to route)
             return
@@ -726,7 +760,10 @@ class UCXTransport(Transport):
             st = self._errflags[r]
             if not st or r in self._failed:
                 continue
-            err = self._failed[r] = TransportError(f"ucx: lost rank {r}: its endpoint failed ({_status(st)})")
+            err = self._failed[r] = PeerLostError(
+                f"ucx: lost rank {r}: its endpoint failed ({_status(st)}): its process ended, or its host "
+                f"stopped answering for {self.silence:g} s (gone, or cut off the network)", rank=r,
+                how=_status(st))
             for req in list(self._live.values()):
                 if req.peer == r and not req.done:
                     req.error = err
@@ -737,6 +774,26 @@ class UCXTransport(Transport):
                     req.error = err
                     if not req.busy:
                         self.unwait(req)
+
+    def check_silence(self) -> bool:
+        """Ping every peer on another node that this rank waits on and has not pinged for a sixth
+        of :attr:`silence`: a zero-byte message that its transport drops, so that an idle
+        connection has data to acknowledge and a host that stopped answering fails its endpoint
+        within the silence (UCX's TCP ``TCP_USER_TIMEOUT``). Take the pings that arrived. The
+        engine's watch while it waits, under its lock. True: go on watching."""
+        if self._closed:
+            return False
+        self._pull(_PING | self.team_bits, _FULL & ~(_SRC_MASK << _SRC_SHIFT))
+        self._pings = [q for q in self._pings if not _finished(q)]
+        now = time.monotonic()
+        waited = {req.peer for req in self._live.values()} | {k[0] for k in self._waiting}
+        for r in waited:
+            if self.peer_errors[r] and r not in self._failed and now - self._pinged[r] > self.silence / 6:
+                self._pinged[r] = now
+                self._pings.append(self.send_wire(np.empty(0, _U8), r,
+                                                  _PING | self.team_bits | (self.rank << _SRC_SHIFT), "ping",
+                                                  None))
+        return True
 
     def poll_unexpected(self) -> None:
         _lib.pc_ucx_progress(self.worker, 16)

@@ -1,4 +1,5 @@
-"""Two ranks on two hosts (tests/launch.py run_hosts), a team over TCP through a store.
+"""Two ranks on two hosts (tests/launch.py run_hosts), a team over TCP through a store (argv 2:
+``ucx`` for a team over UCX, whose TCP connections pycoll sets up to the same silence).
 
 argv ``cut``: rank 1 takes its host off the network (its link down) without closing anything and
 waits; rank 0's allreduce (its data sent, unacknowledged) must fail with PeerLostError naming rank
@@ -31,7 +32,8 @@ def main(rank: int, size: int, mode: str) -> None:
     store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0,
                      timeout=60)
     team = Team.from_store(store, rank, size)
-    assert team.transport.name == "tcp", team.transport
+    want = sys.argv[2] if len(sys.argv) > 2 else "tcp"
+    assert team.transport.name == want, team.transport
     x = np.ones(1 << 20, np.float64)  # 8 MiB
     for _ in range(3):
         team.allreduce(x.copy(), algorithm="rd").wait()
