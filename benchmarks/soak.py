@@ -22,7 +22,7 @@ import os
 import threading
 import tracemalloc
 from collections import Counter
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -52,6 +52,19 @@ def usage(trim: bool = False) -> Tuple[int, int, int]:
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     threads = max(threading.active_count(), len(os.listdir("/proc/self/task")))
     return rss, len(os.listdir("/proc/self/fd")), threads
+
+
+def resident_kinds() -> Dict[str, int]:
+    """This process's resident memory by kind (bytes): ``anon`` (heap, anonymous maps: Python,
+    numpy, the allocators' arenas), ``shmem`` (shared memory it touched: pycoll's segment and
+    MPICH's), ``file`` (mapped files: libraries)."""
+    kinds = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                kinds[name[3:].lower()] = int(value.split()[0]) * 1024
+    return kinds
 
 
 def one_call(team: Team, rng: np.random.Generator, i: int, max_count: int) -> Tuple[str, Callable[[], bool]]:
@@ -150,6 +163,8 @@ def main() -> None:
     ap.add_argument("--trim", action="store_true",
                     help="call glibc's malloc_trim(0) before each reading: RSS without the free memory "
                          "the allocator keeps")
+    ap.add_argument("--every", type=int, default=0,
+                    help="print rank 0's RSS (and the call) every this many calls: where it grows")
     ap.add_argument("--trace-memory", action="store_true",
                     help="rank 0 prints where Python's allocations (numpy's included) grew from the first "
                          "tenth to the end (tracemalloc; slower)")
@@ -170,13 +185,17 @@ def main() -> None:
         kinds[name.split()[0]] += 1
         if not check():
             wrong.append(f"call {i}: {name}")
+        if args.every and i % args.every == 0 and world.rank == 0:
+            print(f"call {i}: RSS {usage(args.trim)[0] / 2**20:.1f} MiB after {name}", flush=True)
         if i == args.calls // 10:
             first = usage(args.trim)
+            kinds0 = resident_kinds()
             if args.trace_memory:
                 snap0 = tracemalloc.take_snapshot()
         if i == args.calls // 2:
             middle = usage(args.trim)
     last = usage(args.trim)
+    kinds1 = resident_kinds()
     if args.trace_memory and world.rank == 0 and tracemalloc.is_tracing():
         grown = tracemalloc.take_snapshot().compare_to(snap0, "traceback")
         print(f"Python allocations grown from call {args.calls // 10} to the end: "
@@ -198,6 +217,9 @@ def main() -> None:
     half = f" (at call {args.calls // 2}: {middle[0] / 2**20:.1f})" if middle else ""
     print(f"rank 0 from call {args.calls // 10} to the end: RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} "
           f"MiB{half} ({growth:+.1%}), open files {files0} -> {files1}, threads {threads0} -> {threads1}")
+    if first is not None:
+        print("  by kind: " + ", ".join(f"{k} {kinds0[k] / 2**20:.1f} -> {kinds1[k] / 2**20:.1f} MiB"
+                                        for k in kinds1))
     leaked = growth > args.max_rss_growth or files1 > files0 or threads1 > threads0
     raise SystemExit(1 if bad or leaked else 0)
 
