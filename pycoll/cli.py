@@ -5,6 +5,7 @@
                                                  launch N ranks (and K summation servers)
     pycoll perf COLL... -n N [--compare mpi]     benchmark collectives (launches the ranks itself)
     pycoll perf push_pull -n N [--servers K]     ... BytePS push-sum-pull, with K summation servers
+    pycoll lower COLL --algorithm A -n N         print the program an algorithm lowers to (JSON)
     pycoll trace merge FILES... -o merged.json   combine the ranks' PYCOLL_TRACE files
     pycoll trace plot FILE... -o step.png        Gantt chart of one training step (matplotlib)
 """
@@ -175,6 +176,25 @@ def _perf_sweep(args: argparse.Namespace, argv: List[str], counts: List[int]) ->
     return status
 
 
+def cmd_lower(args: argparse.Namespace) -> int:
+    """Lower an algorithm and print one rank's program (or every rank's) as JSON."""
+    from pycoll.config import parse_bytes
+    from pycoll.dtypes import as_dtype
+    from pycoll.lower import lower
+
+    dtype = as_dtype(args.dtype)
+    count = parse_bytes(args.bytes) // dtype.itemsize if args.coll != "barrier" else 0
+    programs = lower(args.coll, args.algorithm, args.n, count, dtype, args.op, args.root,
+                     in_place=args.in_place)
+    if args.rank is None:
+        print("[\n" + ",\n".join(p.dumps() for p in programs) + "\n]")
+    elif not 0 <= args.rank < args.n:
+        raise pycoll.PycollError(f"--rank {args.rank} is not a rank of {args.n}")
+    else:
+        print(programs[args.rank].dumps())
+    return 0
+
+
 def cmd_trace_merge(args: argparse.Namespace) -> int:
     """Combine per-rank trace files into one (pid = rank)."""
     from pycoll.trace.files import merge
@@ -267,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--timeout", type=float, default=1800,
                       help="kill the ranks after this many seconds (default 1800)")
     perf.set_defaults(func=None)
+
+    low = sub.add_parser("lower", help="print the program an algorithm lowers to",
+                         description="Record what an algorithm does on every rank of an in-process team, "
+                                     "check it against the algorithm (same bits) and print the program "
+                                     "as JSON (team.run_program runs one).")
+    low.add_argument("coll", help="allreduce, reduce, bcast, allgather or barrier")
+    low.add_argument("--algorithm", required=True, help="one of the collective's point-to-point algorithms")
+    low.add_argument("-n", type=int, default=4, help="team size (default 4)")
+    low.add_argument("--rank", type=int, default=None, help="print this rank's program (default: all ranks')")
+    low.add_argument("--bytes", default="4K", help="buffer size (default 4K; suffixes K, M, G)")
+    low.add_argument("--dtype", default="float32", help="element type (default float32)")
+    low.add_argument("--op", default="sum", help="reduction (default sum)")
+    low.add_argument("--root", type=int, default=0, help="root of bcast and reduce (default 0)")
+    low.add_argument("--in-place", action="store_true", help="in place (allreduce, reduce)")
+    low.set_defaults(func=cmd_lower)
 
     trace = sub.add_parser("trace", help="merge and plot PYCOLL_TRACE timelines",
                            description="Work with the Chrome/Perfetto traces PYCOLL_TRACE=file.json writes "

@@ -111,6 +111,12 @@ _LOGICAL = {ReduceOp.LAND: np.logical_and, ReduceOp.LOR: np.logical_or, ReduceOp
 Reducer = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 _REDUCERS: Dict[tuple, Reducer] = {}
 
+#: Set by :mod:`pycoll.lower` while it records an algorithm (None otherwise): an object with
+#: ``reducer(op, dtype, fn)`` (returns the kernel to use), ``copy(dst, src)`` and ``avg(buf, n)``,
+#: told of what an algorithm computes through this module (and algorithms.base's helpers). Read
+#: where a kernel is handed out, not per element: it costs a call nothing when unset.
+observer: Any = None
+
 
 #: From this many elements reductions run in pycoll's native kernels (GIL released); below it
 #: numpy's ufuncs, whose call overhead is lower. float16/bfloat16 always go native.
@@ -120,6 +126,12 @@ NATIVE_MIN_ELEMENTS = 4096
 def reducer(op: ReduceOp, dtype: np.dtype) -> Reducer:
     """The kernel ``fn(a, b, out)`` computing ``out = a (op) b`` for ``dtype`` (cached). AVG
     reduces as SUM: the caller divides once at the end with :func:`finish_avg`."""
+    if observer is not None:
+        return observer.reducer(op, dtype, _kernel(op, dtype))
+    return _kernel(op, dtype)
+
+
+def _kernel(op: ReduceOp, dtype: np.dtype) -> Reducer:
     fn = _REDUCERS.get((id(op), dtype))
     if fn is not None:
         return fn
@@ -186,10 +198,19 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, out: Optional[np
     reducer(op, dst.dtype)(dst, src, dst if out is None else out)
 
 
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (the copies algorithms make, told to :data:`observer` when set)."""
+    if observer is not None:
+        observer.copy(dst, src)
+    np.copyto(dst, src)
+
+
 def finish_avg(buf: np.ndarray, n: int) -> None:
     """Divide a SUM by ``n`` in place (integers round toward zero, as C and NCCL do)."""
     if n == 1 or buf.size == 0:
         return
+    if observer is not None:
+        observer.avg(buf, n)
     if buf.dtype.kind in "iu":
         q = np.abs(buf) // n if buf.dtype.kind == "i" else buf // n
         buf[...] = np.where(buf < 0, -q, q) if buf.dtype.kind == "i" else q

@@ -15,6 +15,7 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, is_packed
 from pycoll.algorithms.options import Option, options
+from pycoll.ops import copy_into
 from pycoll.tasks.task import Task
 
 NAME = "bruck"
@@ -55,7 +56,7 @@ class BruckAllgather(StepTask):
             yield from self._direct()
             return
         work = self.scratch(0, a.dst[:span])  # dst holds the n disjoint blocks: room for span
-        np.copyto(work[:rot[1]], a.src)
+        copy_into(work[:rot[1]], a.src)
         wire = as_wire(work)
         isz = work.itemsize
         dist, step = 1, 0
@@ -68,7 +69,7 @@ class BruckAllgather(StepTask):
         for j in range(n):
             off, cnt = a.layout[(rank + j) % n]
             if cnt:
-                np.copyto(a.dst[off:off + cnt], work[rot[j]:rot[j + 1]])
+                copy_into(a.dst[off:off + cnt], work[rot[j]:rot[j + 1]])
 
     def _direct(self) -> Generator[Waitable, None, None]:
         """Packed blocks: the rotated buffer is dst itself, read cyclically from this rank's block,
@@ -77,7 +78,7 @@ class BruckAllgather(StepTask):
         n, rank, ch, offs = a.size, a.rank, a.channel, self.offs
         mine = a.dst[offs[rank]:offs[rank + 1]]
         if a.src.size and not np.may_share_memory(a.src, mine):  # in place: src is that block
-            np.copyto(mine, a.src)
+            copy_into(mine, a.src)
         wire = as_wire(a.dst)
         isz = a.dst.itemsize
         dist, step = 1, 0

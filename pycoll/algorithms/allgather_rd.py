@@ -21,6 +21,7 @@ import numpy as np
 from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, is_packed
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.patterns import IDLE, PROXY, doubling_peers, fold
+from pycoll.ops import copy_into
 from pycoll.tasks.task import Task
 
 NAME = "rd"
@@ -57,7 +58,7 @@ class RecursiveDoublingAllgather(StepTask):
         work = a.dst[:span] if self.packed else self.scratch(0, a.dst[:span])
         mine = work[offs[rank]:offs[rank + 1]]
         if a.src.size and not np.may_share_memory(a.src, mine):  # in place: src is that block
-            np.copyto(mine, a.src)
+            copy_into(mine, a.src)
         if n > 1 and span:
             wire = as_wire(work)
             isz = work.itemsize
@@ -79,7 +80,7 @@ class RecursiveDoublingAllgather(StepTask):
         if not self.packed:
             for r, (off, cnt) in enumerate(a.layout):
                 if cnt:
-                    np.copyto(a.dst[off:off + cnt], work[offs[r]:offs[r + 1]])
+                    copy_into(a.dst[off:off + cnt], work[offs[r]:offs[r + 1]])
 
 
 def build(args: CollArgs) -> Task:

@@ -12,6 +12,7 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import Option, options
+from pycoll.ops import copy_into
 from pycoll.tasks.task import Task
 
 NAME = "bruck"
@@ -62,15 +63,15 @@ class BruckAlltoall(StepTask):
             return
         if n == 1:
             if a.dst is not a.src:
-                np.copyto(a.dst, a.src)
+                copy_into(a.dst, a.src)
             return
         views = self._views
         if views is None or views[0] is not a.src or views[1] is not a.dst:
             views = self._views = self._bind()
         _, _, src, dst, work, steps = views
         # rotation: position j holds the block for rank (rank + j) % n
-        np.copyto(work[:n - rank], src[rank:])
-        np.copyto(work[n - rank:], src[:rank])
+        copy_into(work[:n - rank], src[rank:])
+        copy_into(work[n - rank:], src[:rank])
         take = work.take
         for step, (to, frm, pos, packed, send_wire, recv_wire, got) in enumerate(steps):
             take(pos, 0, packed, "clip")  # mode "raise" would copy through a temporary

@@ -18,7 +18,7 @@ from typing import Any, Generator, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from pycoll.errors import CanceledError
-from pycoll.ops import ReduceOp, finish_avg, reduce_into
+from pycoll.ops import ReduceOp, copy_into, finish_avg, reduce_into
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, NOT_READY, Task
 from pycoll.tl.base import Channel
 
@@ -369,7 +369,7 @@ class SegmentTask(Task):
 def copy_in(args: CollArgs) -> None:
     """Out of place: start from the caller's input in the output buffer."""
     if not args.in_place and args.dst.size:
-        np.copyto(args.dst, args.src)
+        copy_into(args.dst, args.src)
 
 
 def finish(args: CollArgs) -> None:
@@ -381,7 +381,7 @@ def finish(args: CollArgs) -> None:
 def copy_block(dst: np.ndarray, src: np.ndarray) -> None:
     """Copy a rank's own block into place, unless it is already there (in place)."""
     if src.size and not (src.ctypes.data == dst.ctypes.data and src.nbytes == dst.nbytes):
-        np.copyto(dst, src)
+        copy_into(dst, src)
 
 
 def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -> None:
@@ -389,13 +389,13 @@ def reduce_ordered(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -
     same parts gets bitwise the same result); ``out`` may be one of the parts."""
     if len(parts) == 1:
         if parts[0] is not out:
-            np.copyto(out, parts[0])
+            copy_into(out, parts[0])
         return
     acc = np.empty_like(out)
     reduce_into(parts[0], parts[1], op, out=acc)
     for part in parts[2:]:
         reduce_into(acc, part, op)
-    np.copyto(out, acc)
+    copy_into(out, acc)
 
 
 __all__ = ["Channel", "CollArgs", "StepTask", "as_wire", "block_bounds", "copy_in", "equal_layout",

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Generator, Optional, Sequence, Tuple
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import TREE_OPTIONS, options
 from pycoll.algorithms.patterns import knomial_tree
+from pycoll.ops import copy_into
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
@@ -95,14 +94,14 @@ class KnomialGather(StepTask):
             buf = self.scratch_of(0, p.scratch_size, a.src.dtype)
             own = a.src.size
             if own:
-                np.copyto(buf[:own], a.src)
+                copy_into(buf[:own], a.src)
             yield tuple(ch.irecv(as_wire(buf[lo:hi]), r, 0) for r, lo, hi, _, _ in p.children)
             yield (ch.isend(as_wire(buf), p.parent, 0),)
             return
         # the root: its own block, then every child's subtree into place
         off, cnt = a.layout[a.rank]
         if cnt:
-            np.copyto(a.dst[off:off + cnt], a.src)
+            copy_into(a.dst[off:off + cnt], a.src)
         if p.leaf:
             return
         buf = self.scratch_of(0, p.scratch_size, a.dst.dtype) if p.scratch_size else a.dst[:0]
@@ -115,7 +114,7 @@ class KnomialGather(StepTask):
             if span is None:
                 for at, off, cnt in pieces:
                     if cnt:
-                        np.copyto(a.dst[off:off + cnt], buf[lo + at:lo + at + cnt])
+                        copy_into(a.dst[off:off + cnt], buf[lo + at:lo + at + cnt])
 
 
 def build(args: CollArgs) -> Task:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Generator, List, Optional, Tuple
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import TREE_OPTIONS, options
 from pycoll.algorithms.patterns import knomial_levels, knomial_parent
-from pycoll.ops import ReduceOp, finish_avg, reducer
+from pycoll.ops import ReduceOp, copy_into, finish_avg, reducer
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
@@ -44,7 +42,7 @@ class KnomialReduce(StepTask):
         ch = a.channel
         acc = a.dst if a.rank == a.root else self.scratch(self.radix, a.src)
         if acc is not a.src and a.src.size:
-            np.copyto(acc, a.src)
+            copy_into(acc, a.src)
         reduce = reducer(a.op, a.src.dtype)
         for step, children in self.levels:
             bufs = [self.scratch(i, a.src) for i in range(len(children))]

@@ -15,7 +15,7 @@ import numpy as np
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, block_bounds
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.patterns import subtree_span
-from pycoll.ops import ReduceOp, finish_avg, reducer
+from pycoll.ops import ReduceOp, copy_into, finish_avg, reducer
 from pycoll.tasks.task import Task
 
 NAME = "rs_gather"
@@ -31,7 +31,7 @@ class RsGatherReduce(StepTask):
         count = src.size
         if n == 1 or count == 0:
             if rank == root and a.dst is not src and count:
-                np.copyto(a.dst, src)
+                copy_into(a.dst, src)
             return
         v = (rank - root) % n
         bounds = block_bounds(count, n)

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from typing import Dict, Generator, List, Tuple
 
-import numpy as np
-
 from pycoll.algorithms.base import GO, GO_SINK, CollArgs, StepTask, Waitable, as_wire, is_packed
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.patterns import IDLE, PLAIN, PROXY, fold
-from pycoll.ops import ReduceOp, finish_avg, reducer
+from pycoll.ops import ReduceOp, copy_into, finish_avg, reducer
 from pycoll.tasks.task import Task
 
 NAME = "rhalving"
@@ -65,10 +63,10 @@ class RecursiveHalvingReduceScatter(StepTask):
         if not self.packed:  # blocks back to back in rank order (reduce_scatterv's always are)
             src = self.scratch(2, a.src[:span])
             for r, (off, cnt) in enumerate(a.layout):
-                np.copyto(src[offs[r]:offs[r + 1]], a.src[off:off + cnt])
+                copy_into(src[offs[r]:offs[r + 1]], a.src[off:off + cnt])
         if n == 1 or span == 0:
             if a.dst.size:
-                np.copyto(a.dst, src[offs[rank]:offs[rank + 1]])
+                copy_into(a.dst, src[offs[rank]:offs[rank + 1]])
         elif self.role == IDLE:  # hand the input to rank + 1, get the block back at the end
             yield (ch.isend(as_wire(src), rank + 1, 0),)
             yield (ch.irecv(GO_SINK, rank + 1, 0), ch.irecv(as_wire(a.dst), rank + 1, self.last_step))
@@ -91,7 +89,7 @@ class RecursiveHalvingReduceScatter(StepTask):
             if self.role == PROXY:  # acc holds the blocks of rank - 1 and rank
                 yield (ch.isend(as_wire(acc[offs[rank - 1]:offs[rank]]), rank - 1, self.last_step),)
                 if a.dst.size:
-                    np.copyto(a.dst, acc[offs[rank]:offs[rank + 1]])
+                    copy_into(a.dst, acc[offs[rank]:offs[rank + 1]])
         if a.op is ReduceOp.AVG:
             finish_avg(a.dst, n)
 

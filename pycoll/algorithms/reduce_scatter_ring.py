@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Dict, Generator
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import Option, options
-from pycoll.ops import ReduceOp, finish_avg, reducer
+from pycoll.ops import ReduceOp, copy_into, finish_avg, reducer
 from pycoll.tasks.task import Task
 
 NAME = "ring"
@@ -25,7 +23,7 @@ class RingReduceScatter(StepTask):
         own = [a.src[off:off + cnt] for off, cnt in a.layout]
         if n == 1:
             if a.dst.size:
-                np.copyto(a.dst, own[0])
+                copy_into(a.dst, own[0])
         else:
             reduce = reducer(a.op, a.dst.dtype)
             most = a.src[:max(cnt for _, cnt in a.layout)]

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Dict, Generator
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import Option, options
-from pycoll.ops import reducer
+from pycoll.ops import copy_into, reducer
 from pycoll.tasks.task import Task
 
 NAME = "rd"
@@ -45,10 +43,10 @@ class RecursiveDoublingScan(StepTask):
         if dst.size == 0 or (a.size == 1 and self.exclusive):
             return
         partial = self.scratch(0, dst)  # this rank's group's reduction (what it sends)
-        np.copyto(partial, src)  # (before dst changes: in place, src is dst)
+        copy_into(partial, src)  # (before dst changes: in place, src is dst)
         if not self.exclusive:
             if dst is not src:
-                np.copyto(dst, src)
+                copy_into(dst, src)
         incoming = self.scratch(1, dst)
         send, recv = as_wire(partial), as_wire(incoming)
         reduce = self.reduce
@@ -59,7 +57,7 @@ class RecursiveDoublingScan(StepTask):
                 if has_output:
                     reduce(incoming, dst, dst)
                 else:
-                    np.copyto(dst, incoming)
+                    copy_into(dst, incoming)
                     has_output = True
                 reduce(incoming, partial, partial)
             else:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Generator
 
-import numpy as np
-
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.gather_knomial import TreePlan
 from pycoll.algorithms.options import TREE_OPTIONS, options
+from pycoll.ops import copy_into
 from pycoll.tasks.task import Task
 
 NAME = "knomial"
@@ -43,7 +42,7 @@ class KnomialScatter(StepTask):
             sends = tuple(ch.isend(as_wire(buf[lo:hi]), r, 0) for r, lo, hi, _, _ in p.children)
             own = a.dst.size
             if own:
-                np.copyto(a.dst, buf[:own])
+                copy_into(a.dst, buf[:own])
             yield sends
             return
         # the root: pack the children's subtrees that are not back to back in the input, send
@@ -53,14 +52,14 @@ class KnomialScatter(StepTask):
             if span is None:
                 for at, off, cnt in pieces:
                     if cnt:
-                        np.copyto(buf[lo + at:lo + at + cnt], a.src[off:off + cnt])
+                        copy_into(buf[lo + at:lo + at + cnt], a.src[off:off + cnt])
                 part = buf[lo:hi]
             else:
                 part = a.src[span[0]:span[1]]
             sends.append(ch.isend(as_wire(part), r, 0))
         off, cnt = a.layout[a.rank]
         if cnt:
-            np.copyto(a.dst, a.src[off:off + cnt])
+            copy_into(a.dst, a.src[off:off + cnt])
         if sends:
             yield sends
 

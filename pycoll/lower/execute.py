@@ -1,0 +1,100 @@
+"""Running programs: :class:`ProgramTask`, one engine task that runs one rank's program.
+
+The task walks the instructions in order: a send or receive is posted on the collective's channel
+(any transport) once the instructions it depends on are done; a reduction, copy or AVG division
+runs once its dependencies are, with pycoll's kernels. A collective run from its program is one
+task to the engine, like the algorithm it was lowered from, and takes credit and priority as that
+one does (:func:`run_program`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Generator
+
+import numpy as np
+
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable
+from pycoll.engine.request import Request
+from pycoll.lower.program import Program, ProgramError
+from pycoll.ops import ReduceOp, finish_avg, reducer
+
+_U8 = np.uint8
+
+
+def _wire(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(_U8)
+
+
+class ProgramTask(StepTask):
+    """One rank's program, run on ``args`` (its channel and its call's buffers)."""
+
+    def __init__(self, args: CollArgs, program: Program) -> None:
+        super().__init__(args, name=f"{args.coll}:{program.algorithm or 'program'}@{args.rank}")
+        if program.rank != args.rank or program.size != args.size:
+            raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
+                               f"{args.rank} of {args.size}")
+        self.program = program
+        self._kernels = {(i.op, i.dtype): reducer(ReduceOp[i.op.upper()], np.dtype(i.dtype))
+                         for i in program.instrs if i.kind == "reduce"}
+        self._scratch_bytes = {name: np.empty(nbytes, _U8) for name, nbytes in program.buffers.items()
+                               if name not in ("src", "dst")}
+
+    def _buffers(self) -> Dict[str, np.ndarray]:
+        a, prog = self.args, self.program
+        bufs = dict(self._scratch_bytes)
+        bufs["dst"] = _wire(a.dst)
+        if "src" in prog.buffers:
+            bufs["src"] = _wire(a.src)
+        for name in ("src", "dst"):
+            if name in prog.buffers and bufs[name].nbytes != prog.buffers[name]:
+                raise ProgramError(f"the program's {name} has {prog.buffers[name]} B; this call's has "
+                                   f"{bufs[name].nbytes} B")
+        return bufs
+
+    def run(self) -> Generator[Waitable, None, None]:
+        bufs = self._buffers()
+        ch = self.args.channel
+        reqs: Dict[int, Any] = {}
+
+        def view(s: tuple) -> np.ndarray:
+            return bufs[s[0]][s[1]:s[1] + s[2]]
+
+        for n, ins in enumerate(self.program.instrs):
+            waits = [reqs[d] for d in ins.deps if d in reqs and not reqs[d].done]
+            if waits:
+                yield waits
+            kind = ins.kind
+            if kind == "send":
+                reqs[n] = ch.isend(view(ins.slices["buf"]), ins.peer, ins.step)
+            elif kind == "recv":
+                reqs[n] = ch.irecv(view(ins.slices["buf"]), ins.peer, ins.step)
+            elif kind == "reduce":
+                dt = np.dtype(ins.dtype)
+                s = ins.slices
+                self._kernels[(ins.op, ins.dtype)](view(s["a"]).view(dt), view(s["b"]).view(dt),
+                                                   view(s["out"]).view(dt))
+            elif kind == "copy":
+                np.copyto(view(ins.slices["dst"]), view(ins.slices["src"]))
+            else:  # avg
+                finish_avg(view(ins.slices["buf"]).view(np.dtype(ins.dtype)), ins.n)
+        rest = [r for r in reqs.values() if not r.done]
+        if rest:
+            yield rest
+
+
+def run_program(team: Any, program: Program, call: Any, priority: int = 0) -> Request:
+    """Start ``program`` on ``team`` for ``call`` (a checked call, see ``team.call``): one task,
+    keyed like an untagged collective (post programs in the same order on every rank), with the
+    credit and priority of a collective."""
+    if call.dst.size != program.count or str(call.dst.dtype) != program.dtype:
+        raise ProgramError(f"a program for {program.count} x {program.dtype} given {call.dst.size} x "
+                           f"{call.dst.dtype}")
+    planner = team.planner
+    with planner.ctx.lock:
+        args = planner.args(call, ("c", -1), program.algorithm or "program", {})
+        task = ProgramTask(args, program)  # (raises for a program of another rank: before a key is taken)
+        key = planner.coll_key(None)
+        args.channel.rekey(key)
+        task.owner = planner
+        planner.credit_unit(task, key)
+        return planner.submit(task, priority, None, call.out)

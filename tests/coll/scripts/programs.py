@@ -1,0 +1,69 @@
+"""Run under mpiexec by tests/coll/test_programs.py: every lowerable algorithm's programs (lowered
+on this process's in-process team, read back from their JSON) run by ``team.run_program`` over the
+process team's transport (MPI, or UCX with PYCOLL_TLS=ucx), against the algorithm itself on the
+same inputs: the same bits on every rank. Several programs in flight at once, too."""
+
+import numpy as np
+from mpi4py import MPI
+
+from pycoll import Team, algorithms
+from pycoll.lower import loads, lower
+from pycoll.lower.record import LOWERED, NotLowerable, make_call
+from tests.rank import run_rank
+
+
+def main():
+    team = Team.from_mpi(MPI.COMM_WORLD)
+    n, r = team.size, team.rank
+    ran = 0
+    for coll in LOWERED:
+        for name in algorithms.ALGORITHMS[coll]:
+            if name in ("shm", "cma", "mapped", "hier"):
+                continue
+            for count, dtype, op in ((7, "float32", "sum"), (3000, "int32", "max"), (1, "bfloat16", "avg")):
+                if coll == "barrier":
+                    count = 0
+                try:
+                    programs = lower(coll, name, n, count, dtype, op, root=n - 1)
+                except NotLowerable:
+                    continue
+                mine = loads(programs[r].dumps())
+                want = make_call(team, coll, count, dtype, op, n - 1, False, seed=3)
+                team.planner.post(want, 0, None, name, 60, {}).wait()
+                got = make_call(team, coll, count, dtype, op, n - 1, False, seed=3)
+                team.run_program(mine, *_args(coll, got, n - 1)).wait(timeout=60)
+                assert want.dst.tobytes() == got.dst.tobytes(), f"{coll}:{name} {count} x {dtype} {op}"
+                ran += 1
+    assert ran >= 20, ran
+    if r == 0:
+        print(f"ran {ran} programs against their algorithms", flush=True)
+    # several programs at once, completing in any order
+    programs = lower("allreduce", "rd", n, 100)
+    xs = [np.full(100, r + k, np.float32) for k in range(4)]
+    outs = [np.empty(100, np.float32) for _ in range(4)]
+    reqs = [team.run_program(programs[r], x, o) for x, o in zip(xs, outs)]
+    for k, req in enumerate(reqs):
+        req.wait(timeout=60)
+        assert np.all(outs[k] == sum(range(n)) + n * k), outs[k][:3]
+    team.close()
+
+
+def _args(coll, call, root):
+    """The arguments of ``team.<coll>`` that make ``call`` again (same buffers)."""
+    if coll in ("allreduce", "reduce_scatter"):
+        return (call.src, call.dst, call.op)
+    if coll == "reduce":
+        return (call.src, call.dst, call.op, root)
+    if coll == "bcast":
+        return (call.dst, root)
+    if coll in ("allgather", "alltoall"):
+        return (call.src, call.dst)
+    if coll == "gather":
+        return (call.src, call.dst if call.dst.size else None, root)
+    if coll == "scatter":
+        return (call.src if call.src.size else None, call.dst, root)
+    return ()
+
+
+if __name__ == "__main__":
+    run_rank(main)

@@ -1,0 +1,138 @@
+"""Lowering algorithms to programs (pycoll.lower): every point-to-point algorithm that is one step
+generator lowers and its programs give the algorithm's bits; programs round-trip through JSON; a
+malformed program or set is rejected before anything is sent."""
+
+import json
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import algorithms
+from pycoll.cli import main as cli
+from pycoll.lower import NotLowerable, ProgramError, check_set, from_json, loads, lower
+from pycoll.lower.record import LOWERED
+
+#: What does not lower, and why (a schedule of tasks, or numpy calls the recording does not see).
+NOT_LOWERED = {("allreduce", "ring"), ("allreduce", "rab"), ("allreduce", "split_rail"),
+               ("alltoall", "bruck")}
+NATIVE = {"shm", "cma", "mapped", "hier"}
+
+
+def p2p_algorithms():
+    for coll in LOWERED:
+        for name in algorithms.ALGORITHMS[coll]:
+            if name not in NATIVE and (coll, name) not in NOT_LOWERED:
+                yield coll, name
+
+
+@pytest.mark.parametrize("coll,name", list(p2p_algorithms()))
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_programs_give_the_algorithms_bits(coll, name, n):
+    """lower() runs the programs against the algorithm on the same inputs and raises unless every
+    rank's output has the same bits; here at counts 0, 1, odd and large, several dtypes and ops."""
+    reducing = coll in ("allreduce", "reduce", "reduce_scatter")
+    cases = [("float32", "sum"), ("int64", "max"), ("bfloat16", "avg"), ("float16", "prod")] if reducing \
+        else [("float32", "sum"), ("uint8", "sum")]
+    for count in ((0,) if coll == "barrier" else (0, 1, 7, 1000)):
+        for dtype, op in cases:
+            programs = lower(coll, name, n, count, dtype, op, root=n - 1)
+            assert [p.rank for p in programs] == list(range(n))
+            if n > 1 and count and coll != "barrier":
+                assert any(i.kind == "send" for p in programs for i in p.instrs)
+    if coll in ("allreduce", "reduce"):
+        lower(coll, name, n, 100, "float32", "sum", in_place=True)
+
+
+@pytest.mark.parametrize("coll,name", sorted(NOT_LOWERED))
+def test_what_does_not_lower_says_why(coll, name):
+    with pytest.raises(NotLowerable, match="not one step generator|does not see"):
+        lower(coll, name, 4, 64)
+
+
+def test_json_round_trip_and_cli():
+    programs = lower("allreduce", "rd", 3, 5)
+    for p in programs:
+        again = loads(p.dumps())
+        assert again.to_json() == p.to_json()
+    check_set([loads(p.dumps()) for p in programs])
+
+
+def test_cli_prints_a_program(capsys):
+    assert cli(["lower", "allreduce", "--algorithm", "knomial", "-n", "8", "--rank", "0"]) == 0
+    p = loads(capsys.readouterr().out)
+    assert (p.rank, p.size, p.count, p.coll) == (0, 8, 1024, "allreduce")
+    assert cli(["lower", "bcast", "--algorithm", "knomial", "-n", "3"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
+
+
+def _edit(program, change):
+    d = program.to_json()
+    change(d)
+    return d
+
+
+def test_malformed_programs_are_rejected():
+    p = lower("allreduce", "rd", 4, 8)[0]
+
+    def out_of_bounds(d):
+        d["instructions"][0]["buf"] = ["src", 16, 32]
+
+    def forward(d):
+        d["instructions"][0]["deps"] = [len(d["instructions"]) - 1]
+
+    def unknown(d):
+        d["instructions"][0]["kind"] = "teleport"
+
+    def no_buffer(d):
+        d["instructions"][0]["buf"] = ["elsewhere", 0, 4]
+
+    def self_peer(d):
+        d["instructions"][0]["peer"] = 0
+
+    for change, words in ((out_of_bounds, "lies outside"), (forward, "no cycles"), (unknown, "unknown kind"),
+                          (no_buffer, "does not have"), (self_peer, "not another rank")):
+        with pytest.raises(ProgramError, match=words):
+            from_json(_edit(p, change))
+    with pytest.raises(ProgramError, match="not a pycoll program"):
+        loads('{"format": "something else"}')
+    with pytest.raises(ProgramError, match="not JSON"):
+        loads("{")
+
+
+def test_unmatched_receives_are_rejected_as_a_set():
+    programs = lower("allreduce", "rd", 2, 8)
+    sends = [i for i, ins in enumerate(programs[0].instrs) if ins.kind == "send"]
+    d = programs[0].to_json()
+    del d["instructions"][sends[0]]
+    for ins in d["instructions"]:
+        ins["deps"] = [x - (x > sends[0]) for x in ins["deps"] if x != sends[0]]
+    with pytest.raises(ProgramError, match="receives from rank 0 .* sends nothing more"):
+        check_set([from_json(d), programs[1]])
+    short = programs[1].to_json()
+    recv = next(i for i in short["instructions"] if i["kind"] == "recv")
+    short["buffers"]["small"] = 4
+    recv["buf"] = ["small", 0, 4]
+    with pytest.raises(ProgramError, match="takes 4 B"):
+        check_set([programs[0], from_json(short)])
+
+
+def test_run_program_in_process_and_wrong_rank():
+    n = 4
+    programs = lower("allreduce", "knomial", n, 10)
+    teams = pycoll.local_teams(n)
+    try:
+        xs = [np.arange(10, dtype=np.float32) + r for r in range(n)]
+        outs = [np.empty(10, np.float32) for _ in range(n)]
+        reqs = [t.run_program(p, x, o) for t, p, x, o in zip(teams, programs, xs, outs)]
+        for r in reqs:
+            r.wait(timeout=30)
+        for o in outs:
+            assert np.array_equal(o, sum(xs))
+        with pytest.raises(ProgramError, match="rank 1 of 4 given to rank 0"):
+            teams[0].run_program(programs[1], xs[0], outs[0])
+        with pytest.raises(ProgramError, match="for 10 x float32 given 5"):
+            teams[0].run_program(programs[0], xs[0][:5], outs[0][:5])
+    finally:
+        for t in teams:
+            t.close()
