@@ -197,7 +197,6 @@ def lower(coll: str, algorithm: str, size: int, count: int, dtype: Any = "float3
     elements of ``dtype``: recorded on an in-process team, checked as a set, and (``verify``) run
     against the algorithm on the same inputs. Raises :class:`NotLowerable` for an algorithm that
     cannot be lowered, naming why."""
-    from pycoll.lower.execute import compare  # noqa: PLC0415 - execute imports this module
     teams = local_teams(size)
     try:
         calls = [make_call(t, coll, count, dtype, op, root, in_place, seed=0) for t in teams]
