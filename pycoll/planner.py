@@ -395,6 +395,16 @@ class Planner:
         return sched
 
     # ------------------------------------------------------------------ the pool
+    def pooled(self, shape: tuple) -> Optional[Task]:
+        """A finished task kept for reuse under ``shape`` (see :meth:`recycle`), taken out of the
+        pool; None if there is none. The caller rebinds it to its call."""
+        pool = self._plans.get(shape)
+        if not pool:
+            return None
+        task = pool.pop()
+        self._plan_bytes -= task.nbytes
+        return task
+
     def recycle(self, req: Request) -> None:
         """A collective finished and its request was collected: keep its task for reuse (the
         next call of the same shape rebinds it to its buffers and key)."""

@@ -285,7 +285,8 @@ class Team:
         call = self.call(coll, *args, **kwargs)
         return self.planner.post_named(call, priority, tag, algorithm, timeout, name, credit)
 
-    def run_program(self, program: Any, *args: Any, priority: int = 0) -> Request:
+    def run_program(self, program: Any, *args: Any, priority: int = 0,
+                    timeout: Optional[float] = None) -> Request:
         """Run ``program`` (a :class:`pycoll.lower.Program` of this rank: ``pycoll lower`` prints
         them, ``pycoll.lower.loads`` reads them) on the buffers of ``args``, the arguments of its
         collective as for the method of that name (``team.run_program(prog, x, out, "sum")``).
@@ -293,7 +294,7 @@ class Team:
         rank. Raises ``ProgramError`` for a program of another rank, size or call shape."""
         from pycoll.lower.execute import run_program  # noqa: PLC0415 - lowering is optional at import
 
-        return run_program(self, program, self.call(program.coll, *args), priority)
+        return run_program(self, program, self.call(program.coll, *args), priority, timeout)
 
     # ------------------------------------------------------------------ traffic accounting
     def traffic(self, *, include_self: bool = True, subteams: bool = True) -> Dict[Any, Dict[str, int]]:

@@ -9,7 +9,7 @@ one does (:func:`run_program`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Generator
+from typing import Any, Dict, Generator, Optional
 
 import numpy as np
 
@@ -82,19 +82,39 @@ class ProgramTask(StepTask):
             yield rest
 
 
-def run_program(team: Any, program: Program, call: Any, priority: int = 0) -> Request:
+def run_program(team: Any, program: Program, call: Any, priority: int = 0,
+                timeout: Optional[float] = None) -> Request:
     """Start ``program`` on ``team`` for ``call`` (a checked call, see ``team.call``): one task,
     keyed like an untagged collective (post programs in the same order on every rank), with the
-    credit and priority of a collective."""
+    credit and priority of a collective; run by the transport's native executor where it has one
+    (UCX: :mod:`pycoll.tl.ucx.executor`), else in Python (:class:`ProgramTask`)."""
+    if program.rank != team.rank or program.size != team.size:
+        raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
+                           f"{team.rank} of {team.size}")
     if call.dst.size != program.count or str(call.dst.dtype) != program.dtype:
         raise ProgramError(f"a program for {program.count} x {program.dtype} given {call.dst.size} x "
                            f"{call.dst.dtype}")
     planner = team.planner
-    with planner.ctx.lock:
-        args = planner.args(call, ("c", -1), program.algorithm or "program", {})
-        task = ProgramTask(args, program)  # (raises for a program of another rank: before a key is taken)
-        key = planner.coll_key(None)
-        args.channel.rekey(key)
-        task.owner = planner
-        planner.credit_unit(task, key)
-        return planner.submit(task, priority, None, call.out)
+    ctx = planner.ctx
+    # finished tasks of this program are kept for reuse, as the planner keeps collectives'
+    shape = ("program", id(program), call.src is call.dst, ctx.credit_bytes)
+    with ctx.lock:
+        task: Any = planner.pooled(shape)
+        if task is not None and task.program is program:
+            key = planner.coll_key(None)
+            task.rebind(call.src, call.dst, key)
+            if task.credit and ctx.credit_bytes:
+                ctx.watch_demand(task, team.transport, key)
+        else:
+            if task is not None:
+                task.finalize()  # (another program that had this one's id)
+            args = planner.args(call, ("c", -1), program.algorithm or "program", {})
+            key = planner.coll_key(None)
+            args.channel.rekey(key)
+            native = getattr(team.transport, "program_task", None)
+            task = native(args, program, ctx.credit_bytes) if native is not None else None
+            if task is None:
+                task = ProgramTask(args, program)
+            task.owner = planner
+            planner.credit_unit(task, key)
+        return planner.submit(task, priority, timeout, call.out, shape=shape)

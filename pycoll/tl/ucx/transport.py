@@ -364,7 +364,10 @@ class UCXTransport(Transport):
             _release(ctx, self._w)
             raise
         self._closed = False
-        limit_sends(self)
+        #: Whether PYCOLL_BW_LIMIT paces this transport's sends (then programs run in Python).
+        self.limited = limit_sends(self) is not None
+        self._programs: Dict[int, Any] = {}  # id(program) -> (program, its NativeProgram)
+        self._eps_array: Any = None
 
     def _bootstrap(self) -> None:
         w = self._w
@@ -774,6 +777,46 @@ class UCXTransport(Transport):
                     req.error = err
                     if not req.busy:
                         self.unwait(req)
+
+    # ------------------------------------------------------------------ native programs
+    def native(self) -> Tuple[Any, Any]:
+        """The binding's cffi ``(ffi, lib)`` (the program executor is in it)."""
+        return _ffi, _lib
+
+    def endpoints(self) -> Any:
+        """The endpoints to every rank as a C array (``ucp_ep_h[size]``), made once."""
+        if self._eps_array is None:
+            self._eps_array = _ffi.new("ucp_ep_h[]", self._eps)
+        return self._eps_array
+
+    def error_flags(self) -> Any:
+        """The per-rank endpoint error flags (``int[size]``; nonzero: that rank's endpoint failed)."""
+        return self._errflags
+
+    def status_text(self, st: int) -> str:
+        """UCX's words for status ``st``."""
+        return _status(st)
+
+    def untagged_base(self, key: tuple) -> int:
+        """The wire tag of untagged collective ``key`` (``("c", seq)``) without sender and step."""
+        if key[0] != "c":
+            raise TransportError(f"ucx: native programs run untagged collectives, not {key!r}")
+        return self.team_bits | ((key[1] & _KEY_MASK) << _KEY_SHIFT)
+
+    def program_task(self, args: Any, program: Any, credit_bytes: int) -> Any:
+        """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.ucx.executor`),
+        or None where it must run in Python: under a credit limit (``credit_bytes``), a bandwidth
+        limit, or for a tagged key."""
+        if credit_bytes or self.limited or args.channel.key[0] != "c" or self._closed:
+            return None
+        from pycoll.tl.ucx.executor import NativeProgram, UCXProgramTask  # noqa: PLC0415
+
+        entry = self._programs.get(id(program))
+        if entry is None or entry[0] is not program:
+            if len(self._programs) >= 64:
+                self._programs.clear()
+            entry = self._programs[id(program)] = (program, NativeProgram(self, program))
+        return UCXProgramTask(args, entry[1])
 
     def check_silence(self) -> bool:
         """Ping every peer on another node that this rank waits on and has not pinged for a sixth

@@ -3,17 +3,22 @@ on this process's in-process team, read back from their JSON) run by ``team.run_
 process team's transport (MPI, or UCX with PYCOLL_TLS=ucx), against the algorithm itself on the
 same inputs: the same bits on every rank. Several programs in flight at once, too."""
 
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
+import pycoll
 from pycoll import Team, algorithms
 from pycoll.lower import loads, lower
 from pycoll.lower.record import LOWERED, NotLowerable, make_call
 from tests.rank import run_rank
 
 
-def main():
+def main(mode):
     team = Team.from_mpi(MPI.COMM_WORLD)
+    if mode == "timeout":
+        return timeout(team)
     n, r = team.size, team.rank
     ran = 0
     for coll in LOWERED:
@@ -31,7 +36,10 @@ def main():
                 want = make_call(team, coll, count, dtype, op, n - 1, False, seed=3)
                 team.planner.post(want, 0, None, name, 60, {}).wait()
                 got = make_call(team, coll, count, dtype, op, n - 1, False, seed=3)
-                team.run_program(mine, *_args(coll, got, n - 1)).wait(timeout=60)
+                req = team.run_program(mine, *_args(coll, got, n - 1))
+                native = req.task.name.endswith("[native]")
+                assert native == (team.transport.name == "ucx"), (req.task.name, team.transport)
+                req.wait(timeout=60)
                 assert want.dst.tobytes() == got.dst.tobytes(), f"{coll}:{name} {count} x {dtype} {op}"
                 ran += 1
     assert ran >= 20, ran
@@ -46,6 +54,23 @@ def main():
         req.wait(timeout=60)
         assert np.all(outs[k] == sum(range(n)) + n * k), outs[k][:3]
     team.close()
+
+
+def timeout(team):
+    """Rank 1 never runs its program: the others' programs time out naming what they wait for."""
+    r = team.rank
+    programs = lower("allreduce", "rd", team.size, 100)
+    x, out = np.ones(100, np.float32), np.empty(100, np.float32)
+    if r != 1:
+        try:
+            team.run_program(programs[r], x, out, timeout=1.0).wait()
+            raise AssertionError("the program finished without rank 1")
+        except pycoll.TimeoutError as exc:
+            text = str(exc)
+            assert "rank 1" in text and ("instruction" in text or "recv" in text), text
+            if r == 0:
+                print(f"rank 0: {text[:300]}", flush=True)
+    MPI.COMM_WORLD.Barrier()  # (the team is left unclosed: its collective never finished)
 
 
 def _args(coll, call, root):
@@ -66,4 +91,4 @@ def _args(coll, call, root):
 
 
 if __name__ == "__main__":
-    run_rank(main)
+    run_rank(main, sys.argv[1] if len(sys.argv) > 1 else "match")

@@ -1,0 +1,168 @@
+/* The program executor over UCX (pycoll.tl.ucx.executor; appended to ucx.c in pycoll._ucx).
+ *
+ * Runs one rank's lowered program (pycoll.lower.program): instructions in order, each started
+ * once the instructions it depends on are done; sends and receives are UCP tag messages on the
+ * wire tag of the collective (base | sender << 32 | step), receives posted into their slice;
+ * reductions call the kernel pointer handed in (pycoll._native's pycoll_reduce); copies are
+ * memmove. AVG divisions are left to Python (pc_exec_progress returns PC_EXEC_PYTHON with
+ * e->next on the instruction; pc_exec_did marks it done). Everything an instruction names was
+ * checked when the program was loaded (slices inside their buffers, dependencies earlier ones);
+ * the executor checks the peer and kind again before touching memory.
+ */
+#include <stdint.h>
+
+enum { PC_I_SEND = 0, PC_I_RECV = 1, PC_I_REDUCE = 2, PC_I_COPY = 3, PC_I_AVG = 4 };
+enum { PC_EXEC_RUNNING = 0, PC_EXEC_DONE = 1, PC_EXEC_PYTHON = 2, PC_EXEC_FAILED = -1 };
+enum { PC_S_WAITING = 0, PC_S_POSTED = 1, PC_S_DONE = 2 };
+
+typedef struct {
+    int32_t kind, peer, step, op, dtype, ndeps, dep0, pad;
+    int32_t buf[3];
+    int32_t pad2;
+    uint64_t off[3];
+    uint64_t len[3];
+    uint64_t count; /* reduce: elements */
+} pc_instr_t;
+
+typedef int (*pc_reduce_fn)(int, int, void *, const void *, const void *, size_t);
+
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h *eps;
+    const int *errflags;
+    pc_reduce_fn reduce;
+    int32_t rank, size, n, nbufs;
+    int32_t next, lo, failed, status;
+    uint64_t base;
+    const pc_instr_t *ins;
+    const int32_t *deps;
+    char **bufs;
+    void **reqs;
+    uint8_t *state;
+} pc_exec_t;
+
+static char *pc_exec_at(pc_exec_t *e, const pc_instr_t *in, int k)
+{
+    return e->bufs[in->buf[k]] + in->off[k];
+}
+
+static int pc_exec_fail(pc_exec_t *e, int i, int status)
+{
+    e->failed = i;
+    e->status = status;
+    return PC_EXEC_FAILED;
+}
+
+/* Start (or reset for a new call) with base tag base: nothing posted, nothing done. */
+static void pc_exec_start(pc_exec_t *e, uint64_t base)
+{
+    e->base = base;
+    e->next = e->lo = 0;
+    e->failed = -1;
+    e->status = 0;
+    memset(e->state, 0, (size_t)e->n);
+    memset(e->reqs, 0, sizeof(void *) * (size_t)e->n);
+}
+
+/* Mark instruction i (an AVG that Python ran) done and move past it. */
+static void pc_exec_did(pc_exec_t *e, int i)
+{
+    e->state[i] = PC_S_DONE;
+    if (e->next == i)
+        e->next = i + 1;
+}
+
+/* Test the posted requests; fail on a request error or a peer whose endpoint failed. */
+static int pc_exec_test(pc_exec_t *e)
+{
+    for (int i = e->lo; i < e->next; i++) {
+        if (e->state[i] != PC_S_POSTED)
+            continue;
+        const pc_instr_t *in = &e->ins[i];
+        if (e->errflags[in->peer])
+            return pc_exec_fail(e, i, e->errflags[in->peer]);
+        ucs_status_t st = ucp_request_check_status(e->reqs[i]);
+        if (st == UCS_INPROGRESS)
+            continue;
+        ucp_request_free(e->reqs[i]);
+        e->reqs[i] = NULL;
+        if (st != UCS_OK)
+            return pc_exec_fail(e, i, st);
+        e->state[i] = PC_S_DONE;
+    }
+    while (e->lo < e->n && e->state[e->lo] == PC_S_DONE)
+        e->lo++;
+    return PC_EXEC_RUNNING;
+}
+
+/* Advance: progress the worker, test what is posted, start what may start. PC_EXEC_DONE,
+ * PC_EXEC_RUNNING, PC_EXEC_PYTHON (an AVG at e->next) or PC_EXEC_FAILED (e->failed, e->status). */
+static int pc_exec_progress(pc_exec_t *e)
+{
+    ucp_request_param_t param;
+    ucp_worker_progress(e->worker);
+    if (pc_exec_test(e) != PC_EXEC_RUNNING)
+        return PC_EXEC_FAILED;
+    while (e->next < e->n) {
+        int i = e->next;
+        const pc_instr_t *in = &e->ins[i];
+        for (int d = 0; d < in->ndeps; d++)
+            if (e->state[e->deps[in->dep0 + d]] != PC_S_DONE)
+                return PC_EXEC_RUNNING;
+        if (in->kind == PC_I_SEND || in->kind == PC_I_RECV) {
+            if (in->peer < 0 || in->peer >= e->size || in->peer == e->rank)
+                return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
+            if (e->errflags[in->peer])
+                return pc_exec_fail(e, i, e->errflags[in->peer]);
+            param.op_attr_mask = 0;
+            ucs_status_ptr_t p;
+            if (in->kind == PC_I_SEND)
+                p = ucp_tag_send_nbx(e->eps[in->peer], pc_exec_at(e, in, 0), in->len[0],
+                                     e->base | ((uint64_t)e->rank << 32) | (uint64_t)(in->step & 0xfff), &param);
+            else
+                p = ucp_tag_recv_nbx(e->worker, pc_exec_at(e, in, 0), in->len[0],
+                                     e->base | ((uint64_t)in->peer << 32) | (uint64_t)(in->step & 0xfff),
+                                     UINT64_MAX, &param);
+            if (UCS_PTR_IS_ERR(p))
+                return pc_exec_fail(e, i, UCS_PTR_STATUS(p));
+            if (p == NULL) {
+                e->state[i] = PC_S_DONE;
+            } else {
+                e->reqs[i] = p;
+                e->state[i] = PC_S_POSTED;
+            }
+        } else if (in->kind == PC_I_REDUCE) {
+            int rc = e->reduce(in->op, in->dtype, pc_exec_at(e, in, 2), pc_exec_at(e, in, 0),
+                               pc_exec_at(e, in, 1), in->count);
+            if (rc)
+                return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
+            e->state[i] = PC_S_DONE;
+        } else if (in->kind == PC_I_COPY) {
+            memmove(pc_exec_at(e, in, 1), pc_exec_at(e, in, 0), in->len[0]);
+            e->state[i] = PC_S_DONE;
+        } else if (in->kind == PC_I_AVG) {
+            return PC_EXEC_PYTHON;
+        } else {
+            return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
+        }
+        e->next = i + 1;
+    }
+    if (pc_exec_test(e) != PC_EXEC_RUNNING)
+        return PC_EXEC_FAILED;
+    return e->lo == e->n ? PC_EXEC_DONE : PC_EXEC_RUNNING;
+}
+
+/* Give up: cancel the posted receives and release every posted request (UCX frees each when
+ * it completes). */
+static void pc_exec_abort(pc_exec_t *e)
+{
+    for (int i = 0; i < e->next && i < e->n; i++) {
+        if (e->state[i] != PC_S_POSTED || e->reqs[i] == NULL)
+            continue;
+        if (e->ins[i].kind == PC_I_RECV)
+            ucp_request_cancel(e->worker, e->reqs[i]);
+        ucp_request_free(e->reqs[i]);
+        e->reqs[i] = NULL;
+        e->state[i] = PC_S_WAITING;
+    }
+}

@@ -1,0 +1,175 @@
+"""Lowered programs run by native code over UCX: no Python per step.
+
+:class:`NativeProgram` turns a :class:`pycoll.lower.Program` into the C executor's instruction
+table once (``native/exec_ucx.c``); :class:`UCXProgramTask` runs it for one call as one engine
+task: ``post`` points the executor at the call's buffers and the collective's wire tag, and each
+``progress`` (the engine's poll) lets the C code progress the UCP worker, test what is posted and
+start what may start, in the program's order. Reductions run in pycoll's native kernels, copies
+are ``memmove``; an AVG division comes back to Python (numpy's rounding rules). A failed request,
+or a peer whose endpoint failed, raises a TransportError naming the instruction and the peer.
+
+Only untagged collectives (``("c", seq)``, whose wire tags are exact) on an engine without a
+credit limit run here: under a credit limit the transport takes early messages into its own stash
+(see :mod:`pycoll.tl.ucx.transport`), which the C receives would not see; those programs run in
+Python (:class:`pycoll.lower.execute.ProgramTask`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import numpy as np
+
+from pycoll.dtypes import DTYPE_CODES
+from pycoll.errors import PeerLostError, TransportError
+from pycoll.lower.program import Program, ProgramError
+from pycoll.ops import OP_CODES, ReduceOp, finish_avg
+from pycoll.tasks.task import Task
+
+_KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4}
+_U8 = np.uint8
+
+
+def _reduce_kernel(ffi: Any) -> Any:
+    """pycoll._native's ``pycoll_reduce`` as a function pointer of this module's ffi."""
+    from pycoll import _native  # noqa: PLC0415 - built at install
+
+    nffi, nlib = _native.ffi, _native.lib
+
+    address = int(nffi.cast("uintptr_t", nffi.addressof(nlib, "pycoll_reduce")))
+    return ffi.cast("pc_reduce_fn", address)
+
+
+class NativeProgram:
+    """``program`` as the executor's instruction table (built once per program and transport)."""
+
+    def __init__(self, transport: Any, program: Program) -> None:
+        ffi, lib = transport.native()
+        self.transport, self.program, self.ffi, self.lib = transport, program, ffi, lib
+        names = ["src", "dst"] + [b for b in program.buffers if b not in ("src", "dst")]
+        index = {name: i for i, name in enumerate(names)}
+        self.names = names
+        n = len(program.instrs)
+        self.ins = ffi.new("pc_instr_t[]", max(n, 1))
+        deps: List[int] = []
+        for i, ins in enumerate(program.instrs):
+            c = self.ins[i]
+            c.kind = _KINDS[ins.kind]
+            c.peer, c.step = ins.peer, ins.step
+            c.ndeps, c.dep0 = len(ins.deps), len(deps)
+            deps.extend(ins.deps)
+            for k, (buf, off, nbytes) in enumerate(ins.slices.values()):
+                c.buf[k], c.off[k], c.len[k] = index[buf], off, nbytes
+            if ins.kind == "reduce":
+                dt = np.dtype(ins.dtype)
+                c.op, c.dtype = OP_CODES[ReduceOp[ins.op.upper()]], DTYPE_CODES[dt]
+                c.count = ins.slices["out"][2] // dt.itemsize
+        self.deps = ffi.new("int32_t[]", deps or [0])
+        self.reduce = _reduce_kernel(ffi)
+        self.avg = {i: (ins.slices["buf"], np.dtype(ins.dtype), ins.n)
+                    for i, ins in enumerate(program.instrs) if ins.kind == "avg"}
+
+
+class UCXProgramTask(Task):
+    """One call of a prepared program on ``args`` (a CollArgs on a UCX team)."""
+
+    def __init__(self, args: Any, prepared: NativeProgram) -> None:
+        super().__init__(f"{args.coll}:{prepared.program.algorithm or 'program'}@{args.rank}[native]",
+                         nbytes=args.nbytes)
+        program = prepared.program
+        if program.rank != args.rank or program.size != args.size:
+            raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
+                               f"{args.rank} of {args.size}")
+        self.args, self.prepared = args, prepared
+        ffi, t = prepared.ffi, prepared.transport
+        n = len(program.instrs)
+        self.scratch: Dict[str, np.ndarray] = {name: np.empty(program.buffers[name], _U8)
+                                               for name in prepared.names[2:]}
+        e = self.e = ffi.new("pc_exec_t *")
+        self._reqs = ffi.new("void *[]", max(n, 1))
+        self._state = ffi.new("uint8_t[]", max(n, 1))
+        self._bufs = ffi.new("char *[]", len(prepared.names))
+        for i, name in enumerate(prepared.names[2:], 2):
+            self._bufs[i] = ffi.cast("char *", ffi.from_buffer(self.scratch[name]))
+        e.worker, e.eps, e.errflags, e.reduce = t.worker, t.endpoints(), t.error_flags(), prepared.reduce
+        e.rank, e.size, e.n, e.nbufs = args.rank, args.size, n, len(prepared.names)
+        e.ins, e.deps, e.bufs = prepared.ins, prepared.deps, self._bufs
+        e.reqs, e.state = self._reqs, self._state
+        self._keep: List[Any] = []
+
+    @property
+    def program(self) -> Program:
+        """The program this task runs."""
+        return self.prepared.program
+
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        """Reuse this finished task for another call of its program (new buffers and key)."""
+        a = self.args
+        a.src, a.dst = src, dst
+        a.channel.rekey(key)
+        self.reset()
+
+    def _wire(self, name: str) -> np.ndarray:
+        a = self.args
+        arr = a.dst if name == "dst" else a.src
+        return arr.reshape(-1).view(_U8)
+
+    def post(self) -> None:
+        prepared, ffi = self.prepared, self.prepared.ffi
+        program = prepared.program
+        self._keep = []
+        for i, name in enumerate(("src", "dst")):
+            if name not in program.buffers:
+                continue
+            wire = self._wire(name)
+            if wire.nbytes != program.buffers[name]:
+                raise ProgramError(f"the program's {name} has {program.buffers[name]} B; this call's has "
+                                   f"{wire.nbytes} B")
+            ptr = ffi.from_buffer(wire)
+            self._keep.append(ptr)
+            self._bufs[i] = ffi.cast("char *", ptr)
+        prepared.lib.pc_exec_start(self.e, prepared.transport.untagged_base(self.args.channel.key))
+        self.progress()
+
+    def progress(self) -> None:
+        lib, e = self.prepared.lib, self.e
+        while True:
+            rc = lib.pc_exec_progress(e)
+            if rc == lib.PC_EXEC_RUNNING:
+                return
+            if rc == lib.PC_EXEC_DONE:
+                self._keep = []
+                self.complete()
+                return
+            if rc == lib.PC_EXEC_PYTHON:
+                i = e.next
+                (buf, off, nbytes), dt, n = self.prepared.avg[i]
+                arr = self._wire(buf) if buf in ("src", "dst") else self.scratch[buf]
+                finish_avg(arr[off:off + nbytes].view(dt), n)
+                lib.pc_exec_did(e, i)
+                continue
+            raise self._failure()
+
+    def _failure(self) -> TransportError:
+        e, t = self.e, self.prepared.transport
+        i = e.failed
+        ins = self.prepared.program.instrs[i]
+        self.prepared.lib.pc_exec_abort(e)
+        what = f"{self.name}: instruction {i} ({ins.kind}"
+        what += f" of {ins.slices['buf'][2]} B with rank {ins.peer})" if ins.kind in ("send", "recv") else ")"
+        if ins.kind in ("send", "recv") and t.error_flags()[ins.peer]:
+            return PeerLostError(f"{what} failed: ucx: lost rank {ins.peer}: its endpoint failed "
+                                 f"({t.status_text(e.status)})", rank=ins.peer, how=t.status_text(e.status))
+        return TransportError(f"{what} failed: {t.status_text(e.status)}")
+
+    def on_cancel(self) -> None:
+        self.prepared.lib.pc_exec_abort(self.e)
+        self._keep = []
+
+    def describe(self) -> str:
+        e = self.e
+        program = self.prepared.program
+        waiting = [f"{program.instrs[i].kind} {i} with rank {program.instrs[i].peer}"
+                   for i in range(e.lo, min(e.next, e.n)) if self._state[i] == 1]
+        label = f"{self.name} (instruction {e.next} of {e.n} next)"
+        return f"{label}: waiting on " + ", ".join(waiting[:8]) if waiting else label
