@@ -103,6 +103,7 @@ class TCPTransport(Transport):
         silence = config.get("PYCOLL_PEER_SILENCE")
         #: Seconds a peer's host may leave our data unacknowledged (see :meth:`check_silence`).
         self.silence = max(1.0, silence) if silence < math.inf else math.inf
+        self._looked = 0.0  # when check_silence last ran
         for r, sock in socks.items():
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -309,6 +310,12 @@ class TCPTransport(Transport):
         host cut off while our data waited behind its full window (the kernel's window probes
         then go unanswered) as soon as one cut off while data flowed."""
         now = time.monotonic()
+        if now - self._looked > self.silence / 6:
+            # the watch did not run for a while (this rank computed, or was stopped): what it saw
+            # waiting then says nothing about now
+            for p in self.peers.values():
+                p.unacked_since = None
+        self._looked = now
         for p in self.peers.values():
             if p.error is not None:
                 continue
