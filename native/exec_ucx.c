@@ -84,10 +84,16 @@ static int pc_exec_test(pc_exec_t *e)
         ucs_status_t st = ucp_request_check_status(e->reqs[i]);
         if (st == UCS_INPROGRESS)
             continue;
+        ucp_tag_recv_info_t info;
+        info.length = in->len[0];
+        if (in->kind == PC_I_RECV && st == UCS_OK)
+            ucp_tag_recv_request_test(e->reqs[i], &info);
         ucp_request_free(e->reqs[i]);
         e->reqs[i] = NULL;
         if (st != UCS_OK)
             return pc_exec_fail(e, i, st);
+        if (info.length != in->len[0]) /* a short message: the slice would be left part unwritten */
+            return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
         e->state[i] = PC_S_DONE;
     }
     while (e->lo < e->n && e->state[e->lo] == PC_S_DONE)
@@ -114,18 +120,25 @@ static int pc_exec_progress(pc_exec_t *e)
                 return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
             if (e->errflags[in->peer])
                 return pc_exec_fail(e, i, e->errflags[in->peer]);
-            param.op_attr_mask = 0;
+            ucp_tag_recv_info_t info;
             ucs_status_ptr_t p;
-            if (in->kind == PC_I_SEND)
+            info.length = in->len[0];
+            if (in->kind == PC_I_SEND) {
+                param.op_attr_mask = 0;
                 p = ucp_tag_send_nbx(e->eps[in->peer], pc_exec_at(e, in, 0), in->len[0],
                                      e->base | ((uint64_t)e->rank << 32) | (uint64_t)(in->step & 0xfff), &param);
-            else
+            } else {
+                param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+                param.recv_info.tag_info = &info;
                 p = ucp_tag_recv_nbx(e->worker, pc_exec_at(e, in, 0), in->len[0],
                                      e->base | ((uint64_t)in->peer << 32) | (uint64_t)(in->step & 0xfff),
                                      UINT64_MAX, &param);
+            }
             if (UCS_PTR_IS_ERR(p))
                 return pc_exec_fail(e, i, UCS_PTR_STATUS(p));
             if (p == NULL) {
+                if (info.length != in->len[0])
+                    return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
                 e->state[i] = PC_S_DONE;
             } else {
                 e->reqs[i] = p;
@@ -152,17 +165,30 @@ static int pc_exec_progress(pc_exec_t *e)
     return e->lo == e->n ? PC_EXEC_DONE : PC_EXEC_RUNNING;
 }
 
-/* Give up: cancel the posted receives and release every posted request (UCX frees each when
- * it completes). */
+/* Give up: cancel the posted receives. The requests stay until pc_exec_reap finds them finished
+ * (UCX may still read or write their buffers until then). */
 static void pc_exec_abort(pc_exec_t *e)
 {
+    for (int i = 0; i < e->next && i < e->n; i++)
+        if (e->state[i] == PC_S_POSTED && e->reqs[i] != NULL && e->ins[i].kind == PC_I_RECV)
+            ucp_request_cancel(e->worker, e->reqs[i]);
+}
+
+/* Free the posted requests that finished (after pc_exec_abort); the number still running. */
+static int pc_exec_reap(pc_exec_t *e)
+{
+    int running = 0;
+    ucp_worker_progress(e->worker);
     for (int i = 0; i < e->next && i < e->n; i++) {
         if (e->state[i] != PC_S_POSTED || e->reqs[i] == NULL)
             continue;
-        if (e->ins[i].kind == PC_I_RECV)
-            ucp_request_cancel(e->worker, e->reqs[i]);
+        if (ucp_request_check_status(e->reqs[i]) == UCS_INPROGRESS) {
+            running++;
+            continue;
+        }
         ucp_request_free(e->reqs[i]);
         e->reqs[i] = NULL;
         e->state[i] = PC_S_WAITING;
     }
+    return running;
 }

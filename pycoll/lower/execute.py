@@ -15,7 +15,7 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable
 from pycoll.engine.request import Request
-from pycoll.lower.program import Program, ProgramError
+from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
 
 _U8 = np.uint8
@@ -82,18 +82,41 @@ class ProgramTask(StepTask):
             yield rest
 
 
+#: The collectives whose op, and whose root, a program was made for.
+_REDUCING = ("allreduce", "reduce", "reduce_scatter")
+_ROOTED = ("bcast", "reduce", "gather", "scatter")
+
+
+def fits(program: Program, team: Any, call: Any) -> None:
+    """Raise :class:`ProgramError` unless ``program`` was made for this rank of ``team`` and for
+    a call of ``call``'s shape: collective, count, dtype, buffer sizes, in place or not, op, root."""
+    if program.rank != team.rank or program.size != team.size:
+        raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
+                           f"{team.rank} of {team.size}")
+    if call.coll != program.coll or call.dst.size != program.count or str(call.dst.dtype) != program.dtype:
+        raise ProgramError(f"a program for {program.coll} of {program.count} x {program.dtype} given "
+                           f"{call.coll} of {call.dst.size} x {call.dst.dtype}")
+    sizes = {"dst": call.dst.nbytes, "src": call.src.nbytes}
+    for name in ("src", "dst"):
+        if name in program.buffers and program.buffers[name] != sizes[name]:
+            raise ProgramError(f"the program's {name} has {program.buffers[name]} B; this call's has "
+                               f"{sizes[name]} B")
+    if (call.src is call.dst) != program.in_place:
+        raise ProgramError(f"a program made {'in' if program.in_place else 'out of'} place given a call "
+                           f"{'out of' if program.in_place else 'in'} place")
+    if call.coll in _REDUCING and call.op.name.lower() != program.op:
+        raise ProgramError(f"a program for op {program.op} given {call.op.name.lower()}")
+    if call.coll in _ROOTED and call.root != program.root:
+        raise ProgramError(f"a program for root {program.root} given root {call.root}")
+
+
 def run_program(team: Any, program: Program, call: Any, priority: int = 0,
                 timeout: Optional[float] = None) -> Request:
     """Start ``program`` on ``team`` for ``call`` (a checked call, see ``team.call``): one task,
     keyed like an untagged collective (post programs in the same order on every rank), with the
     credit and priority of a collective; run by the transport's native executor where it has one
     (UCX: :mod:`pycoll.tl.ucx.executor`), else in Python (:class:`ProgramTask`)."""
-    if program.rank != team.rank or program.size != team.size:
-        raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
-                           f"{team.rank} of {team.size}")
-    if call.dst.size != program.count or str(call.dst.dtype) != program.dtype:
-        raise ProgramError(f"a program for {program.count} x {program.dtype} given {call.dst.size} x "
-                           f"{call.dst.dtype}")
+    fits(program, team, call)
     planner = team.planner
     ctx = planner.ctx
     # finished tasks of this program are kept for reuse, as the planner keeps collectives'
@@ -108,13 +131,14 @@ def run_program(team: Any, program: Program, call: Any, priority: int = 0,
         else:
             if task is not None:
                 task.finalize()  # (another program that had this one's id)
+            check(program)  # (a program is read when a task is built for it: later edits are not seen)
             args = planner.args(call, ("c", -1), program.algorithm or "program", {})
-            key = planner.coll_key(None)
-            args.channel.rekey(key)
             native = getattr(team.transport, "program_task", None)
             task = native(args, program, ctx.credit_bytes) if native is not None else None
             if task is None:
                 task = ProgramTask(args, program)
+            key = planner.coll_key(None)  # (only now: nothing above took a sequence number and failed)
+            args.channel.rekey(key)
             task.owner = planner
             planner.credit_unit(task, key)
         return planner.submit(task, priority, timeout, call.out, shape=shape)

@@ -29,8 +29,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from pycoll.dtypes import DTYPES
 from pycoll.errors import PycollError
+from pycoll.ops import ReduceOp, check_op
 
 FORMAT = "pycoll-program"
+#: The largest step number (message steps of one collective between two ranks; UCX carries 12 bits).
+MAX_STEP = 4095
 VERSION = 1
 KINDS = ("send", "recv", "reduce", "copy", "avg")
 #: The slices each kind names, in its JSON fields.
@@ -195,19 +198,31 @@ def check(prog: Program) -> None:
         if ins.kind in ("send", "recv"):
             if not 0 <= ins.peer < prog.size or ins.peer == prog.rank:
                 raise ProgramError(f"{where}: peer {ins.peer} is not another rank of a team of {prog.size}")
+            if not 0 <= ins.step <= MAX_STEP:
+                raise ProgramError(f"{where}: step {ins.step} is not in 0..{MAX_STEP}")
         if ins.kind == "reduce" and ins.op not in OPS:
             raise ProgramError(f"{where}: unknown op {ins.op!r}")
         if ins.kind in ("reduce", "avg") and ins.dtype not in names:
             raise ProgramError(f"{where}: unknown dtype {ins.dtype!r}")
-        if ins.kind == "reduce" and len({s[2] for s in ins.slices.values()}) != 1:
-            raise ProgramError(f"{where}: a, b and out must have the same length")
+        if ins.kind == "reduce":
+            if len({s[2] for s in ins.slices.values()}) != 1:
+                raise ProgramError(f"{where}: a, b and out must have the same length")
+            try:
+                check_op(ReduceOp[ins.op.upper()], names[ins.dtype])
+            except (TypeError, ValueError) as exc:
+                raise ProgramError(f"{where}: {exc}") from None
+        if ins.kind in ("reduce", "avg") and any(s[2] % names[ins.dtype].itemsize
+                                                 for s in ins.slices.values()):
+            raise ProgramError(f"{where}: a length that is not a whole number of {ins.dtype} elements")
+        if ins.kind == "avg" and ins.n < 1:
+            raise ProgramError(f"{where}: divides by {ins.n}")
         if ins.kind == "copy" and ins.slices["src"][2] != ins.slices["dst"][2]:
             raise ProgramError(f"{where}: src and dst must have the same length")
 
 
 def check_set(programs: Sequence[Program]) -> None:
     """Raise :class:`ProgramError` unless ``programs`` are one per rank of one team, each valid,
-    and every receive is matched by a send of the same length on its peer, in the same order
+    and every receive is matched by a send of exactly its length on its peer, in the same order
     (messages between two ranks on one step match in order, as MPI's do)."""
     size = len(programs)
     for r, p in enumerate(programs):
@@ -232,6 +247,6 @@ def check_set(programs: Sequence[Program]) -> None:
             if i >= len(r):
                 raise ProgramError(f"rank {src}'s instruction {s[i][0]} sends to rank {dst} on step "
                                    f"{step}, and rank {dst} receives nothing more from it on that step")
-            if s[i][1] > r[i][1]:
+            if s[i][1] != r[i][1]:
                 raise ProgramError(f"rank {src}'s instruction {s[i][0]} sends {s[i][1]} B to rank {dst} on "
                                    f"step {step}; its receive (instruction {r[i][0]}) takes {r[i][1]} B")

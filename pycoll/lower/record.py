@@ -24,6 +24,7 @@ native collectives) are not lowered either.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -64,24 +65,26 @@ class Recorder:
         self.rank = rank
         self.instrs: List[Instr] = []
         self.buffers: Dict[str, int] = {}
-        self._roots: List[Tuple[np.ndarray, str]] = []  # (owning array, buffer name); kept alive
+        self._ranges: List[Tuple[int, int, str, np.ndarray]] = []  # (start, end, name, the array: kept)
         self._group: List[int] = []  # the requests of the last group yielded
         self._since: List[int] = []  # computations since
         self._pending: List[int] = []  # requests posted since the last yield
 
-    def name(self, root: np.ndarray, name: str) -> None:
-        """Call the memory of ``root`` ``name`` (``src``, ``dst``)."""
-        self._roots.append((root, name))
-        self.buffers[name] = root.nbytes
+    def name(self, arr: np.ndarray, name: str) -> None:
+        """Call the memory of ``arr`` ``name`` (``dst``, ``src``: the call's own arrays, named
+        first, so a slice inside one of them is named by it; then scratch buffers)."""
+        start = _addr(arr)
+        self._ranges.append((start, start + arr.nbytes, name, arr))
+        self.buffers[name] = arr.nbytes
 
     def slice_of(self, arr: np.ndarray) -> Slice:
         if arr.size and not arr.flags.c_contiguous:
             raise NotLowerable("a buffer that is not contiguous")
-        root = _root(arr)
-        start = _addr(arr)
-        for r, name in self._roots:
-            if r is root or (r.nbytes and _addr(r) <= start and start + arr.nbytes <= _addr(r) + r.nbytes):
-                return (name, start - _addr(r), arr.nbytes)
+        start, end = _addr(arr), _addr(arr) + arr.nbytes
+        for lo, hi, name, _ in self._ranges:
+            if lo <= start and end <= hi and (arr.nbytes or lo < hi or start == lo):
+                return (name, start - lo, arr.nbytes)
+        root = _root(arr)  # memory of the algorithm's own: a scratch buffer, all of its owner
         name = f"scratch{sum(1 for n in self.buffers if n.startswith('scratch'))}"
         self.name(root, name)
         return (name, start - _addr(root), arr.nbytes)
@@ -141,12 +144,18 @@ class _Observer:
 
     def __init__(self) -> None:
         self.rec: Optional[Recorder] = None
+        self.thread = threading.get_ident()  # (other threads' collectives are not recorded)
+
+    def _mine(self) -> Optional[Recorder]:
+        return self.rec if threading.get_ident() == self.thread else None
 
     def reducer(self, op: ReduceOp, dtype: np.dtype, fn: Any) -> Any:
+        if self._mine() is None:
+            return fn
         name = ("sum" if op is ReduceOp.AVG else op.name.lower())
 
         def recorded(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-            rec = self.rec
+            rec = self._mine()
             if rec is not None and out.size:
                 slices = {"a": rec.slice_of(a), "b": rec.slice_of(b), "out": rec.slice_of(out)}
                 rec.add(Instr("reduce", slices, op=name, dtype=str(out.dtype)), False)
@@ -154,14 +163,14 @@ class _Observer:
         return recorded
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        rec = self.rec
+        rec = self._mine()
         if rec is not None and dst.size:
             if src.dtype != dst.dtype or src.shape != dst.shape:
                 raise NotLowerable("a copy between arrays of different shapes")
             rec.add(Instr("copy", {"src": rec.slice_of(src), "dst": rec.slice_of(dst)}), False)
 
     def avg(self, buf: np.ndarray, n: int) -> None:
-        rec = self.rec
+        rec = self._mine()
         if rec is not None:
             rec.add(Instr("avg", {"buf": rec.slice_of(buf)}, dtype=str(buf.dtype), n=n), False)
 
@@ -170,9 +179,9 @@ def record(team: Any, call: Any, name: str) -> Program:
     """The program of ``team``'s rank for ``call`` (a :class:`pycoll.collectives.Call`) with
     algorithm ``name``, not yet checked against the algorithm (see :func:`lower`)."""
     rec = Recorder(team.rank)
-    rec.name(_root(call.dst), "dst")
-    if call.src is not call.dst and _root(call.src) is not _root(call.dst):
-        rec.name(_root(call.src), "src")
+    rec.name(call.dst, "dst")
+    if call.src is not call.dst:
+        rec.name(call.src, "src")
     observer = _Observer()
     previous, ops.observer = ops.observer, observer
     try:

@@ -90,8 +90,12 @@ def test_malformed_programs_are_rejected():
     def self_peer(d):
         d["instructions"][0]["peer"] = 0
 
+    def far_step(d):
+        d["instructions"][0]["step"] = 1 << 31
+
     for change, words in ((out_of_bounds, "lies outside"), (forward, "no cycles"), (unknown, "unknown kind"),
-                          (no_buffer, "does not have"), (self_peer, "not another rank")):
+                          (no_buffer, "does not have"), (self_peer, "not another rank"),
+                          (far_step, "not in 0..4095")):
         with pytest.raises(ProgramError, match=words):
             from_json(_edit(p, change))
     with pytest.raises(ProgramError, match="not a pycoll program"):
@@ -131,8 +135,24 @@ def test_run_program_in_process_and_wrong_rank():
             assert np.array_equal(o, sum(xs))
         with pytest.raises(ProgramError, match="rank 1 of 4 given to rank 0"):
             teams[0].run_program(programs[1], xs[0], outs[0])
-        with pytest.raises(ProgramError, match="for 10 x float32 given 5"):
+        with pytest.raises(ProgramError, match="of 10 x float32 given allreduce of 5 x"):
             teams[0].run_program(programs[0], xs[0][:5], outs[0][:5])
+        with pytest.raises(ProgramError, match="for op sum given max"):
+            teams[0].run_program(programs[0], xs[0], outs[0], "max")
+        with pytest.raises(ProgramError, match="out of place given a call in place"):
+            teams[0].run_program(programs[0], xs[0])
+        bcast = lower("bcast", "knomial", n, 10, root=0)
+        with pytest.raises(ProgramError, match="for root 0 given root 2"):
+            teams[0].run_program(bcast[0], xs[0], 2)
+        edited = lower("allreduce", "knomial", n, 10)[0]
+        recv = next(i for i in edited.instrs if i.kind == "recv")
+        recv.slices["buf"] = ("dst", 0, 4000)  # (a program changed after it was loaded is checked again)
+        with pytest.raises(ProgramError, match="lies outside"):
+            teams[0].run_program(edited, xs[0], outs[0])
+        # none of these took a sequence number: the ranks still agree, the next program runs
+        reqs = [t.run_program(p, x, o) for t, p, x, o in zip(teams, programs, xs, outs)]
+        for r in reqs:
+            r.wait(timeout=30)
     finally:
         for t in teams:
             t.close()

@@ -22,7 +22,7 @@ import numpy as np
 
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import PeerLostError, TransportError
-from pycoll.lower.program import Program, ProgramError
+from pycoll.lower.program import SLICES, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
 from pycoll.tasks.task import Task
 
@@ -58,7 +58,8 @@ class NativeProgram:
             c.peer, c.step = ins.peer, ins.step
             c.ndeps, c.dep0 = len(ins.deps), len(deps)
             deps.extend(ins.deps)
-            for k, (buf, off, nbytes) in enumerate(ins.slices.values()):
+            for k, field in enumerate(SLICES[ins.kind]):  # (the order the C code reads them in)
+                buf, off, nbytes = ins.slices[field]
                 c.buf[k], c.off[k], c.len[k] = index[buf], off, nbytes
             if ins.kind == "reduce":
                 dt = np.dtype(ins.dtype)
@@ -96,6 +97,7 @@ class UCXProgramTask(Task):
         e.ins, e.deps, e.bufs = prepared.ins, prepared.deps, self._bufs
         e.reqs, e.state = self._reqs, self._state
         self._keep: List[Any] = []
+        self._running = False
 
     @property
     def program(self) -> Program:
@@ -129,6 +131,8 @@ class UCXProgramTask(Task):
             self._keep.append(ptr)
             self._bufs[i] = ffi.cast("char *", ptr)
         prepared.lib.pc_exec_start(self.e, prepared.transport.untagged_base(self.args.channel.key))
+        prepared.transport.native_started()
+        self._running = True
         self.progress()
 
     def progress(self) -> None:
@@ -138,6 +142,7 @@ class UCXProgramTask(Task):
             if rc == lib.PC_EXEC_RUNNING:
                 return
             if rc == lib.PC_EXEC_DONE:
+                self._ended()
                 self._keep = []
                 self.complete()
                 return
@@ -150,11 +155,25 @@ class UCXProgramTask(Task):
                 continue
             raise self._failure()
 
+    def _ended(self) -> None:
+        if self._running:
+            self._running = False
+            self.prepared.transport.native_ended()
+
+    def _give_up(self) -> None:
+        """Cancel what is posted; if UCX still holds requests (and so this task's buffers), the
+        transport keeps the task until they finish."""
+        lib = self.prepared.lib
+        lib.pc_exec_abort(self.e)
+        self._ended()
+        if lib.pc_exec_reap(self.e):
+            self.prepared.transport.keep_until_done(self, lambda: lib.pc_exec_reap(self.e) == 0)
+
     def _failure(self) -> TransportError:
         e, t = self.e, self.prepared.transport
         i = e.failed
         ins = self.prepared.program.instrs[i]
-        self.prepared.lib.pc_exec_abort(e)
+        self._give_up()
         what = f"{self.name}: instruction {i} ({ins.kind}"
         what += f" of {ins.slices['buf'][2]} B with rank {ins.peer})" if ins.kind in ("send", "recv") else ")"
         if ins.kind in ("send", "recv") and t.error_flags()[ins.peer]:
@@ -163,8 +182,7 @@ class UCXProgramTask(Task):
         return TransportError(f"{what} failed: {t.status_text(e.status)}")
 
     def on_cancel(self) -> None:
-        self.prepared.lib.pc_exec_abort(self.e)
-        self._keep = []
+        self._give_up()
 
     def describe(self) -> str:
         e = self.e

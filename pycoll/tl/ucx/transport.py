@@ -368,6 +368,8 @@ class UCXTransport(Transport):
         self.limited = limit_sends(self) is not None
         self._programs: Dict[int, Any] = {}  # id(program) -> (program, its NativeProgram)
         self._eps_array: Any = None
+        self._native = 0  # native programs running (their receives are UCP's, not the stash's)
+        self._held: List[Tuple[Any, Callable[[], bool]]] = []  # given-up tasks UCX still uses
 
     def _bootstrap(self) -> None:
         w = self._w
@@ -742,6 +744,8 @@ class UCXTransport(Transport):
             moved += self._test_pulls()
         if self._watch_errors and _lib.pc_ucx_first_error(self._errflags, self.size) >= 0:
             self._peer_errors()
+        if self._held:
+            self._held = [h for h in self._held if not h[1]()]
         return moved
 
     def _test_pulls(self) -> int:
@@ -797,6 +801,20 @@ class UCXTransport(Transport):
         """UCX's words for status ``st``."""
         return _status(st)
 
+    def native_started(self) -> None:
+        """A native program started: until it ends, :meth:`poll_unexpected` takes nothing into the
+        stash (the program's receives are posted to UCP by C and would not see it)."""
+        self._native += 1
+
+    def native_ended(self) -> None:
+        """A native program finished, failed or was cancelled."""
+        self._native -= 1
+
+    def keep_until_done(self, owner: Any, done: Callable[[], bool]) -> None:
+        """Keep ``owner`` (and so the buffers UCX still uses) until ``done()``, asked as the
+        transport progresses."""
+        self._held.append((owner, done))
+
     def untagged_base(self, key: tuple) -> int:
         """The wire tag of untagged collective ``key`` (``("c", seq)``) without sender and step."""
         if key[0] != "c":
@@ -840,6 +858,8 @@ class UCXTransport(Transport):
 
     def poll_unexpected(self) -> None:
         _lib.pc_ucx_progress(self.worker, 16)
+        if self._native:  # (credit-blocked work starts on demand once the native programs are done)
+            return
         self._pull(self.team_bits, _TEAM_FIELD)
         if self._pulls:
             self._test_pulls()
