@@ -92,6 +92,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {coll:<10} {', '.join(table)}{extra}")
         if coll == "allreduce":
             print(f"  {'':<10} (mapped: for arrays of team.alloc, whatever the table says)")
+    print("\nprograms (pycoll lower; team.run_program runs one: natively over UCX, else in Python):")
+    print(f"  lowered: {', '.join(lowerable())}")
     print("\nselection (first match wins; PYCOLL_TUNE rules come first):")
     for rule in algorithms.rules():
         print(f"  {rule}")
@@ -193,6 +195,24 @@ def cmd_lower(args: argparse.Namespace) -> int:
     else:
         print(programs[args.rank].dumps())
     return 0
+
+
+def lowerable(n: int = 4) -> List[str]:
+    """``coll:algorithm`` of every algorithm that lowers to programs (tried on ``n`` in-process
+    ranks, 8 elements, and checked against the algorithm)."""
+    from pycoll import algorithms
+    from pycoll.lower import NotLowerable, lower
+    from pycoll.lower.record import LOWERED
+
+    found = []
+    for coll in LOWERED:
+        for name in algorithms.ALGORITHMS[coll]:
+            try:
+                lower(coll, name, n, 0 if coll == "barrier" else 8)
+            except NotLowerable:  # (schedules of tasks, the segment's forms, ...)
+                continue
+            found.append(f"{coll}:{name}")
+    return found
 
 
 def cmd_trace_merge(args: argparse.Namespace) -> int:

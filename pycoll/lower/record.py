@@ -188,7 +188,10 @@ def record(team: Any, call: Any, name: str) -> Program:
         args = team.planner.args(call, ("c", 0), name, {})
         args.channel = RecordingChannel(rec)
         observer.rec = rec
-        task = algorithms.get(call.coll, name)(args)
+        try:
+            task = algorithms.get(call.coll, name)(args)
+        except (ValueError, TypeError) as exc:  # (the segment's forms need a shared segment, ...)
+            raise NotLowerable(f"{call.coll}:{name} cannot be built on an in-process team: {exc}") from None
         if not isinstance(task, StepTask) or task.n_deps:
             raise NotLowerable(f"{call.coll}:{name} is {type(task).__name__}, not one step generator")
         with np.errstate(all="ignore"):  # (it computes on whatever the receives left: nothing arrived)

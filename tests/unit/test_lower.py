@@ -64,6 +64,9 @@ def test_cli_prints_a_program(capsys):
     assert (p.rank, p.size, p.count, p.coll) == (0, 8, 1024, "allreduce")
     assert cli(["lower", "bcast", "--algorithm", "knomial", "-n", "3"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
+    assert cli(["info"]) == 0  # pycoll info says which algorithms lower
+    listed = capsys.readouterr().out.split("lowered: ")[1].split("\n")[0].split(", ")
+    assert sorted(listed) == sorted(f"{c}:{a}" for c, a in p2p_algorithms())
 
 
 def _edit(program, change):
