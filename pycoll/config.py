@@ -220,6 +220,11 @@ _declare("PYCOLL_CHECK", "auto", parse_check,
          "collectives of each team (and uses of each tag), then those whose number is a power of two; "
          "all = every one; off = none. (The segment's collectives always check.) Must be equal on all "
          "ranks.")
+_declare("PYCOLL_NATIVE_PROGRAMS", "1", parse_flag,
+         "1: the point-to-point algorithms that lower to programs (pycoll info lists them) run as native "
+         "programs where the team's transport has an executor (UCX), for untagged calls on an engine "
+         "without a credit or bandwidth limit: no Python per step. 0: they run in Python. Read when a "
+         "team is made.")
 _declare("PYCOLL_ABORT_ON_ERROR", "1", parse_flag,
          "1: an uncaught exception on a rank of an MPI job ends the whole job (MPI_Abort at exit, as "
          "'python -m mpi4py' does), instead of the rank waiting in MPI_Finalize while its peers wait "

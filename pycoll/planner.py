@@ -24,6 +24,7 @@ from pycoll.dtypes import element_code
 from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
 from pycoll.errors import MismatchError, PycollError, RevokedError
+from pycoll.lower.record import NATIVE, NotLowerable, record
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
@@ -74,6 +75,7 @@ class Planner:
         self._plan_bytes = 0  # the nbytes of the kept collectives (MAX_PLAN_BYTES)
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
+        self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
@@ -264,11 +266,29 @@ class Planner:
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
+        if tag is None and (coll, name) in NATIVE and self._native_programs:
+            task = self.native(task, call, name, args)
         task.plan_name = name
         task.owner = self
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
+
+    def native(self, task: Task, call: Call, name: str, args: CollArgs) -> Task:
+        """``task`` as a native program where the team's transport runs them
+        (``program_task``; UCX) and the engine has no credit limit; else ``task`` itself."""
+        make = getattr(self.team.transport, "program_task", None)
+        if make is None or self.ctx.credit_bytes:
+            return task
+        try:
+            program = record(self.team, call, name)
+        except NotLowerable:
+            return task
+        native = make(args, program, self.ctx.credit_bytes)
+        if native is None:
+            return task
+        native.plan_name = name
+        return native
 
     def checked(self, task: Task, call: Call, key: tuple) -> Task:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
@@ -307,7 +327,7 @@ class Planner:
         else:
             name = algorithm
         return (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
-                call.rlayout, tuple(sorted(options.items())) if options else ())
+                call.rlayout, tag is None, tuple(sorted(options.items())) if options else ())
 
     def select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         """The default algorithm of ``coll`` for ``nbytes`` on this team (cached)."""

@@ -1,9 +1,9 @@
-"""Lowering: record what a built-in (or a user's) algorithm does on every rank as programs.
+"""Lowering: record what a built-in (or a user's) algorithm does on a rank as a program.
 
-:func:`lower` builds the algorithm's task for each rank of an in-process team (the arguments the
-team would give it) and runs its generator straight through on a channel that records instead of
-sending: every request it yields is done at once, so the control flow (which never depends on the
-data in these algorithms) goes through every step. What it records:
+:func:`record` builds the algorithm's task for one rank (the arguments its team would give it,
+on buffers of the call's shapes of its own) and runs its generator straight through on a channel
+that records instead of sending: every request it yields is done at once, so the control flow
+(which never depends on the data in these algorithms) goes through every step. What it records:
 
 - each ``isend`` / ``irecv`` / ``exchange`` as send and receive instructions, on the step number
   the algorithm gave;
@@ -15,32 +15,40 @@ any other (an algorithm's scratch, a temporary) becomes a scratch buffer of the 
 slices located by address. Each instruction depends on the requests of the last group the
 algorithm waited for and on the computations since: the order in which the generator would run.
 
-An algorithm may compute in ways the recorder does not see (numpy calls of its own): so the
-programs are then run (:mod:`pycoll.lower.execute`, in-process) against the algorithm itself on
-the same data, and :func:`lower` raises :class:`NotLowerable` unless every rank's output has the
-same bits. Algorithms that are not one generator (schedules of tasks, the shared segment's
-native collectives) are not lowered either.
+An algorithm may compute in ways the recorder does not see (numpy calls of its own): so
+:func:`pycoll.lower.verify.lower` runs the programs against the algorithm itself on the same data
+on every rank of an in-process team, and the planner takes the native path only for the
+algorithms in :data:`NATIVE` (each checked so by the tests). Algorithms that are not one generator
+(schedules of tasks, the shared segment's native collectives) are not lowered.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll import algorithms, ops
 from pycoll.algorithms.base import StepTask
 from pycoll.errors import PycollError
-from pycoll.lower.execute import run_program
-from pycoll.lower.program import Instr, Program, Slice, check_set
+from pycoll.lower.program import Instr, Program, Slice
 from pycoll.ops import ReduceOp
-from pycoll.team import local_teams
 from pycoll.tl.base import Channel, TransportRequest
 
 #: The collectives :func:`lower` takes (with equal blocks; the v-forms not yet).
 LOWERED = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "gather", "scatter",
            "barrier")
+
+
+#: The algorithms whose every program the tests check against the algorithm: the planner runs them
+#: as native programs where the team's transport has an executor (PYCOLL_NATIVE_PROGRAMS).
+NATIVE = frozenset({
+    ("allreduce", "rd"), ("allreduce", "knomial"), ("reduce", "knomial"), ("reduce", "rs_gather"),
+    ("bcast", "knomial"), ("bcast", "scatter_allgather"), ("allgather", "bruck"), ("allgather", "rd"),
+    ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
+    ("alltoall", "pairwise"), ("gather", "knomial"), ("gather", "linear"), ("scatter", "knomial"),
+    ("scatter", "linear"), ("barrier", "dissemination")})
 
 
 class NotLowerable(PycollError):
@@ -175,9 +183,26 @@ class _Observer:
             rec.add(Instr("avg", {"buf": rec.slice_of(buf)}, dtype=str(buf.dtype), n=n), False)
 
 
+def _own_buffers(call: Any) -> Any:
+    """``call`` on fresh buffers of the same shapes, ``src`` placed in ``dst`` as the caller's
+    is (the same array in place, or a view of it: an allgather's own block)."""
+    dst = np.empty_like(call.dst)
+    src = call.src
+    if src is call.dst:
+        src = dst
+    else:
+        off = _addr(src) - _addr(call.dst)
+        if src.nbytes and 0 <= off and off + src.nbytes <= call.dst.nbytes:
+            src = dst.view(np.uint8)[off:off + src.nbytes].view(src.dtype)
+        else:
+            src = np.empty_like(src)
+    return call._replace(src=src, dst=dst)
+
+
 def record(team: Any, call: Any, name: str) -> Program:
     """The program of ``team``'s rank for ``call`` (a :class:`pycoll.collectives.Call`) with
     algorithm ``name``, not yet checked against the algorithm (see :func:`lower`)."""
+    call = _own_buffers(call)  # (the recording computes on what no message brought: not the caller's)
     rec = Recorder(team.rank)
     rec.name(call.dst, "dst")
     if call.src is not call.dst:
@@ -202,82 +227,3 @@ def record(team: Any, call: Any, name: str) -> Program:
         observer.rec = None
     return Program(call.coll, name, team.rank, team.size, call.dst.size, str(call.dst.dtype),
                    call.op.name.lower(), call.root, call.src is call.dst, dict(rec.buffers), rec.instrs)
-
-
-def lower(coll: str, algorithm: str, size: int, count: int, dtype: Any = "float32", op: Any = "sum",
-          root: int = 0, in_place: bool = False, verify: bool = True) -> List[Program]:
-    """The programs (rank 0 first) of ``coll`` by ``algorithm`` on ``size`` ranks for ``count``
-    elements of ``dtype``: recorded on an in-process team, checked as a set, and (``verify``) run
-    against the algorithm on the same inputs. Raises :class:`NotLowerable` for an algorithm that
-    cannot be lowered, naming why."""
-    teams = local_teams(size)
-    try:
-        calls = [make_call(t, coll, count, dtype, op, root, in_place, seed=0) for t in teams]
-        programs = [record(t, c, algorithm) for t, c in zip(teams, calls)]
-        check_set(programs)
-        if verify:
-            compare(programs, teams, coll, count, dtype, op, root, in_place)
-    finally:
-        for t in teams:
-            t.close()
-    return programs
-
-
-def inputs(rank: int, coll: str, size: int, count: int, dtype: Any, seed: int) -> np.ndarray:
-    """Rank ``rank``'s input for a lowering check: small integers (exact in any order), distinct
-    per rank and per seed."""
-    n = count * size if coll in ("alltoall", "reduce_scatter", "scatter") else count
-    values = (np.arange(n, dtype=np.int64) * 7 + rank * 13 + seed * 5) % 11 - 5
-    dt = np.dtype(dtype)
-    if dt.kind in "ub":
-        values = np.abs(values)
-    return values.astype(dt)
-
-
-def make_call(team: Any, coll: str, count: int, dtype: Any, op: Any, root: int, in_place: bool,
-              seed: int) -> Any:
-    """The checked call of ``coll`` on ``team`` with fresh inputs (see :func:`inputs`): what
-    lowering records and compares with, and what a test runs a program on."""
-    x = inputs(team.rank, coll, team.size, count, dtype, seed)
-    if coll in ("allreduce",):
-        return team.call(coll, x, None if in_place else np.empty_like(x), op)
-    if coll == "reduce":
-        return team.call(coll, x, None if in_place else np.empty_like(x), op, root)
-    if coll == "bcast":
-        return team.call(coll, x, root)
-    if coll == "allgather":
-        return team.call(coll, x, np.empty(x.size * team.size, x.dtype))
-    if coll == "reduce_scatter":
-        return team.call(coll, x, np.empty(count, x.dtype), op)
-    if coll == "alltoall":
-        return team.call(coll, x, np.empty_like(x))
-    if coll == "gather":
-        return team.call(coll, x, np.empty(count * team.size, x.dtype) if team.rank == root else None, root)
-    if coll == "scatter":
-        return team.call(coll, x if team.rank == root else None, np.empty(count, x.dtype), root)
-    if coll == "barrier":
-        return team.call(coll)
-    raise NotLowerable(f"lowering {coll} is not supported yet (one of: {', '.join(LOWERED)})")
-
-
-def compare(programs: Sequence[Program], teams: Sequence[Any], coll: str, count: int, dtype: Any, op: Any,
-            root: int, in_place: bool) -> None:
-    """Run ``programs`` and the algorithm they came from on ``teams`` (in-process, one per rank)
-    with the same inputs; raise NotLowerable unless every rank's output has the same bits."""
-    algorithm = programs[0].algorithm
-    outs: List[List[np.ndarray]] = []
-    for lowered in (False, True):
-        calls = [make_call(t, coll, count, dtype, op, root, in_place, seed=1) for t in teams]
-        if lowered:
-            reqs = [run_program(t, p, c) for t, p, c in zip(teams, programs, calls)]
-        else:
-            reqs = [t.planner.post(c, 0, None, algorithm, None, {}) for t, c in zip(teams, calls)]
-        for r in reqs:
-            r.wait(timeout=60)
-        outs.append([c.dst.copy() for c in calls])
-    for r, (want, got) in enumerate(zip(*outs)):
-        if coll in ("reduce", "gather") and r != root:
-            continue
-        if want.tobytes() != got.tobytes():
-            raise NotLowerable(f"{coll}:{algorithm} computes in ways the recording does not see: rank {r}'s "
-                               "output from its program differs from the algorithm's")

@@ -124,6 +124,15 @@ class Traffic:
         c[0] += nbytes
         c[2] += 1
 
+    def add(self, peer: Hashable, counts: Sequence[int]) -> None:
+        """Count ``counts`` (sent, received, messages sent, messages received) with ``peer`` at
+        once (a native program's, when it completes)."""
+        c = self._peers.get(peer)
+        if c is None:
+            c = self._peers[peer] = [0, 0, 0, 0]
+        for i in range(4):
+            c[i] += counts[i]
+
     def received(self, peer: Hashable, nbytes: int) -> None:
         """Count a completed receive of ``nbytes`` bytes from ``peer``."""
         c = self._peers.get(peer)

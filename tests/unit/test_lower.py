@@ -11,18 +11,18 @@ import pycoll
 from pycoll import algorithms
 from pycoll.cli import main as cli
 from pycoll.lower import NotLowerable, ProgramError, check_set, from_json, loads, lower
-from pycoll.lower.record import LOWERED
+from pycoll.lower.record import LOWERED, NATIVE
 
 #: What does not lower, and why (a schedule of tasks, or numpy calls the recording does not see).
 NOT_LOWERED = {("allreduce", "ring"), ("allreduce", "rab"), ("allreduce", "split_rail"),
                ("alltoall", "bruck")}
-NATIVE = {"shm", "cma", "mapped", "hier"}
+SEGMENT = {"shm", "cma", "mapped", "hier"}
 
 
 def p2p_algorithms():
     for coll in LOWERED:
         for name in algorithms.ALGORITHMS[coll]:
-            if name not in NATIVE and (coll, name) not in NOT_LOWERED:
+            if name not in SEGMENT and (coll, name) not in NOT_LOWERED:
                 yield coll, name
 
 
@@ -67,6 +67,7 @@ def test_cli_prints_a_program(capsys):
     assert cli(["info"]) == 0  # pycoll info says which algorithms lower
     listed = capsys.readouterr().out.split("lowered: ")[1].split("\n")[0].split(", ")
     assert sorted(listed) == sorted(f"{c}:{a}" for c, a in p2p_algorithms())
+    assert NATIVE == set(p2p_algorithms())  # the planner's native path: exactly what is checked here
 
 
 def _edit(program, change):

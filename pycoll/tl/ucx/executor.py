@@ -66,6 +66,14 @@ class NativeProgram:
                 c.op, c.dtype = OP_CODES[ReduceOp[ins.op.upper()]], DTYPE_CODES[dt]
                 c.count = ins.slices["out"][2] // dt.itemsize
         self.deps = ffi.new("int32_t[]", deps or [0])
+        #: What a call moves, per peer: [sent, received, messages sent, messages received].
+        self.traffic: Dict[int, List[int]] = {}
+        for ins in program.instrs:
+            if ins.kind in ("send", "recv"):
+                c = self.traffic.setdefault(ins.peer, [0, 0, 0, 0])
+                k = 0 if ins.kind == "send" else 1
+                c[k] += ins.slices["buf"][2]
+                c[k + 2] += 1
         self.reduce = _reduce_kernel(ffi)
         self.avg = {i: (ins.slices["buf"], np.dtype(ins.dtype), ins.n)
                     for i, ins in enumerate(program.instrs) if ins.kind == "avg"}
@@ -142,6 +150,9 @@ class UCXProgramTask(Task):
             if rc == lib.PC_EXEC_RUNNING:
                 return
             if rc == lib.PC_EXEC_DONE:
+                traffic = self.prepared.transport.traffic
+                for peer, counts in self.prepared.traffic.items():
+                    traffic.add(peer, counts)
                 self._ended()
                 self._keep = []
                 self.complete()

@@ -824,8 +824,8 @@ class UCXTransport(Transport):
     def program_task(self, args: Any, program: Any, credit_bytes: int) -> Any:
         """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.ucx.executor`),
         or None where it must run in Python: under a credit limit (``credit_bytes``), a bandwidth
-        limit, or for a tagged key."""
-        if credit_bytes or self.limited or args.channel.key[0] != "c" or self._closed:
+        limit, or for a tagged key (``("unkeyed",)``: a task being built, keyed untagged later)."""
+        if credit_bytes or self.limited or args.channel.key[0] not in ("c", "unkeyed") or self._closed:
             return None
         from pycoll.tl.ucx.executor import NativeProgram, UCXProgramTask  # noqa: PLC0415
 

@@ -11,7 +11,8 @@ from mpi4py import MPI
 import pycoll
 from pycoll import Team, algorithms
 from pycoll.lower import loads, lower
-from pycoll.lower.record import LOWERED, NotLowerable, make_call
+from pycoll.lower.record import LOWERED, NotLowerable
+from pycoll.lower.verify import make_call
 from tests.rank import run_rank
 
 
