@@ -82,3 +82,11 @@ def test_dying_rank_is_an_error_not_a_hang(peer_errors, store_ranks):
     took = float(outs[0].split("ERROR", 1)[1].split()[1])
     print(outs[0])
     assert took < 15, outs[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_matrix_over_ucx_as_native_programs(n, mpirun):
+    """The whole collective matrix (every dtype x op, every algorithm, checked against numpy) on a
+    UCX team, where the lowerable algorithms run as native programs (PYCOLL_NATIVE_PROGRAMS: on)."""
+    need_ucx()
+    mpirun(n, "tests/coll/scripts/matrix.py", "1", "20000", timeout=240, env={"PYCOLL_TLS": "ucx,mpi"})
