@@ -9,37 +9,7 @@
  * checked when the program was loaded (slices inside their buffers, dependencies earlier ones);
  * the executor checks the peer and kind again before touching memory.
  */
-#include <stdint.h>
-
-enum { PC_I_SEND = 0, PC_I_RECV = 1, PC_I_REDUCE = 2, PC_I_COPY = 3, PC_I_AVG = 4 };
-enum { PC_EXEC_RUNNING = 0, PC_EXEC_DONE = 1, PC_EXEC_PYTHON = 2, PC_EXEC_FAILED = -1 };
-enum { PC_S_WAITING = 0, PC_S_POSTED = 1, PC_S_DONE = 2 };
-
-typedef struct {
-    int32_t kind, peer, step, op, dtype, ndeps, dep0, pad;
-    int32_t buf[3];
-    int32_t pad2;
-    uint64_t off[3];
-    uint64_t len[3];
-    uint64_t count; /* reduce: elements */
-} pc_instr_t;
-
-typedef int (*pc_reduce_fn)(int, int, void *, const void *, const void *, size_t);
-
-typedef struct {
-    ucp_worker_h worker;
-    ucp_ep_h *eps;
-    const int *errflags;
-    pc_reduce_fn reduce;
-    int32_t rank, size, n, nbufs;
-    int32_t next, lo, failed, status;
-    uint64_t base;
-    const pc_instr_t *ins;
-    const int32_t *deps;
-    char **bufs;
-    void **reqs;
-    uint8_t *state;
-} pc_exec_t;
+#include "exec_ucx.h"
 
 static char *pc_exec_at(pc_exec_t *e, const pc_instr_t *in, int k)
 {

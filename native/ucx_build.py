@@ -61,33 +61,10 @@ void pc_ucx_cancel(ucp_worker_h worker, void *req);
 unsigned pc_ucx_progress(ucp_worker_h worker, int max);
 int pc_ucx_print_info(ucp_context_h ctx, ucp_worker_h worker, const char *path);
 
-#define PC_EXEC_RUNNING ...
-#define PC_EXEC_DONE ...
-#define PC_EXEC_PYTHON ...
-#define PC_EXEC_FAILED ...
-typedef struct {
-    int32_t kind, peer, step, op, dtype, ndeps, dep0, pad;
-    int32_t buf[3];
-    int32_t pad2;
-    uint64_t off[3];
-    uint64_t len[3];
-    uint64_t count;
-} pc_instr_t;
-typedef int (*pc_reduce_fn)(int, int, void *, const void *, const void *, size_t);
-typedef struct {
-    ucp_worker_h worker;
-    ucp_ep_h *eps;
-    const int *errflags;
-    pc_reduce_fn reduce;
-    int32_t rank, size, n, nbufs;
-    int32_t next, lo, failed, status;
-    uint64_t base;
-    const pc_instr_t *ins;
-    const int32_t *deps;
-    char **bufs;
-    void **reqs;
-    uint8_t *state;
-} pc_exec_t;
+"""
+with open(os.path.join(HERE, "exec_ucx.h")) as _header:  # the executor's records, shared with exec_ucx.c
+    CDEF += "".join(line for line in _header if not line.startswith("#"))
+CDEF += """
 void pc_exec_start(pc_exec_t *e, uint64_t base);
 void pc_exec_did(pc_exec_t *e, int i);
 int pc_exec_progress(pc_exec_t *e);
@@ -107,7 +84,7 @@ if INCLUDE is not None:
     ffibuilder.set_source(
         "pycoll._ucx",
         source,
-        include_dirs=[INCLUDE],
+        include_dirs=[INCLUDE, HERE],
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
     )
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Generator, Optional
 
 import numpy as np
 
-from pycoll.algorithms.base import CollArgs, StepTask, Waitable
+from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.engine.request import Request
 from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
@@ -21,8 +21,14 @@ from pycoll.ops import ReduceOp, finish_avg, reducer
 _U8 = np.uint8
 
 
-def _wire(arr: np.ndarray) -> np.ndarray:
-    return arr.reshape(-1).view(_U8)
+def call_bytes(call: Any, name: str, program: Program) -> np.ndarray:
+    """The bytes of ``call``'s ``src`` or ``dst`` (a call or a task's args), as the program addresses
+    them; :class:`ProgramError` unless they are as many as the program was made for."""
+    wire = as_wire((call.dst if name == "dst" else call.src).reshape(-1))
+    if wire.nbytes != program.buffers[name]:
+        raise ProgramError(f"the program's {name} has {program.buffers[name]} B; this call's has "
+                           f"{wire.nbytes} B")
+    return wire
 
 
 class ProgramTask(StepTask):
@@ -42,13 +48,9 @@ class ProgramTask(StepTask):
     def _buffers(self) -> Dict[str, np.ndarray]:
         a, prog = self.args, self.program
         bufs = dict(self._scratch_bytes)
-        bufs["dst"] = _wire(a.dst)
-        if "src" in prog.buffers:
-            bufs["src"] = _wire(a.src)
         for name in ("src", "dst"):
-            if name in prog.buffers and bufs[name].nbytes != prog.buffers[name]:
-                raise ProgramError(f"the program's {name} has {prog.buffers[name]} B; this call's has "
-                                   f"{bufs[name].nbytes} B")
+            if name in prog.buffers:
+                bufs[name] = call_bytes(a, name, prog)
         return bufs
 
     def run(self) -> Generator[Waitable, None, None]:
@@ -96,11 +98,9 @@ def fits(program: Program, team: Any, call: Any) -> None:
     if call.coll != program.coll or call.dst.size != program.count or str(call.dst.dtype) != program.dtype:
         raise ProgramError(f"a program for {program.coll} of {program.count} x {program.dtype} given "
                            f"{call.coll} of {call.dst.size} x {call.dst.dtype}")
-    sizes = {"dst": call.dst.nbytes, "src": call.src.nbytes}
     for name in ("src", "dst"):
-        if name in program.buffers and program.buffers[name] != sizes[name]:
-            raise ProgramError(f"the program's {name} has {program.buffers[name]} B; this call's has "
-                               f"{sizes[name]} B")
+        if name in program.buffers:
+            call_bytes(call, name, program)
     if (call.src is call.dst) != program.in_place:
         raise ProgramError(f"a program made {'in' if program.in_place else 'out of'} place given a call "
                            f"{'out of' if program.in_place else 'in'} place")

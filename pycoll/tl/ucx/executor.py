@@ -22,6 +22,7 @@ import numpy as np
 
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import PeerLostError, TransportError
+from pycoll.lower.execute import call_bytes
 from pycoll.lower.program import SLICES, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
 from pycoll.tasks.task import Task
@@ -119,11 +120,6 @@ class UCXProgramTask(Task):
         a.channel.rekey(key)
         self.reset()
 
-    def _wire(self, name: str) -> np.ndarray:
-        a = self.args
-        arr = a.dst if name == "dst" else a.src
-        return arr.reshape(-1).view(_U8)
-
     def post(self) -> None:
         prepared, ffi = self.prepared, self.prepared.ffi
         program = prepared.program
@@ -131,10 +127,7 @@ class UCXProgramTask(Task):
         for i, name in enumerate(("src", "dst")):
             if name not in program.buffers:
                 continue
-            wire = self._wire(name)
-            if wire.nbytes != program.buffers[name]:
-                raise ProgramError(f"the program's {name} has {program.buffers[name]} B; this call's has "
-                                   f"{wire.nbytes} B")
+            wire = call_bytes(self.args, name, program)
             ptr = ffi.from_buffer(wire)
             self._keep.append(ptr)
             self._bufs[i] = ffi.cast("char *", ptr)
@@ -160,7 +153,7 @@ class UCXProgramTask(Task):
             if rc == lib.PC_EXEC_PYTHON:
                 i = e.next
                 (buf, off, nbytes), dt, n = self.prepared.avg[i]
-                arr = self._wire(buf) if buf in ("src", "dst") else self.scratch[buf]
+                arr = call_bytes(self.args, buf, self.program) if buf in ("src", "dst") else self.scratch[buf]
                 finish_avg(arr[off:off + nbytes].view(dt), n)
                 lib.pc_exec_did(e, i)
                 continue

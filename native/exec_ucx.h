@@ -1,0 +1,39 @@
+/* The program executor's instruction and state records (native/exec_ucx.c), read by the cffi
+ * build (native/ucx_build.py) into pycoll._ucx's declarations: one definition for both. Lines that
+ * start with '#' are left out of those declarations; ucp_worker_h and ucp_ep_h come from ucp.h. */
+#ifndef PYCOLL_EXEC_UCX_H
+#define PYCOLL_EXEC_UCX_H
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+
+enum { PC_I_SEND = 0, PC_I_RECV = 1, PC_I_REDUCE = 2, PC_I_COPY = 3, PC_I_AVG = 4 };
+enum { PC_EXEC_RUNNING = 0, PC_EXEC_DONE = 1, PC_EXEC_PYTHON = 2, PC_EXEC_FAILED = -1 };
+enum { PC_S_WAITING = 0, PC_S_POSTED = 1, PC_S_DONE = 2 };
+
+typedef struct {
+    int32_t kind, peer, step, op, dtype, ndeps, dep0, pad;
+    int32_t buf[3];
+    int32_t pad2;
+    uint64_t off[3];
+    uint64_t len[3];
+    uint64_t count; /* reduce: elements */
+} pc_instr_t;
+
+typedef int (*pc_reduce_fn)(int, int, void *, const void *, const void *, size_t);
+
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h *eps;
+    const int *errflags;
+    pc_reduce_fn reduce;
+    int32_t rank, size, n, nbufs;
+    int32_t next, lo, failed, status;
+    uint64_t base;
+    const pc_instr_t *ins;
+    const int32_t *deps;
+    char **bufs;
+    void **reqs;
+    uint8_t *state;
+} pc_exec_t;
+
+#endif
