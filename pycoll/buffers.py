@@ -1,5 +1,5 @@
 """Turning user buffers (numpy arrays, anything with the buffer protocol, DLPack or numpy's array
-interface in host memory) into flat numpy views.
+interface in host memory) into flat numpy views, and allocating the collectives' own scratch.
 
 Collectives and transports work on 1-D numpy views of the caller's memory: no copies. A
 non-contiguous buffer raises :class:`BufferError` with a clear message instead of being copied
@@ -9,6 +9,7 @@ behind the caller's back.
 from __future__ import annotations
 
 import ctypes
+import mmap
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,21 @@ import numpy as np
 from pycoll.errors import BufferError  # noqa: A004 - pycoll.buffers.BufferError stays importable
 
 _UINT8 = np.dtype(np.uint8)
+#: Scratch of at least this many bytes is mapped on its own (see :func:`scratch_array`).
+MAPPED_SCRATCH_BYTES = 128 << 10
+
+
+def scratch_array(size: int, dtype: Any) -> np.ndarray:
+    """A new array of ``size`` elements of ``dtype`` for a collective's scratch, which outlives the
+    call (kept collectives keep theirs). A large one is mapped on its own, off the malloc heap: as
+    a program frees large arrays, glibc serves ever larger ones from its heap, and a kept buffer in
+    the middle of the heap would keep the free memory around it resident for good."""
+    dtype = np.dtype(dtype)
+    nbytes = size * dtype.itemsize
+    if nbytes < MAPPED_SCRATCH_BYTES:
+        return np.empty(size, dtype)
+    mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapped, dtype, size)  # (unmapped when the array goes)
 
 
 def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:

@@ -193,7 +193,7 @@ ADMIT_EVERY = 16
 #: The memory the remembered calls' buffers may hold (a remembered call keeps its buffers alive:
 #: a program that drops a large array must get its memory back). The oldest make room; a call
 #: whose buffers alone hold more is not remembered (repeating it saves nothing measurable).
-MAX_REPEATED_BYTES = 32 << 20
+MAX_REPEATED_BYTES = 8 << 20
 
 
 def held_bytes(args: tuple) -> int:

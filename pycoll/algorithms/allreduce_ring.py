@@ -19,9 +19,10 @@ from typing import Dict, List
 
 import numpy as np
 
-from pycoll.algorithms.base import CollArgs, as_wire, block_bounds, copy_in, finish, rebind_args
+from pycoll.algorithms.base import UNBOUND, CollArgs, as_wire, block_bounds, copy_in, finish, rebind_args
 from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.patterns import fragment_count, fragment_elems
+from pycoll.buffers import scratch_array
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
 from pycoll.tasks import FunctionTask, PipelinedSchedule, PipelineOrder, Schedule, Task
 from pycoll.tasks.p2p import RecvTask, SendTask
@@ -47,6 +48,9 @@ class _Reduce(FunctionTask):
         self.divide_by = divide_by
         self.received = self.own = self.out = np.empty(0)
 
+    def unbind(self) -> None:
+        self.own = self.out = UNBOUND
+
     def _reduce(self) -> None:
         reduce_into(self.received, self.own, self.op, out=self.out)
         if self.divide_by:
@@ -59,7 +63,7 @@ class _Slot:
     def __init__(self, args: CollArgs, frag_elems: int, slot: int) -> None:
         n = args.size
         self.schedule = Schedule(name=f"{args.name}/frag{slot}")
-        self.scratch = np.empty((n - 1) * frag_elems, dtype=args.dst.dtype)
+        self.scratch = scratch_array((n - 1) * frag_elems, args.dst.dtype)
         ch, rank = args.channel, args.rank
         left, right = (rank - 1) % n, (rank + 1) % n
         empty = np.empty(0, np.uint8)
@@ -136,6 +140,10 @@ class RingAllreduce(PipelinedSchedule):
         rebind_args(self.args, src, dst, key)
         self.reset()
 
+    def unbind(self) -> None:
+        self.args.src = self.args.dst = UNBOUND
+        super().unbind()  # (each start points the slots' tasks at its fragment again)
+
     def describe(self) -> str:
         return f"{super().describe()} {self.args.channel!r}"
 
@@ -158,6 +166,9 @@ class _Trivial(Task):
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
         rebind_args(self.args, src, dst, key)
         self.reset()
+
+    def unbind(self) -> None:
+        self.args.src = self.args.dst = UNBOUND
 
 
 def build(args: CollArgs) -> Task:

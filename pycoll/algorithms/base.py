@@ -17,6 +17,7 @@ from typing import Any, Generator, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pycoll.buffers import scratch_array
 from pycoll.errors import CanceledError
 from pycoll.ops import ReduceOp, copy_into, finish_avg, reduce_into
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, NOT_READY, Task
@@ -113,6 +114,10 @@ GO_SINK = np.empty(0, np.uint8)
 _monotonic = time.monotonic
 
 
+#: What a pooled collective's arguments point at between calls (see :meth:`Task.unbind`).
+UNBOUND = np.empty(0, np.uint8)
+
+
 def rebind_args(args: CollArgs, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
     """Point a collective's arguments at new buffers (same shape) and a new message key."""
     args.src = src
@@ -148,7 +153,7 @@ class StepTask(Task):
             self._scratch.append(np.empty(0, like.dtype))
         buf = self._scratch[i]
         if buf.size < like.size or buf.dtype != like.dtype:
-            buf = self._scratch[i] = np.empty_like(like)
+            buf = self._scratch[i] = scratch_array(like.size, like.dtype)
         return buf[:like.size]
 
     def scratch_of(self, i: int, size: int, dtype: np.dtype) -> np.ndarray:
@@ -159,7 +164,7 @@ class StepTask(Task):
             bufs.append(np.empty(0, dtype))
         buf = bufs[i]
         if buf.size < size or buf.dtype != dtype:
-            buf = bufs[i] = np.empty(size, dtype)
+            buf = bufs[i] = scratch_array(size, dtype)
         return buf[:size]
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
@@ -217,7 +222,11 @@ class StepTask(Task):
     def finalize(self) -> None:
         """Release the scratch buffers (the task will not run again)."""
         self._scratch = []
-        if hasattr(self, "_views"):
+        self.unbind()
+
+    def unbind(self) -> None:
+        self.args.src = self.args.dst = UNBOUND
+        if hasattr(self, "_views"):  # (the views some algorithms keep of the last call's buffers)
             self._views = None
 
     def describe(self) -> str:
@@ -345,6 +354,10 @@ class SegmentTask(Task):
     def on_cancel(self) -> None:
         # the other ranks will run this collective on the segment: its state is lost for all
         self.seg.fail(self.error or CanceledError(f"{self.name} was canceled"))
+
+    def unbind(self) -> None:
+        self.args.src = self.args.dst = UNBOUND
+        self._bound = None  # (the next start points the native state at its call's buffers)
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
         args = self.args

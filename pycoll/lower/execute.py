@@ -14,6 +14,7 @@ from typing import Any, Dict, Generator, Optional
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
+from pycoll.buffers import scratch_array
 from pycoll.engine.request import Request
 from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
@@ -42,7 +43,7 @@ class ProgramTask(StepTask):
         self.program = program
         self._kernels = {(i.op, i.dtype): reducer(ReduceOp[i.op.upper()], np.dtype(i.dtype))
                          for i in program.instrs if i.kind == "reduce"}
-        self._scratch_bytes = {name: np.empty(nbytes, _U8) for name, nbytes in program.buffers.items()
+        self._scratch_bytes = {name: scratch_array(nbytes, _U8) for name, nbytes in program.buffers.items()
                                if name not in ("src", "dst")}
 
     def _buffers(self) -> Dict[str, np.ndarray]:

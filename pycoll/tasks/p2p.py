@@ -9,8 +9,12 @@ from __future__ import annotations
 import warnings
 from typing import Any, Hashable, Optional
 
+import numpy as np
+
 from pycoll.buffers import as_bytes
 from pycoll.tasks.task import Task
+
+_NOTHING = np.empty(0, np.uint8)  # what an unbound task points at (see Task.unbind)
 
 
 def raw_inside_task(team: Any, call: str, wire: Any, peer: int, tag: Hashable) -> Any:
@@ -59,6 +63,9 @@ class SendTask(Task):
         if self.req is not None:
             self.req.cancel()
 
+    def unbind(self) -> None:
+        self.buf, self.req = _NOTHING, None
+
     def describe(self) -> str:
         return f"{self.name}: send of {self.buf.nbytes} B to rank {self.peer} (tag {self.tag!r})"
 
@@ -91,6 +98,9 @@ class RecvTask(Task):
     def on_cancel(self) -> None:
         if self.req is not None:
             self.req.cancel()
+
+    def unbind(self) -> None:
+        self.buf, self.req = _NOTHING, None
 
     def describe(self) -> str:
         return f"{self.name}: receive of {self.buf.nbytes} B from rank {self.peer} (tag {self.tag!r})"

@@ -124,6 +124,10 @@ class Schedule(Task):
         for task in self.tasks:
             task.finalize()
 
+    def unbind(self) -> None:
+        for task in self.tasks:
+            task.unbind()
+
     def waiting_on(self) -> List[Task]:
         """The unfinished leaf tasks in progress (or, if none, the unfinished ones not started)."""
         running: List[Task] = []

@@ -180,6 +180,11 @@ class Task(EventManager):
     def finalize(self) -> None:
         """Release the task's resources for good (it will not be posted again)."""
 
+    def unbind(self) -> None:
+        """Drop the references this finished task holds to its call's buffers: it waits in the
+        plan pool until a call rebinds it, and the caller's memory (an array, a tensor) must not
+        live on for it. Tasks that keep buffers override this."""
+
     def split(self, max_bytes: int) -> Optional[List[Task]]:
         """Return fragments of at most ``max_bytes`` that together do this task's work, or
         ``None`` if the task cannot be partitioned. The engine calls it for tasks larger than the

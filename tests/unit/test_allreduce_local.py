@@ -202,6 +202,54 @@ def test_kept_plans_span_at_most_max_plan_bytes(monkeypatch):
     assert all(t.nbytes <= 1000 for t in kept) and kept, kept
 
 
+@pytest.mark.usefixtures("no_agreement_check")  # (a checked call's task is not kept)
+@pytest.mark.parametrize("coll,alg", [("allreduce", "rd"), ("allreduce", "ring"), ("allreduce", "knomial"),
+                                      ("alltoall", "bruck"), ("allgather", "ring")])
+def test_kept_collectives_let_go_of_large_buffers(coll, alg, monkeypatch):
+    """A finished collective kept for reuse does not keep its caller's large buffers alive (nor
+    views of them), and the next call of its shape, rebound to new buffers, is right. (The calls a
+    team remembers to spot repeats do keep theirs, up to MAX_REPEATED_BYTES: tests/unit/test_lean_path.py.)"""
+    import gc
+    import weakref
+
+    import pycoll.persistent as persistent
+    import pycoll.planner as planner
+
+    monkeypatch.setattr(persistent, "MAX_REPEATED_BYTES", 0)
+
+    n = 3
+    count = planner.UNBIND_BYTES // 8 * n  # float64: a block per rank of at least UNBIND_BYTES
+    teams = pycoll.local_teams(n)
+
+    def call(r, team, x, out):
+        if coll == "allreduce":
+            return team.allreduce(x, out, algorithm=alg)
+        return getattr(team, coll)(x if coll == "alltoall" else x[:count // n], out, algorithm=alg)
+
+    for round_ in range(2):
+        ins = [np.arange(count, dtype=np.float64) * (r + 1) + round_ for r in range(n)]
+        outs = [np.zeros(count, np.float64) for _ in range(n)]
+        reqs = [call(r, t, ins[r], outs[r]) for r, t in enumerate(teams)]
+        pycoll.wait_all(reqs)
+        if coll == "allreduce":
+            want = [sum(ins)] * n
+        elif coll == "alltoall":
+            m = count // n
+            want = [np.concatenate([x[r * m:(r + 1) * m] for x in ins]) for r in range(n)]
+        else:
+            want = [np.concatenate([x[:count // n] for x in ins])] * n
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], want[r])
+        tasks = [req.task for req in reqs]
+        del reqs
+        kept = [t for pool in teams[0].planner._plans.values() for t in pool]
+        assert tasks[0] in kept, "the finished collective was not kept for reuse"
+        refs = [weakref.ref(a) for a in ins + outs]
+        del ins, outs, want
+        gc.collect()
+        assert all(ref() is None for ref in refs), f"{coll}:{alg} kept its caller's buffers alive"
+
+
 @pytest.mark.parametrize("alg", ALGS + [None])
 def test_persistent_allreduce_started_three_times_with_refilled_buffers(alg):
     n = 3

@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from pycoll.buffers import scratch_array
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.lower.execute import call_bytes
@@ -93,7 +94,7 @@ class UCXProgramTask(Task):
         self.args, self.prepared = args, prepared
         ffi, t = prepared.ffi, prepared.transport
         n = len(program.instrs)
-        self.scratch: Dict[str, np.ndarray] = {name: np.empty(program.buffers[name], _U8)
+        self.scratch: Dict[str, np.ndarray] = {name: scratch_array(program.buffers[name], _U8)
                                                for name in prepared.names[2:]}
         e = self.e = ffi.new("pc_exec_t *")
         self._reqs = ffi.new("void *[]", max(n, 1))
@@ -119,6 +120,9 @@ class UCXProgramTask(Task):
         a.src, a.dst = src, dst
         a.channel.rekey(key)
         self.reset()
+
+    def unbind(self) -> None:
+        self.args.src = self.args.dst = None
 
     def post(self) -> None:
         prepared, ffi = self.prepared, self.prepared.ffi
