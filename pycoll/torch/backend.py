@@ -114,10 +114,13 @@ class Views:
     """The numpy views of the tensors a group's synchronous calls take, kept (the last
     ``limit``) so that a call repeated on the same tensor passes the team the same array: the
     team then recognises the repeat and runs it as a persistent collective (its express lane). A
-    view is made again when the tensor's memory, dtype or size changed (``resize_``, ``set_``)."""
+    view is made again when the tensor's memory, dtype or size changed (``resize_``, ``set_``).
+    A view keeps its tensor alive: only tensors up to ``max_bytes`` are kept (a large tensor the
+    program drops must give its memory back; its calls gain nothing measurable from the lane)."""
 
-    def __init__(self, limit: int = 32) -> None:
+    def __init__(self, limit: int = 32, max_bytes: int = 256 << 10) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
         self._views: Dict[int, tuple] = {}
 
     def of(self, t: torch.Tensor) -> np.ndarray:
@@ -129,6 +132,10 @@ class Views:
                 and entry[3] == t.numel():
             return entry[4]
         arr = as_numpy(t)
+        if arr.nbytes > self.max_bytes:
+            if entry is not None:
+                del self._views[id(t)]
+            return arr
         if entry is None and len(self._views) >= self.limit:
             del self._views[next(iter(self._views))]
         self._views[id(t)] = (t, ptr, t.dtype, t.numel(), arr)
