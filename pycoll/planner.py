@@ -24,7 +24,7 @@ from pycoll.dtypes import element_code
 from pycoll.engine.express import ExpressLane
 from pycoll.engine.request import Request
 from pycoll.errors import MismatchError, PycollError, RevokedError
-from pycoll.lower.record import NATIVE, NotLowerable, record
+from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, Task
@@ -273,7 +273,7 @@ class Planner:
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
-        if tag is None and (coll, name) in NATIVE and self._native_programs:
+        if tag is None and self._native_programs and runs_native(coll, name):
             task = self.native(task, call, name, args)
         task.plan_name = name
         task.owner = self

@@ -98,9 +98,12 @@ def block_bounds(count: int, nblocks: int) -> List[int]:
     return bounds
 
 
+_BYTE = np.dtype(np.uint8)
+
+
 def as_wire(arr: np.ndarray) -> np.ndarray:
     """The bytes of a typed view, as the transports move them."""
-    return arr.view(np.uint8) if arr.dtype != np.uint8 else arr
+    return arr if arr.dtype is _BYTE else arr.view(_BYTE)  # (``is``: a dtype compared with == is slow)
 
 
 Waitable = Sequence[Any]

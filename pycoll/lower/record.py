@@ -18,8 +18,14 @@ algorithm waited for and on the computations since: the order in which the gener
 An algorithm may compute in ways the recorder does not see (numpy calls of its own): so
 :func:`pycoll.lower.verify.lower` runs the programs against the algorithm itself on the same data
 on every rank of an in-process team, and the planner takes the native path only for the
-algorithms in :data:`NATIVE` (each checked so by the tests). Algorithms that are not one generator
-(schedules of tasks, the shared segment's native collectives) are not lowered.
+algorithms in :data:`NATIVE` (each checked so by the tests) and those whose module declares
+``LOWERABLE = True`` (:func:`runs_native`).
+
+A :class:`~pycoll.tasks.Schedule` of primitive tasks (sends and receives on the collective's
+channel, copies, reductions: a user's own algorithm, written as in the UCC slides) is recorded task
+by task instead (:func:`lower_schedule`), each instruction depending on those of the tasks it waits
+for. Other schedules (pipelined, hierarchical, tasks of Python code) and the shared segment's
+native collectives are not lowered.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import numpy as np
 from pycoll import algorithms, ops
 from pycoll.algorithms.base import StepTask
 from pycoll.errors import PycollError
-from pycoll.lower.program import Instr, Program, Slice
+from pycoll.events.manager import Event
+from pycoll.lower.program import MAX_STEP, Instr, Program, Slice
 from pycoll.ops import ReduceOp
+from pycoll.tasks import CopyTask, RecvTask, ReduceTask, Schedule, SendTask, Task
 from pycoll.tl.base import Channel, TransportRequest
 
 #: The collectives :func:`lower` takes (with equal blocks; the v-forms not yet).
@@ -49,6 +57,15 @@ NATIVE = frozenset({
     ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
     ("alltoall", "pairwise"), ("gather", "knomial"), ("gather", "linear"), ("scatter", "knomial"),
     ("scatter", "linear"), ("barrier", "dissemination")})
+
+
+def runs_native(coll: str, name: str) -> bool:
+    """Whether the planner may run algorithm ``name`` of ``coll`` as native programs: one of
+    :data:`NATIVE`, or one whose module declares ``LOWERABLE = True`` (its builder returns a schedule
+    of primitive tasks and computes nothing itself, so that its program is all it does)."""
+    if (coll, name) in NATIVE:
+        return True
+    return getattr(algorithms.MODULES.get(coll, {}).get(name), "LOWERABLE", False) is True
 
 
 class NotLowerable(PycollError):
@@ -199,6 +216,75 @@ def _own_buffers(call: Any) -> Any:
     return call._replace(src=src, dst=dst)
 
 
+def _after_completion(task: Task, dep: Task) -> bool:
+    """Whether ``task`` waits for ``dep`` to complete (not only to start)."""
+    return any(s.listener is task and s.events & (1 << Event.COMPLETED) for s in dep.subscriptions)
+
+
+def _in_order(tasks: List[Task]) -> List[Task]:
+    """``tasks`` (of one schedule) with each after those it depends on, else in the order added."""
+    ids = {id(t) for t in tasks}
+    placed: set = set()
+    order: List[Task] = []
+    while len(order) < len(tasks):
+        for t in tasks:
+            if id(t) not in placed and all(id(d) in placed for d in t.dependencies if id(d) in ids):
+                order.append(t)
+                placed.add(id(t))
+                break
+        else:
+            raise NotLowerable("a schedule whose dependencies form a cycle")
+    return order
+
+
+def lower_schedule(rec: Recorder, sched: Task, channel: Channel) -> None:
+    """Record a schedule made of primitive tasks (sends and receives on ``channel`` with an int
+    step, :class:`~pycoll.tasks.CopyTask`, :class:`~pycoll.tasks.ReduceTask`, and plain
+    :class:`~pycoll.tasks.Schedule` s of them) into ``rec``: one instruction per task, depending on
+    the instructions of the tasks it waits for (all of a schedule's, for a schedule). Anything else
+    is :class:`NotLowerable`: its work is Python's own."""
+    finished: Dict[int, List[int]] = {}  # id(task) -> the instructions that finish it
+
+    def emit(ins: Instr, deps: List[int]) -> List[int]:
+        ins.deps = sorted(set(deps))
+        rec.instrs.append(ins)
+        return [len(rec.instrs) - 1]
+
+    def leaf(t: Task, deps: List[int]) -> List[int]:
+        kind = type(t)
+        if kind in (SendTask, RecvTask):
+            if t.team is not channel:
+                raise NotLowerable(f"{t.name}: posts on {t.team!r}, not on its collective's channel")
+            if type(t.tag) is not int or not 0 <= t.tag <= MAX_STEP:
+                raise NotLowerable(f"{t.name}: its tag {t.tag!r} is not a step (an int, 0-{MAX_STEP})")
+            what = "send" if kind is SendTask else "recv"
+            return emit(Instr(what, {"buf": rec.slice_of(t.buf)}, peer=t.peer, step=t.tag), deps)
+        if kind is CopyTask:
+            return emit(Instr("copy", {"src": rec.slice_of(t.src), "dst": rec.slice_of(t.dst)}), deps)
+        if kind is ReduceTask:
+            op = "sum" if t.op is ReduceOp.AVG else t.op.name.lower()
+            slices = {"a": rec.slice_of(t.a), "b": rec.slice_of(t.b), "out": rec.slice_of(t.out)}
+            return emit(Instr("reduce", slices, op=op, dtype=str(t.out.dtype)), deps)
+        raise NotLowerable(f"{t.name} is a {kind.__name__}, not a primitive task (send, receive, copy, "
+                           "reduce)")
+
+    def walk(s: Task, outer: List[int]) -> List[int]:
+        if type(s) is not Schedule:
+            raise NotLowerable(f"{s.name} is a {type(s).__name__}, not a Schedule of primitive tasks")
+        for t in _in_order(s.tasks):
+            deps = list(outer)
+            for d in t.dependencies:
+                if d.parent is not s or not _after_completion(t, d):
+                    raise NotLowerable(f"{t.name} waits for {d.name} to start, or outside its schedule")
+                deps += finished[id(d)]
+            finished[id(t)] = walk(t, deps) if isinstance(t, Schedule) else leaf(t, deps)
+        return [i for t in s.tasks for i in finished[id(t)]]
+
+    if sched.n_deps:
+        raise NotLowerable(f"{sched.name} waits for other tasks")
+    walk(sched, [])
+
+
 def record(team: Any, call: Any, name: str) -> Program:
     """The program of ``team``'s rank for ``call`` (a :class:`pycoll.collectives.Call`) with
     algorithm ``name``, not yet checked against the algorithm (see :func:`lower`)."""
@@ -217,11 +303,14 @@ def record(team: Any, call: Any, name: str) -> Program:
             task = algorithms.get(call.coll, name)(args)
         except (ValueError, TypeError) as exc:  # (the segment's forms need a shared segment, ...)
             raise NotLowerable(f"{call.coll}:{name} cannot be built on an in-process team: {exc}") from None
-        if not isinstance(task, StepTask) or task.n_deps:
+        if isinstance(task, Schedule):
+            lower_schedule(rec, task, args.channel)
+        elif not isinstance(task, StepTask) or task.n_deps:
             raise NotLowerable(f"{call.coll}:{name} is {type(task).__name__}, not one step generator")
-        with np.errstate(all="ignore"):  # (it computes on whatever the receives left: nothing arrived)
-            for _ in task.run():
-                rec.waited()
+        else:
+            with np.errstate(all="ignore"):  # (it computes on whatever the receives left: nothing arrived)
+                for _ in task.run():
+                    rec.waited()
     finally:
         ops.observer = previous
         observer.rec = None

@@ -1,6 +1,7 @@
 """The user examples on 2 ranks under mpiexec: examples/mpi4py_dropin.py, team_api.py,
 custom_schedule.py (its in-process part also runs in tests/unit/test_local.py; here it is
-registered, selected by PYCOLL_TUNE and traced on MPI ranks) and scheduling_trace.py.
+registered, selected by PYCOLL_TUNE and traced on MPI ranks), lowered_schedule.py (over UCX) and
+scheduling_trace.py.
 
 The examples print what a user reads, not ``RANK <r> OK``; so the launch runs this file on each
 rank (the ``__main__`` part below), which runs the example and reports through tests/rank.py: a
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.launch import ROOT
+from tests.launch import ROOT, need_ucx
 
 HERE = "tests/procs/test_examples_users.py"
 
@@ -49,6 +50,17 @@ def test_custom_schedule_registered_tuned_traced(tmp_path, mpirun):
     assert "the 8000 B allreduce ran rdsched (selected by PYCOLL_TUNE)" in out  # registered, selected
     assert "the 128 KiB one ['allreduce:shm@0']" in out  # past the rule: the default
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.rank0.json", "t.rank1.json"]
+
+
+def test_lowered_schedule_runs_as_a_native_program_over_ucx(mpirun):
+    """examples/lowered_schedule.py: a user's schedule of primitive tasks, lowered and checked in
+    process, then on 2 UCX ranks run as a native program (rdprim) and as its schedule (rdprim_py),
+    each result checked by the example."""
+    need_ucx()
+    out = example(mpirun, "lowered_schedule.py", "200", env={"PYCOLL_TLS": "ucx,mpi"})
+    assert "rdprim lowers on 4 ranks, with the schedule's bits" in out, out
+    assert "rdprim ran as UCXProgramTask, rdprim_py as Schedule" in out, out
+    assert "8 B allreduce on 2 ranks over ucx: program" in out, out
 
 
 def test_scheduling_trace_priorities_first(tmp_path, mpirun):

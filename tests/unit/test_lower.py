@@ -46,7 +46,7 @@ def test_programs_give_the_algorithms_bits(coll, name, n):
 
 @pytest.mark.parametrize("coll,name", sorted(NOT_LOWERED))
 def test_what_does_not_lower_says_why(coll, name):
-    with pytest.raises(NotLowerable, match="not one step generator|does not see"):
+    with pytest.raises(NotLowerable, match="not one step generator|does not see|not a Schedule of primitive"):
         lower(coll, name, 4, 64)
 
 
@@ -160,3 +160,64 @@ def test_run_program_in_process_and_wrong_rank():
     finally:
         for t in teams:
             t.close()
+
+
+# ---------------------------------------------------------------- schedules of primitive tasks
+@pytest.fixture
+def registered():
+    """The allreduce algorithms as they were, after the test registered its own."""
+    before = (dict(algorithms.MODULES["allreduce"]), dict(algorithms.ALGORITHMS["allreduce"]))
+    yield
+    for table, saved in zip((algorithms.MODULES["allreduce"], algorithms.ALGORITHMS["allreduce"]), before):
+        table.clear()
+        table.update(saved)
+
+
+def _primitive_algorithm(name, build):
+    import types
+
+    return types.SimpleNamespace(NAME=name, COLLECTIVES=("allreduce",), OPTIONS={}, build=build,
+                                 LOWERABLE=True, __name__=name)
+
+
+@pytest.mark.usefixtures("registered")
+def test_a_users_schedule_of_primitive_tasks_lowers_with_its_bits():
+    """examples/lowered_schedule.py's recursive doubling (copy, send, receive, reduce tasks): its
+    programs give the schedule's bits for several dtypes, ops and in place; and one instruction per
+    task, each depending on the instructions of the tasks it waits for."""
+    from examples.lowered_schedule import main
+
+    main(4)  # (lower() raises unless the bits agree)
+    p = lower("allreduce", "rdprim", 2, 3, "float32")[0]
+    assert [i.kind for i in p.instrs] == ["copy", "send", "recv", "reduce"]
+    assert [i.deps for i in p.instrs] == [[], [0], [0], [1, 2]]
+    assert set(p.buffers) == {"src", "dst", "scratch0"}
+    from pycoll.lower.record import runs_native
+
+    assert runs_native("allreduce", "rdprim") and not runs_native("allreduce", "rdprim_py")
+
+
+@pytest.mark.usefixtures("registered")
+def test_schedules_with_python_in_them_do_not_lower():
+    """A FunctionTask, a task on another channel, a tag that is not a step, a wait for a start:
+    NotLowerable, naming the task; such a schedule still runs as Python."""
+    from pycoll.tasks import FunctionTask, RecvTask, Schedule, SendTask
+
+    def builder(kind):
+        def build(args):
+            s = Schedule(name=args.name)
+            peer = (args.rank + 1) % args.size
+            send = s.add(SendTask(args.channel, args.dst, peer, ("x", 1) if kind == "tag" else 0))
+            recv = RecvTask(args.channel, np.empty_like(args.dst), (args.rank - 1) % args.size, 0)
+            if kind == "started":
+                recv.depends_on(send, pycoll.Event.STARTED)
+            s.add(recv)
+            if kind == "function":
+                s.add(FunctionTask(print, "hi"), after=recv)
+            return s
+        return build
+
+    for kind, why in (("function", "not a primitive task"), ("tag", "not a step"), ("started", "to start")):
+        algorithms.register(_primitive_algorithm(f"prim_{kind}", builder(kind)), replace=True)
+        with pytest.raises(NotLowerable, match=why):
+            lower("allreduce", f"prim_{kind}", 2, 4, verify=False)
