@@ -23,6 +23,7 @@ from typing import List, Optional
 
 import pycoll
 from pycoll import config
+from pycoll.sim import cli as sim_cli
 
 
 def chosen_by_size(n: int, max_bytes: int = 128 << 20, cma_slow: bool = False) -> List[str]:
@@ -344,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     tplot.add_argument("--subtasks", action="store_true",
                        help="also draw the tasks inside collectives (sends, receives, reductions)")
     tplot.set_defaults(func=cmd_trace_plot)
+    sim_cli.add_parser(sub)  # pycoll sim (pycoll.sim.cli)
     return parser
 
 
@@ -358,6 +360,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "perf":
             return cmd_perf(args, argv)
+        if args.command == "sim":
+            return sim_cli.run(args)
         return args.func(args)
     except pycoll.PycollError as exc:
         print(f"pycoll: {exc}", file=sys.stderr)

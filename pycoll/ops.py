@@ -199,9 +199,10 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, out: Optional[np
 
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` (the copies algorithms make, told to :data:`observer` when set)."""
-    if observer is not None:
-        observer.copy(dst, src)
+    """``dst[...] = src`` (the copies algorithms make, told to :data:`observer` when set, which
+    may say to skip it: a recording that only wants the steps)."""
+    if observer is not None and observer.copy(dst, src) is False:
+        return
     np.copyto(dst, src)
 
 
@@ -209,8 +210,8 @@ def finish_avg(buf: np.ndarray, n: int) -> None:
     """Divide a SUM by ``n`` in place (integers round toward zero, as C and NCCL do)."""
     if n == 1 or buf.size == 0:
         return
-    if observer is not None:
-        observer.avg(buf, n)
+    if observer is not None and observer.avg(buf, n) is False:
+        return
     if buf.dtype.kind in "iu":
         q = np.abs(buf) // n if buf.dtype.kind == "i" else buf // n
         buf[...] = np.where(buf < 0, -q, q) if buf.dtype.kind == "i" else q

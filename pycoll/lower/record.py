@@ -165,10 +165,11 @@ class RecordingChannel(Channel):
 
 class _Observer:
     """What :data:`pycoll.ops.observer` is while a rank's task is built and run: it records the
-    computations into the recorder of the rank being run."""
+    computations into the recorder of the rank being run (and, unless ``compute``, skips them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compute: bool = True) -> None:
         self.rec: Optional[Recorder] = None
+        self.compute = compute
         self.thread = threading.get_ident()  # (other threads' collectives are not recorded)
 
     def _mine(self) -> Optional[Recorder]:
@@ -184,20 +185,29 @@ class _Observer:
             if rec is not None and out.size:
                 slices = {"a": rec.slice_of(a), "b": rec.slice_of(b), "out": rec.slice_of(out)}
                 rec.add(Instr("reduce", slices, op=name, dtype=str(out.dtype)), False)
+                if not self.compute:
+                    return
             fn(a, b, out)
         return recorded
 
-    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> bool:
+        """Record a copy; whether to make it."""
         rec = self._mine()
-        if rec is not None and dst.size:
+        if rec is None:
+            return True
+        if dst.size:
             if src.dtype != dst.dtype or src.shape != dst.shape:
                 raise NotLowerable("a copy between arrays of different shapes")
             rec.add(Instr("copy", {"src": rec.slice_of(src), "dst": rec.slice_of(dst)}), False)
+        return self.compute
 
-    def avg(self, buf: np.ndarray, n: int) -> None:
+    def avg(self, buf: np.ndarray, n: int) -> bool:
+        """Record an AVG division; whether to make it."""
         rec = self._mine()
-        if rec is not None:
-            rec.add(Instr("avg", {"buf": rec.slice_of(buf)}, dtype=str(buf.dtype), n=n), False)
+        if rec is None:
+            return True
+        rec.add(Instr("avg", {"buf": rec.slice_of(buf)}, dtype=str(buf.dtype), n=n), False)
+        return self.compute
 
 
 def _own_buffers(call: Any) -> Any:
@@ -285,15 +295,17 @@ def lower_schedule(rec: Recorder, sched: Task, channel: Channel) -> None:
     walk(sched, [])
 
 
-def record(team: Any, call: Any, name: str) -> Program:
+def record(team: Any, call: Any, name: str, compute: bool = True) -> Program:
     """The program of ``team``'s rank for ``call`` (a :class:`pycoll.collectives.Call`) with
-    algorithm ``name``, not yet checked against the algorithm (see :func:`lower`)."""
+    algorithm ``name``, not yet checked against the algorithm (see :func:`lower`). ``compute=False``
+    skips the reductions and copies the algorithm makes through pycoll's kernels (only the steps
+    are wanted: the simulator's recording of thousands of ranks)."""
     call = _own_buffers(call)  # (the recording computes on what no message brought: not the caller's)
     rec = Recorder(team.rank)
     rec.name(call.dst, "dst")
     if call.src is not call.dst:
         rec.name(call.src, "src")
-    observer = _Observer()
+    observer = _Observer(compute)
     previous, ops.observer = ops.observer, observer
     try:
         args = team.planner.args(call, ("c", 0), name, {})

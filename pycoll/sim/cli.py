@@ -1,0 +1,130 @@
+"""``pycoll sim``: simulate a collective's algorithms on many ranks and print ``pycoll perf``'s
+table (time, algbw, busbw) with the alpha-beta-gamma closed form beside it.
+
+    pycoll sim allreduce -n 1024 --algorithm rd,rabenseifner --min-bytes 8 --max-bytes 64M
+    pycoll sim bcast -n 4096 --machine m.toml --json out.json --stats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+from pycoll.config import parse_bytes
+from pycoll.lower.record import NotLowerable
+from pycoll.sim import engine, formulas, machine
+from pycoll.sim.programs import moved
+from pycoll.sim.programs import programs as rank_programs
+
+#: The algorithms ``--algorithm all`` simulates per collective.
+ALL = {"allreduce": ("rd", "knomial", "rabenseifner", "ring"), "bcast": ("knomial", "scatter_allgather"),
+       "allgather": ("ring", "rd", "bruck"), "reduce_scatter": ("ring", "rhalving"), "reduce": ("knomial",),
+       "alltoall": ("pairwise",), "gather": ("knomial", "linear"), "scatter": ("knomial", "linear"),
+       "barrier": ("dissemination",)}
+
+
+def add_parser(sub: Any) -> None:
+    """The ``sim`` subcommand's arguments."""
+    p = sub.add_parser("sim", help="simulate a collective's algorithms on many ranks against a network model",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("coll", choices=sorted(ALL))
+    p.add_argument("-n", "--ranks", type=int, required=True, help="ranks to simulate")
+    p.add_argument("--algorithm", default="all", help="comma-separated, or all (default)")
+    p.add_argument("--min-bytes", default="8")
+    p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--machine", help="a TOML machine file (see pycoll.sim.machine); flags below override it")
+    p.add_argument("--alpha", help="network latency (e.g. 2us)")
+    p.add_argument("--bandwidth", help="network bandwidth per link (e.g. 12.5GB/s)")
+    p.add_argument("--ppn", type=int, help="ranks per node (the node's alpha and bandwidth within one)")
+    p.add_argument("--reduce", help="reduction throughput per rank (e.g. 5GB/s)")
+    p.add_argument("--late", action="append", default=[], metavar="RANK:SECONDS",
+                   help="a rank that starts late (repeatable)")
+    p.add_argument("--slow", action="append", default=[], metavar="RANK:FACTOR",
+                   help="a rank whose every cost is FACTOR times (repeatable)")
+    p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
+
+
+def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
+    out = {}
+    for item in items:
+        rank, _, value = item.partition(":")
+        if not value:
+            raise SystemExit(f"pycoll sim: --{what} takes RANK:VALUE, not {item!r}")
+        out[int(rank)] = convert(value)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate and print the table; 0, or 2 for arguments it cannot take."""
+    from pycoll.perf import BUS_FACTOR  # noqa: PLC0415 - (the perf module is large; only here)
+
+    m = machine.load(args.machine) if args.machine else machine.Machine()
+    if args.alpha:
+        m.alpha = machine.seconds(args.alpha)
+    if args.bandwidth:
+        m.bandwidth = machine.rate(args.bandwidth)
+    if args.ppn:
+        m.ppn = args.ppn
+    if args.reduce:
+        m.reduce_bw = machine.rate(args.reduce)
+    late = _pairs(args.late, "late", machine.seconds)
+    slow = _pairs(args.slow, "slow", float)
+    n = args.ranks
+    if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow)):
+        print("pycoll sim: -n must be at least 1, and --late/--slow ranks within it", file=sys.stderr)
+        return 2
+    algs = ALL[args.coll] if args.algorithm == "all" else tuple(args.algorithm.split(","))
+    sizes = []
+    size, top = max(1, parse_bytes(args.min_bytes)), parse_bytes(args.max_bytes)
+    while size <= top:
+        sizes.append(size)
+        size *= 4 if args.coll != "barrier" else top + 1
+    factor = BUS_FACTOR.get(args.coll)
+    print(f"# pycoll sim {args.coll} on {n} ranks; {m.describe()}")
+    print(f"# algbw = size / time; busbw = algbw * {args.coll}'s factor; formula: the alpha-beta-gamma "
+          "closed form (network level)")
+    head = f"{'algorithm':>14} {'bytes':>12} {'time_us':>12} {'algbw':>8} {'busbw':>8} {'formula_us':>12}"
+    print(head + (f" {'events':>9} {'Mev/s':>6} {'wall_s':>7}" if args.stats else ""))
+    rows = []
+    itemsize = np.dtype(args.dtype).itemsize
+    for alg in algs:
+        done = set()
+        for nominal in sizes:
+            nbytes = moved(args.coll, alg, nominal, n, itemsize)
+            if nbytes in done:  # (sizes that round to the same blocks: shown once)
+                continue
+            done.add(nbytes)
+            t0 = time.perf_counter()
+            try:
+                progs = rank_programs(args.coll, alg, n, nbytes, args.dtype)
+            except (NotLowerable, ValueError) as exc:
+                print(f"{alg:>14} cannot be simulated: {exc}")
+                break
+            res = engine.run(progs, m, late, slow)
+            if res.unmatched:
+                print(f"{alg:>14} {nbytes:>12} did not finish: {res.unmatched[0]}")
+                continue
+            f = formulas.predicted(args.coll, alg, n, nbytes, m)
+            algbw = nbytes / res.time / 1e9 if res.time > 0 and factor is not None else math.nan
+            busbw = algbw * factor(n) if factor is not None else math.nan
+            row = {"algorithm": alg, "bytes": nbytes, "time_us": res.time * 1e6, "algbw": algbw,
+                   "busbw": busbw, "formula_us": f * 1e6, "events": res.events,
+                   "events_per_s": res.events_per_s, "wall_s": time.perf_counter() - t0}
+            rows.append(row)
+            line = (f"{alg:>14} {nbytes:>12} {row['time_us']:>12.2f} {algbw:>8.2f} {busbw:>8.2f} "
+                    f"{row['formula_us']:>12.2f}")
+            if args.stats:
+                line += f" {res.events:>9} {res.events_per_s / 1e6:>6.2f} {row['wall_s']:>7.2f}"
+            print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"coll": args.coll, "ranks": n, "machine": m.describe(), "rows": rows}, fh, indent=1)
+    return 0

@@ -1,0 +1,131 @@
+"""The machine a simulation runs on: an alpha-beta-gamma model with nodes.
+
+Between two ranks a message of ``n`` bytes takes ``alpha + n / bandwidth``: ``alpha`` (latency)
+and ``bandwidth`` are the network's between nodes and the node's within one (``ppn`` ranks per
+node, consecutive ranks together). Each rank has one link out and one in: its messages go out one
+after another, and arrive one after another. A reduction costs ``n / reduce_bw`` of the rank's
+time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o). A machine file is
+TOML::
+
+    [network]              # between nodes
+    alpha = "2us"
+    bandwidth = "12.5GB/s"
+    [node]                 # within a node
+    ppn = 8
+    alpha = "0.5us"
+    bandwidth = "20GB/s"
+    [compute]
+    reduce = "5GB/s"       # the reduction's throughput (bytes of output per second)
+    copy = "10GB/s"        # 0 or "inf": free
+    overhead = "0.2us"     # the time a rank spends posting a send or a receive
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Union
+
+import tomllib
+
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_RATE = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12, "kib/s": 2.0 ** 10,
+         "mib/s": 2.0 ** 20, "gib/s": 2.0 ** 30, "gbit/s": 1e9 / 8, "gb": 1e9}
+
+
+def seconds(value: Union[str, float, int]) -> float:
+    """``"2us"``, ``"0.5 ms"``, ``1e-6`` (seconds) -> seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zµ]*)\s*", value)
+    if not m or (m.group(2) or "s") not in _TIME:
+        raise ValueError(f"not a time: {value!r} (a number of seconds, or with s, ms, us, ns)")
+    return float(m.group(1)) * _TIME[m.group(2) or "s"]
+
+
+def rate(value: Union[str, float, int]) -> float:
+    """``"12.5GB/s"``, ``"100Gbit/s"``, ``"inf"``, ``1e9`` (bytes per second) -> bytes per second."""
+    if isinstance(value, (int, float)):
+        return float(value) if value else math.inf
+    if value.strip().lower() in ("inf", "0"):
+        return math.inf
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z/]*)\s*", value)
+    unit = (m.group(2) or "b/s").lower() if m else ""
+    if not m or unit not in _RATE:
+        raise ValueError(f"not a rate: {value!r} (bytes per second, or with B/s, MB/s, GB/s, GiB/s, Gbit/s)")
+    return float(m.group(1)) * _RATE[unit]
+
+
+@dataclass
+class Machine:
+    """The model's parameters (seconds, bytes per second); see the module doc."""
+
+    alpha: float = 2e-6
+    bandwidth: float = 12.5e9
+    ppn: int = 1
+    node_alpha: float = 0.5e-6
+    node_bandwidth: float = 20e9
+    reduce_bw: float = 5e9
+    copy_bw: float = 10e9
+    overhead: float = 0.0
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(alpha, seconds per byte) from rank ``a`` to rank ``b``."""
+        if self.ppn > 1 and a // self.ppn == b // self.ppn:
+            return self.node_alpha, 1.0 / self.node_bandwidth
+        return self.alpha, 1.0 / self.bandwidth
+
+    def describe(self) -> str:
+        """One line: the parameters, in the units a machine file uses."""
+        def bw(x: float) -> str:
+            return "inf" if math.isinf(x) else f"{x / 1e9:g}GB/s"
+        node = (f"; node of {self.ppn}: alpha {self.node_alpha * 1e6:g}us, {bw(self.node_bandwidth)}"
+                if self.ppn > 1 else "")
+        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{node}; "
+                f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us")
+
+
+def load(path: str) -> Machine:
+    """A machine from a TOML machine file (see the module doc); ValueError names what is wrong."""
+    with open(path, "rb") as f:
+        doc = tomllib.load(f)
+    return from_dict(doc, path)
+
+
+def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
+    """A machine from the tables of a machine file."""
+    m = Machine()
+    known = {"network": {"alpha", "bandwidth"}, "node": {"ppn", "alpha", "bandwidth"},
+             "compute": {"reduce", "copy", "overhead"}}
+    for table, keys in doc.items():
+        if table not in known or not isinstance(keys, dict):
+            raise ValueError(f"{what}: unknown table [{table}] (known: {', '.join(known)})")
+        for key in keys:
+            if key not in known[table]:
+                raise ValueError(f"{what}: unknown key {key!r} in [{table}] "
+                                 f"(known: {', '.join(sorted(known[table]))})")
+    net, node, comp = doc.get("network", {}), doc.get("node", {}), doc.get("compute", {})
+    if "alpha" in net:
+        m.alpha = seconds(net["alpha"])
+    if "bandwidth" in net:
+        m.bandwidth = rate(net["bandwidth"])
+    if "ppn" in node:
+        m.ppn = int(node["ppn"])
+        if m.ppn < 1:
+            raise ValueError(f"{what}: ppn must be at least 1")
+    if "alpha" in node:
+        m.node_alpha = seconds(node["alpha"])
+    if "bandwidth" in node:
+        m.node_bandwidth = rate(node["bandwidth"])
+    if "reduce" in comp:
+        m.reduce_bw = rate(comp["reduce"])
+    if "copy" in comp:
+        m.copy_bw = rate(comp["copy"])
+    if "overhead" in comp:
+        m.overhead = seconds(comp["overhead"])
+    for f in fields(m):
+        v = getattr(m, f.name)
+        if v < 0 or (f.name.endswith("bandwidth") or f.name.endswith("_bw")) and v == 0:
+            raise ValueError(f"{what}: {f.name} must be positive")
+    return m

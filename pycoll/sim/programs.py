@@ -1,0 +1,103 @@
+"""The programs a simulation runs: the real algorithm, recorded rank by rank (pycoll.lower).
+
+Every rank's program is recorded from the algorithm pycoll runs (its builder on an in-process team
+of ``size`` ranks, the same code as on a real team), without computing: buffers are allocated but
+never touched, so a rank's program costs its instructions only. Sizes follow ``pycoll perf``: the
+buffer for allreduce, bcast and reduce; the ``n`` blocks together for the block collectives.
+Algorithms that do not lower (the shared segment's, pipelined and hierarchical schedules) cannot be
+simulated yet: :class:`~pycoll.lower.record.NotLowerable` says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from pycoll.lower.record import LOWERED, NotLowerable, record
+from pycoll.sim.engine import Compact
+from pycoll.team import local_teams
+
+#: The collectives whose size is the n blocks together (block = size / n).
+BLOCKS = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+#: Algorithms simulated as two lowered ones in a row on every rank (the second starts on a rank
+#: once the first is done there): pycoll's ring allreduce runs the same steps as a reduce_scatter
+#: ring and an allgather ring, but pipelined in fragments (not modelled yet); Rabenseifner's is
+#: recursive halving then recursive doubling.
+COMPOSITES = {("allreduce", "ring"): (("reduce_scatter", "ring"), ("allgather", "ring")),
+              ("allreduce", "rabenseifner"): (("reduce_scatter", "rhalving"), ("allgather", "rd"))}
+
+
+def elements(coll: str, nbytes: int, size: int, itemsize: int) -> int:
+    """The ``count`` of a call of ``nbytes`` (per-rank block for the block collectives)."""
+    if coll in BLOCKS:
+        return max(1, nbytes // itemsize // size)
+    return max(1, nbytes // itemsize)
+
+
+def moved(coll: str, algorithm: str, nbytes: int, size: int, itemsize: int) -> int:
+    """The bytes a call of nominal ``nbytes`` really has (block collectives: whole blocks)."""
+    parts = COMPOSITES.get((coll, algorithm))
+    inner = parts[0][0] if parts else coll
+    count = elements(inner, nbytes, size, itemsize)
+    return count * itemsize * (size if inner in BLOCKS else 1)
+
+
+def _call(team: Any, coll: str, count: int, dtype: Any, op: str, root: int) -> Any:
+    """The checked call of ``coll`` on ``team`` with untouched buffers."""
+    e = np.empty
+    n, r = team.size, team.rank
+    if coll == "allreduce":
+        return team.call(coll, e(count, dtype), e(count, dtype), op)
+    if coll == "reduce":
+        return team.call(coll, e(count, dtype), e(count, dtype), op, root)
+    if coll == "bcast":
+        return team.call(coll, e(count, dtype), root)
+    if coll == "allgather":
+        return team.call(coll, e(count, dtype), e(count * n, dtype))
+    if coll == "reduce_scatter":
+        return team.call(coll, e(count * n, dtype), e(count, dtype), op)
+    if coll == "alltoall":
+        return team.call(coll, e(count * n, dtype), e(count * n, dtype))
+    if coll == "gather":
+        return team.call(coll, e(count, dtype), e(count * n, dtype) if r == root else None, root)
+    if coll == "scatter":
+        return team.call(coll, e(count * n, dtype) if r == root else None, e(count, dtype), root)
+    if coll == "barrier":
+        return team.call(coll)
+    raise NotLowerable(f"simulating {coll} is not supported (one of: {', '.join(LOWERED)})")
+
+
+def chain(a: Compact, b: Compact) -> Compact:
+    """``a`` then ``b`` on one rank: ``b``'s first instructions wait for ``a``'s last; ``b``'s
+    steps are numbered after ``a``'s (their messages never match each other's)."""
+    n = len(a.kinds)
+    offset = max(a.steps, default=-1) + 1
+    sinks = [i for i in range(n) if a.first[i] == a.first[i + 1]]
+    deps = a.deps() + [[n + d for d in ds] or sinks for ds in b.deps()]
+    return Compact.build(list(a.kinds) + list(b.kinds), list(a.peers) + list(b.peers),
+                         list(a.steps) + [s + offset for s in b.steps], list(a.nbytes) + list(b.nbytes), deps)
+
+
+def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "float32", op: str = "sum",
+             root: int = 0, progress: Optional[Callable[[int], None]] = None) -> List[Compact]:
+    """Every rank's program of ``coll`` by ``algorithm`` on ``size`` ranks for a call of ``nbytes``
+    (see the module doc), rank 0 first, in the simulator's compact form."""
+    parts = COMPOSITES.get((coll, algorithm))
+    if parts is not None:
+        first, second = (programs(c, a, size, nbytes, dtype, op, root, progress) for c, a in parts)
+        return [chain(x, y) for x, y in zip(first, second)]
+    dt = np.dtype(dtype)
+    count = elements(coll, nbytes, size, dt.itemsize)
+    teams = local_teams(size)
+    out: List[Compact] = []
+    try:
+        for team in teams:
+            call = _call(team, coll, count, dt, op, root)
+            out.append(Compact.of(record(team, call, algorithm, compute=False)))
+            if progress is not None:
+                progress(team.rank)
+    finally:
+        for team in teams:
+            team.close()
+    return out

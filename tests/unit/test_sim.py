@@ -1,0 +1,92 @@
+"""pycoll.sim: the real algorithms' programs of many ranks simulated against an alpha-beta-gamma
+machine agree with the closed forms; stragglers, custom schedules, machine files and the CLI."""
+
+import json
+import math
+
+import pytest
+
+from pycoll import algorithms
+from pycoll.cli import main as cli
+from pycoll.sim import Machine, load, programs, run
+from pycoll.sim.formulas import predicted
+from pycoll.sim.machine import from_dict
+from pycoll.sim.programs import moved
+
+FLAT = Machine(alpha=2e-6, bandwidth=10e9, reduce_bw=5e9, copy_bw=math.inf)
+
+#: (collective, algorithm, ranks): the O(p^2) ones (rings) at 64 ranks, the rest at 64 and 1,024.
+CASES = [(c, a, p) for c, a in [("allreduce", "rd"), ("allreduce", "rabenseifner"), ("bcast", "knomial"),
+                                 ("allgather", "rd"), ("reduce_scatter", "rhalving")] for p in (64, 1024)]
+CASES += [("allreduce", "ring", 64), ("bcast", "scatter_allgather", 64), ("allgather", "ring", 64),
+          ("reduce_scatter", "ring", 64)]
+
+
+@pytest.mark.parametrize("coll,alg,p", CASES)
+def test_closed_forms(coll, alg, p):
+    for nominal in (8, 64 << 10, 4 << 20):
+        nbytes = moved(coll, alg, nominal, p, 4)
+        res = run(programs(coll, alg, p, nominal), FLAT)
+        want = predicted(coll, alg, p, nbytes, FLAT)
+        assert not res.unmatched
+        assert abs(res.time / want - 1) < 0.05, (coll, alg, p, nbytes, res.time, want)
+
+
+def test_a_late_rank_and_a_slow_rank_shift_the_end():
+    """A bcast's root that starts 10 us late ends it 10 us later; a rank twice as slow in an
+    allreduce makes every step as slow as its own."""
+    progs = programs("bcast", "knomial", 16, 1 << 20)
+    base = run(progs, FLAT).time
+    assert run(progs, FLAT, start={0: 10e-6}).time == pytest.approx(base + 10e-6)
+    progs = programs("allreduce", "rd", 16, 1 << 20)
+    step = FLAT.alpha + (1 << 20) * (1 / FLAT.bandwidth + 1 / FLAT.reduce_bw)
+    slow = run(progs, FLAT, slow={3: 2.0}).time
+    assert slow == pytest.approx(4 * (step + (1 << 20) * (1 / FLAT.bandwidth + 1 / FLAT.reduce_bw)), rel=0.05)
+
+
+def test_nodes_make_the_first_steps_cheaper():
+    """8 ranks per node: recursive doubling's three first steps stay in the node."""
+    m = Machine(alpha=2e-6, bandwidth=10e9, ppn=8, node_alpha=0.5e-6, node_bandwidth=50e9, reduce_bw=math.inf,
+                copy_bw=math.inf)
+    n = 1 << 20
+    want = 3 * (0.5e-6 + n / 50e9) + 3 * (2e-6 + n / 10e9)
+    assert run(programs("allreduce", "rd", 64, n), m).time == pytest.approx(want)
+
+
+def test_a_custom_schedule_simulates():
+    """A user's schedule of primitive tasks (examples/lowered_schedule.py) simulates like rd."""
+    from examples.lowered_schedule import register
+
+    saved = dict(algorithms.MODULES["allreduce"]), dict(algorithms.ALGORITHMS["allreduce"])
+    try:
+        register()
+        mine = run(programs("allreduce", "rdprim", 64, 1 << 20), FLAT).time
+    finally:
+        for table, old in zip((algorithms.MODULES["allreduce"], algorithms.ALGORITHMS["allreduce"]), saved):
+            table.clear()
+            table.update(old)
+    assert mine == pytest.approx(predicted("allreduce", "rd", 64, 1 << 20, FLAT), rel=0.01)
+
+
+def test_machine_files(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('[network]\nalpha = "1.5us"\nbandwidth = "100Gbit/s"\n[node]\nppn = 4\n'
+                    '[compute]\nreduce = "8GB/s"\ncopy = "inf"\n')
+    m = load(str(path))
+    assert (m.alpha, m.bandwidth, m.ppn, m.reduce_bw, m.copy_bw) == (1.5e-6, 12.5e9, 4, 8e9, math.inf)
+    with pytest.raises(ValueError, match="unknown key 'latency'"):
+        from_dict({"network": {"latency": 1}})
+    with pytest.raises(ValueError, match="not a time"):
+        from_dict({"network": {"alpha": "2 parsecs"}})
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert cli(["sim", "allreduce", "-n", "256", "--algorithm", "rd,ring", "--min-bytes", "1M",
+                "--max-bytes", "1M", "--json", str(out), "--stats"]) == 0
+    text = capsys.readouterr().out
+    assert "pycoll sim allreduce on 256 ranks" in text and "formula_us" in text
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["rd", "ring"]
+    for r in rows:
+        assert r["time_us"] == pytest.approx(r["formula_us"], rel=0.05) and r["events"] > 0
