@@ -105,7 +105,8 @@ class Recorder:
     def slice_of(self, arr: np.ndarray) -> Slice:
         if arr.size and not arr.flags.c_contiguous:
             raise NotLowerable("a buffer that is not contiguous")
-        start, end = _addr(arr), _addr(arr) + arr.nbytes
+        start = _addr(arr)
+        end = start + arr.nbytes
         for lo, hi, name, _ in self._ranges:
             if lo <= start and end <= hi and (arr.nbytes or lo < hi or start == lo):
                 return (name, start - lo, arr.nbytes)
@@ -123,7 +124,9 @@ class Recorder:
 
     def waited(self) -> None:
         """The algorithm yielded: what follows waits for the requests posted so far."""
-        self._group = self._pending + self._group if not self._since else list(self._pending)
+        # (the requests posted since the last yield waited for the group before: they stand for
+        # it, so that a ring's steps each wait for the last, not for all before it)
+        self._group = (list(self._pending) or self._group) if not self._since else list(self._pending)
         self._pending = []
         self._since = []
 

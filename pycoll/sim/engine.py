@@ -1,11 +1,12 @@
 """The discrete-event simulation of a set of programs (one per rank) on a :class:`Machine`.
 
-Each rank runs its program as the native executor does: an instruction starts once those it
-depends on are done. A send books the sender's link out and the receiver's link in for ``n``
-seconds-per-byte times its bytes (after those already booked) and arrives ``alpha`` later; a
+Each rank runs its program as the executors do: instructions are issued in order, each once
+those it depends on are done (a reduction or copy holds the rank until it is done; a send or a
+receive only for the ``overhead`` of posting it). A send books the sender's link out and the
+receiver's link in for its bytes (after those already booked) and arrives ``alpha`` later; a
 receive is done when its message has arrived and it was posted (messages between two ranks match
-by step, in order); a reduction or copy takes the rank's time. Only sizes travel: no payload.
-The clock jumps from one completion to the next (a heap of completion times).
+by step, in order). Only sizes travel: no payload. The clock jumps from one completion to the
+next (a heap of completion times).
 """
 
 from __future__ import annotations
@@ -119,6 +120,19 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     link = machine.link
     rbw, cbw = machine.reduce_bw, machine.copy_bw
 
+    nxt = [0] * n  # the next instruction each rank issues
+
+    def issue(r: int, t: float) -> None:
+        """Issue rank ``r``'s instructions in order from the next, while their dependencies are done."""
+        p = programs[r]
+        rem = remaining[r]
+        i = nxt[r]
+        count = len(p.kinds)
+        while i < count and rem[i] == 0:
+            begin(r, i, t)
+            i += 1
+        nxt[r] = i
+
     def begin(r: int, i: int, t: float) -> None:
         nonlocal seq, messages, sent
         p = programs[r]
@@ -163,10 +177,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             seq += 1
             push(heap, (end, seq, r, i))
 
-    for r, p in enumerate(programs):
-        for i, nd in enumerate(p.ndeps):
-            if nd == 0:
-                begin(r, i, starts[r])
+    for r in range(n):
+        issue(r, starts[r])
     events = 0
     pop = heapq.heappop
     while heap:
@@ -179,8 +191,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         p = programs[r]
         for j in p.dependents[p.first[i]:p.first[i + 1]]:
             rem[j] -= 1
-            if rem[j] == 0:
-                begin(r, j, t)
+        issue(r, t)
     unmatched = [f"rank {r}: {left[r]} instructions never ran" for r in range(n) if left[r]]
     return Result(max(finish) if finish else 0.0, finish, events + messages, time.perf_counter() - wall0,
                   messages, sent, unmatched)
