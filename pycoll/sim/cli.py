@@ -50,6 +50,9 @@ def add_parser(sub: Any) -> None:
                    help="a rank whose every cost is FACTOR times (repeatable)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
+    p.add_argument("--tune", action="store_true",
+                   help="print the PYCOLL_TUNE rules that pick the fastest simulated algorithm per size, and "
+                        "where they differ from the default selection")
 
 
 def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
@@ -60,6 +63,39 @@ def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
             raise SystemExit(f"pycoll sim: --{what} takes RANK:VALUE, not {item!r}")
         out[int(rank)] = convert(value)
     return out
+
+
+def tune(coll: str, ranks: int, rows: List[Dict[str, Any]]) -> str:
+    """The ``PYCOLL_TUNE`` rules (for teams of ``ranks``) that choose, at each simulated size, the
+    fastest algorithm pycoll can run by that name, each range from its size to the next; and a line
+    per size where the default selection (across nodes, no shared segment) picks another, with how
+    much slower the simulation finds it."""
+    from pycoll import algorithms  # noqa: PLC0415 - the tables, only for --tune
+    from pycoll.algorithms import tuning  # noqa: PLC0415
+
+    known = algorithms.ALGORITHMS[coll]
+    by_size: Dict[int, Dict[str, float]] = {}
+    for r in rows:  # (sizes a block form rounded up to whole blocks are not compared)
+        if r["algorithm"] in known and r["bytes"] == r["nominal"]:
+            by_size.setdefault(r["nominal"], {})[r["algorithm"]] = r["time_us"]
+    sizes = sorted(by_size)
+    if not sizes:
+        return f"# --tune: no simulated algorithm of {coll} is one pycoll runs by that name"
+    best = [min(by_size[s], key=by_size[s].get) for s in sizes]
+    rules, notes = [], []
+    lo = 0
+    for k, s in enumerate(sizes):
+        if k + 1 == len(sizes) or best[k + 1] != best[k]:
+            hi = "inf" if k + 1 == len(sizes) else tuning.human_bytes(sizes[k + 1])
+            rules.append(f"{coll}:{tuning.human_bytes(lo)}-{hi}:team={ranks}-{ranks}:{best[k]}")
+            lo = sizes[k + 1] if k + 1 < len(sizes) else lo
+        default = algorithms.select(coll, ranks, s, default="?")
+        if default != best[k] and default in by_size[s]:
+            slower = by_size[s][default] / by_size[s][best[k]]
+            notes.append(f"#   {s} B: the default table picks {default}, {slower:.2f}x the time of {best[k]}")
+    text = "PYCOLL_TUNE=" + ";".join(rules)
+    tuning.parse(text.split("=", 1)[1], algorithms.ALGORITHMS)  # (what it prints, pycoll reads)
+    return "\n".join([f"# the fastest simulated {coll} algorithm per size on {ranks} ranks:", text] + notes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
             f = formulas.predicted(args.coll, alg, n, nbytes, m)
             algbw = nbytes / res.time / 1e9 if res.time > 0 and factor is not None else math.nan
             busbw = algbw * factor(n) if factor is not None else math.nan
-            row = {"algorithm": alg, "bytes": nbytes, "time_us": res.time * 1e6, "algbw": algbw,
-                   "busbw": busbw, "formula_us": f * 1e6, "events": res.events,
+            row = {"algorithm": alg, "bytes": nbytes, "nominal": nominal, "time_us": res.time * 1e6,
+                   "algbw": algbw, "busbw": busbw, "formula_us": f * 1e6, "events": res.events,
                    "events_per_s": res.events_per_s, "wall_s": time.perf_counter() - t0}
             rows.append(row)
             line = (f"{alg:>14} {nbytes:>12} {row['time_us']:>12.2f} {algbw:>8.2f} {busbw:>8.2f} "
@@ -124,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
             if args.stats:
                 line += f" {res.events:>9} {res.events_per_s / 1e6:>6.2f} {row['wall_s']:>7.2f}"
             print(line, flush=True)
+    if args.tune:
+        print(tune(args.coll, n, rows))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"coll": args.coll, "ranks": n, "machine": m.describe(), "rows": rows}, fh, indent=1)

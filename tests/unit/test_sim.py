@@ -90,3 +90,19 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     assert [r["algorithm"] for r in rows] == ["rd", "ring"]
     for r in rows:
         assert r["time_us"] == pytest.approx(r["formula_us"], rel=0.05) and r["events"] > 0
+
+
+def test_tune_writes_rules_pycoll_reads(capsys):
+    """--tune: the fastest simulated algorithm per size as PYCOLL_TUNE rules (parsed back by
+    pycoll), with where the default table picks another."""
+    from pycoll import algorithms
+    from pycoll.algorithms import tuning
+
+    assert cli(["sim", "allreduce", "-n", "64", "--algorithm", "rd,knomial,ring", "--min-bytes", "8",
+                "--max-bytes", "4M", "--tune"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("PYCOLL_TUNE="))
+    rules = tuning.parse(line.split("=", 1)[1], algorithms.ALGORITHMS)
+    assert rules[0].msg[0] == 0 and rules[-1].msg[1] == math.inf and rules[0].team == (64, 64)
+    # latency first (k-nomial: log_4 p steps), then bandwidth (ring)
+    assert [r.algorithm for r in rules] == ["knomial", "rd", "ring"], line
