@@ -93,37 +93,28 @@ def load(path: str) -> Machine:
     return from_dict(doc, path)
 
 
+#: Each key of a machine file: its table, its name there, the Machine field and how it is read.
+_KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("bandwidth", rate),
+         ("node", "ppn"): ("ppn", int), ("node", "alpha"): ("node_alpha", seconds),
+         ("node", "bandwidth"): ("node_bandwidth", rate), ("compute", "reduce"): ("reduce_bw", rate),
+         ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds)}
+
+
 def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
     """A machine from the tables of a machine file."""
     m = Machine()
-    known = {"network": {"alpha", "bandwidth"}, "node": {"ppn", "alpha", "bandwidth"},
-             "compute": {"reduce", "copy", "overhead"}}
+    tables = sorted({t for t, _ in _KEYS})
     for table, keys in doc.items():
-        if table not in known or not isinstance(keys, dict):
-            raise ValueError(f"{what}: unknown table [{table}] (known: {', '.join(known)})")
-        for key in keys:
-            if key not in known[table]:
-                raise ValueError(f"{what}: unknown key {key!r} in [{table}] "
-                                 f"(known: {', '.join(sorted(known[table]))})")
-    net, node, comp = doc.get("network", {}), doc.get("node", {}), doc.get("compute", {})
-    if "alpha" in net:
-        m.alpha = seconds(net["alpha"])
-    if "bandwidth" in net:
-        m.bandwidth = rate(net["bandwidth"])
-    if "ppn" in node:
-        m.ppn = int(node["ppn"])
-        if m.ppn < 1:
-            raise ValueError(f"{what}: ppn must be at least 1")
-    if "alpha" in node:
-        m.node_alpha = seconds(node["alpha"])
-    if "bandwidth" in node:
-        m.node_bandwidth = rate(node["bandwidth"])
-    if "reduce" in comp:
-        m.reduce_bw = rate(comp["reduce"])
-    if "copy" in comp:
-        m.copy_bw = rate(comp["copy"])
-    if "overhead" in comp:
-        m.overhead = seconds(comp["overhead"])
+        if table not in tables or not isinstance(keys, dict):
+            raise ValueError(f"{what}: unknown table [{table}] (known: {', '.join(tables)})")
+        for key, value in keys.items():
+            if (table, key) not in _KEYS:
+                known = sorted(k for t, k in _KEYS if t == table)
+                raise ValueError(f"{what}: unknown key {key!r} in [{table}] (known: {', '.join(known)})")
+            name, read = _KEYS[table, key]
+            setattr(m, name, read(value))
+    if m.ppn < 1:
+        raise ValueError(f"{what}: ppn must be at least 1")
     for f in fields(m):
         v = getattr(m, f.name)
         if v < 0 or (f.name.endswith("bandwidth") or f.name.endswith("_bw")) and v == 0:
