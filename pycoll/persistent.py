@@ -111,6 +111,13 @@ class Persistent:
             self.task = None
         self.lane = None
 
+    def __del__(self) -> None:
+        # dropped without free() (as Python code drops objects): release the schedule's scratch
+        # now; a schedule is a reference cycle that the garbage collector frees only much later
+        task = self.task
+        if task is not None and task.state is not IN_PROGRESS:
+            task.finalize()
+
 
 #: The parameters of the collectives that are buffers (a repeated call compares their dtypes).
 BUFFER_PARAMS = frozenset(("buf", "sendbuf", "recvbuf"))

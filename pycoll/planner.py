@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
 
 from pycoll import agreement, algorithms, config, status
 from pycoll.algorithms.base import CollArgs
@@ -27,7 +27,7 @@ from pycoll.errors import MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
-from pycoll.tasks.task import COMPLETED, Task
+from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.team import Team
@@ -153,12 +153,14 @@ class Planner:
             else:
                 task, key, shape = self.build(call, tag, algorithm, options, reuse=False)
                 if shape is None:  # partitioned: a schedule of parts, each its own unit of credit
-                    return self.submit(self.checked(task, call, key), priority, timeout, call.out)
+                    return self.submit(self.checked(task, call, key), priority, timeout, call.out,
+                                       on_done=self.let_go)
                 self.credit_unit(task, key)
             if self._check != "off":
                 guarded = self.checked(task, call, key)
-                if guarded is not task:  # behind the agreement check: not pooled
-                    return self.submit(guarded, priority, timeout, call.out)
+                if guarded is not task:  # behind the agreement check: pooled when the check is over
+                    task.plan_shape = shape
+                    return self.submit(guarded, priority, timeout, call.out, on_done=self.recycle_checked)
             t = ctx.timeout if timeout is None else timeout
             task.timeout = t if t is not None and 0 < t < _INF else None
             task.plan_shape = shape
@@ -224,9 +226,10 @@ class Planner:
         return task
 
     def submit(self, task: Task, priority: int, timeout: Optional[float], out: Any,
-               shape: Optional[tuple] = None) -> Request:
+               shape: Optional[tuple] = None, on_done: Optional[Callable[[Request], None]] = None) -> Request:
         """Submit ``task`` to the team's engine with its priority and timeout (``None``: the
-        context's); a task with a ``shape`` returns to the pool when its request is collected."""
+        context's); a task with a ``shape`` returns to the pool when its request is collected,
+        else ``on_done(request)`` runs then (:meth:`let_go`, :meth:`recycle_checked`)."""
         if self.revoked is not None:
             self.refuse()
         if task.owner is None:  # (point to point, the scheduling layer's own tasks)
@@ -236,7 +239,7 @@ class Planner:
         task.timeout = t if t is not None and 0 < t < _INF else None
         task.priority = priority
         if shape is None:
-            return ctx.submit(task, result=out)
+            return ctx.submit(task, result=out, on_done=on_done)
         task.plan_shape = shape
         return ctx.submit(task, result=out, on_done=self._recycle_done)
 
@@ -466,6 +469,21 @@ class Planner:
                 task.unbind()
         else:
             task.finalize()
+
+    def recycle_checked(self, req: Request) -> None:
+        """A collective run behind the agreement check (a
+        :class:`~pycoll.agreement.CheckedCall`) finished: the collective it ran goes to the pool
+        as an unchecked run's does (:meth:`recycle` reads only ``.task``, which the checked call
+        has: the collective)."""
+        self.recycle(req.task)  # type: ignore[arg-type]
+
+    @staticmethod
+    def let_go(req: Request) -> None:
+        """A collective that is not kept (partitioned, or built for one run) finished: release
+        its scratch now (a schedule is a reference cycle, which only the garbage collector would
+        free, long after)."""
+        if req.task.state is not IN_PROGRESS:
+            req.task.finalize()
 
     # ------------------------------------------------------------------ revoking
     def revoke(self, error: RevokedError) -> int:

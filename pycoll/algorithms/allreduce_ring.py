@@ -51,6 +51,9 @@ class _Reduce(FunctionTask):
     def unbind(self) -> None:
         self.own = self.out = UNBOUND
 
+    def finalize(self) -> None:
+        self.received = self.own = self.out = UNBOUND
+
     def _reduce(self) -> None:
         reduce_into(self.received, self.own, self.op, out=self.out)
         if self.divide_by:
@@ -99,8 +102,10 @@ class RingAllreduce(PipelinedSchedule):
         n = args.size
         self.args = args
         self.bounds = block_bounds(args.count, n)
-        self.frag_elems = fragment_elems(fragment_bytes, n * args.dst.itemsize)
         longest = self.bounds[1] - self.bounds[0]
+        # (no longer than a block: each slot's scratch is n - 1 fragments, and a kept collective
+        # keeps it, so it must not outgrow the buffer it serves)
+        self.frag_elems = min(fragment_elems(fragment_bytes, n * args.dst.itemsize), max(1, longest))
         self._slots: dict = {}
         super().__init__(fragment_count(longest, self.frag_elems), self._make, self._setup, depth=depth,
                          order=PipelineOrder.PARALLEL, name=args.name)
@@ -143,6 +148,11 @@ class RingAllreduce(PipelinedSchedule):
     def unbind(self) -> None:
         self.args.src = self.args.dst = UNBOUND
         super().unbind()  # (each start points the slots' tasks at its fragment again)
+
+    def finalize(self) -> None:
+        """Drop the slots and their scratch (the schedule will not run again)."""
+        super().finalize()
+        self._slots.clear()
 
     def describe(self) -> str:
         return f"{super().describe()} {self.args.channel!r}"

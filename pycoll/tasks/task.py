@@ -178,7 +178,11 @@ class Task(EventManager):
         canceled or fails."""
 
     def finalize(self) -> None:
-        """Release the task's resources for good (it will not be posted again)."""
+        """Release the task's resources for good (it will not be posted again): by default what
+        :meth:`unbind` drops. Tasks that own scratch drop it too: a dropped task is often part of
+        a reference cycle (a schedule and its children), which only the garbage collector frees,
+        long after the memory it holds should have gone."""
+        self.unbind()
 
     def unbind(self) -> None:
         """Drop the references this finished task holds to its call's buffers: it waits in the

@@ -285,3 +285,69 @@ def test_persistent_bcast_and_barrier():
         bufs[2][:] = run + 1
         pycoll.wait_all([p.start() for p in pb] + [p.start() for p in pbar])
         assert all((b == run + 1).all() for b in bufs)
+
+
+@pytest.mark.parametrize("how", ["checked", "persistent", "partitioned"])
+def test_collectives_not_kept_free_their_scratch_without_the_garbage_collector(how, monkeypatch):
+    """A schedule is a reference cycle (its children point back at it): a collective that is not
+    kept for reuse must release its scratch when it is let go, not at the next garbage collection
+    (a soak of random calls held 17 MiB that way). The first calls of a team run behind the
+    agreement check, and return to the pool afterwards like any other."""
+    import gc
+    import weakref
+
+    import pycoll.algorithms.allreduce_ring as ring
+    from pycoll.buffers import scratch_array
+
+    refs = []  # the ring allreduces' mapped scratch, weakly
+
+    def mapped(size, dtype):
+        arr = scratch_array(size, dtype)
+        refs.append(weakref.ref(arr.base))
+        return arr
+
+    monkeypatch.setattr(ring, "scratch_array", mapped)
+    n, count = 3, 3 * (256 << 10) // 8  # float64: each rank's block maps its scratch (>= 128 KiB)
+    ctx = pycoll.Context(partition_bytes=(256 << 10) if how == "partitioned" else None)
+    teams = pycoll.local_teams(n, ctx)
+    ins = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(n)]
+    gc.collect()
+    gc.disable()
+    try:
+        outs = [np.zeros(count) for _ in range(n)]
+        if how == "persistent":
+            pers = [t.allreduce_init(ins[r], outs[r], algorithm="ring") for r, t in enumerate(teams)]
+            pycoll.wait_all([p.start() for p in pers])
+            del pers
+        else:
+            reqs = [t.allreduce(ins[r], outs[r], algorithm="ring") for r, t in enumerate(teams)]
+            pycoll.wait_all(reqs)
+            task = reqs[0].task
+            if how == "checked":
+                assert type(task).__name__ == "CheckedCall"
+                kept = [t for pool in teams[0].planner._plans.values() for t in pool]
+                assert task.task in kept, "the collective run behind the check was not kept for reuse"
+                for team in teams:
+                    team.planner.close()  # (lets the kept ones go: their finalize frees the scratch)
+            del reqs, task
+        assert refs
+        for r in range(n):
+            np.testing.assert_array_equal(outs[r], sum(ins))
+        assert all(ref() is None for ref in refs), f"{how}: scratch held until the garbage collector runs"
+    finally:
+        gc.enable()
+
+
+def test_ring_scratch_is_no_larger_than_the_buffer():
+    """A ring allreduce's scratch is n - 1 fragments per slot: a fragment is cut to the block, so
+    a small call does not hold (and its kept schedule keep) a whole fragment_bytes of scratch."""
+    n, count = 4, 1000
+    teams = pycoll.local_teams(n)
+    ins = [np.full(count, r + 1, np.float32) for r in range(n)]
+    reqs = [t.allreduce(ins[r], algorithm="ring") for r, t in enumerate(teams)]
+    pycoll.wait_all(reqs)
+    ring = reqs[0].task
+    ring = getattr(ring, "task", ring)  # (behind the agreement check)
+    assert all((x == sum(range(1, n + 1))).all() for x in ins)
+    scratch = sum(st.scratch.nbytes for st in ring._slots.values())
+    assert 0 < scratch <= count * 4, f"{scratch} B of scratch for a {count * 4} B allreduce"
