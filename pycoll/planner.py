@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Finished collectives kept per call shape for reuse, and shapes remembered per team.
 MAX_PLANS_PER_SHAPE = 4
 MAX_PLAN_SHAPES = 64
-#: Most bytes of buffers (the tasks' ``nbytes``, which their scratch follows) the kept collectives
-#: of a team may span: a program of many large sizes keeps fewer of them instead of more memory.
+#: Most bytes the kept collectives of a team may span: their buffers (``nbytes``) and the scratch
+#: they keep (``scratch_bytes``): a program of many large sizes keeps fewer of them instead of
+#: more memory.
 #: (Measured: at 16 MiB, and 32 MiB of remembered calls, 10,000 random calls grew RSS 13-21% past
 #: the first thousand; a collective left out is rebuilt in tens of microseconds, beside the
 #: milliseconds its megabytes take to move: an 8-16 MiB allreduce is no slower.)
@@ -79,7 +80,7 @@ class Planner:
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
-        self._plan_bytes = 0  # the nbytes of the kept collectives (MAX_PLAN_BYTES)
+        self._plan_bytes = 0  # the nbytes and scratch of the kept collectives (MAX_PLAN_BYTES)
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
@@ -146,7 +147,7 @@ class Planner:
             if pool:
                 key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
                 task = pool.pop()
-                self._plan_bytes -= task.nbytes
+                self._plan_bytes -= task.nbytes + task.scratch_bytes
                 task.rebind(call.src, call.dst, key)
                 if task.credit and ctx.credit_bytes:  # its credit was set when it was built
                     ctx.watch_demand(task, self.team.transport, key)
@@ -260,7 +261,7 @@ class Planner:
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
             task = pool.pop()
-            self._plan_bytes -= task.nbytes
+            self._plan_bytes -= task.nbytes + task.scratch_bytes
             task.rebind(src, dst, key)
             return task, key, shape
         if algorithm is None and element_code(src.dtype) is None and agreement.on_segment(coll, name):
@@ -432,7 +433,7 @@ class Planner:
         if not pool:
             return None
         task = pool.pop()
-        self._plan_bytes -= task.nbytes
+        self._plan_bytes -= task.nbytes + task.scratch_bytes
         return task
 
     def recycle(self, req: Request) -> None:
@@ -441,22 +442,23 @@ class Planner:
         task = req.task
         shape = task.plan_shape
         pool = self._plans.get(shape)
-        fits = self._plan_bytes + task.nbytes <= MAX_PLAN_BYTES
+        held = task.nbytes + task.scratch_bytes
+        fits = self._plan_bytes + held <= MAX_PLAN_BYTES
         if pool is not None and fits and task.state is COMPLETED and len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)  # the common case (a pool holds tasks that can be rebound)
-            self._plan_bytes += task.nbytes
+            self._plan_bytes += held
             if task.nbytes >= UNBIND_BYTES:
                 task.unbind()
             return
-        if (task.state is not COMPLETED or not hasattr(task, "rebind") or task.nbytes > MAX_PLAN_BYTES
+        if (task.state is not COMPLETED or not hasattr(task, "rebind") or held > MAX_PLAN_BYTES
                 or (pool is not None and len(pool) >= MAX_PLANS_PER_SHAPE)):
             task.finalize()  # (not kept: nothing else is pushed out for it)
             return
         while self._plans and (len(self._plans) >= MAX_PLAN_SHAPES and pool is None
-                               or self._plan_bytes + task.nbytes > MAX_PLAN_BYTES):
+                               or self._plan_bytes + held > MAX_PLAN_BYTES):
             oldest = next(iter(self._plans))  # forget the oldest shape
             for old in self._plans.pop(oldest):
-                self._plan_bytes -= old.nbytes
+                self._plan_bytes -= old.nbytes + old.scratch_bytes
                 old.finalize()
             if oldest == shape:
                 pool = None
@@ -464,7 +466,7 @@ class Planner:
             pool = self._plans[shape] = []
         if len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)
-            self._plan_bytes += task.nbytes
+            self._plan_bytes += held
             if task.nbytes >= UNBIND_BYTES:
                 task.unbind()
         else:

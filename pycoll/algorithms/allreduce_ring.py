@@ -149,6 +149,11 @@ class RingAllreduce(PipelinedSchedule):
         self.args.src = self.args.dst = UNBOUND
         super().unbind()  # (each start points the slots' tasks at its fragment again)
 
+    @property
+    def scratch_bytes(self) -> int:  # type: ignore[override]
+        """The slots' scratch."""
+        return sum(st.scratch.nbytes for st in self._slots.values())
+
     def finalize(self) -> None:
         """Drop the slots and their scratch (the schedule will not run again)."""
         super().finalize()

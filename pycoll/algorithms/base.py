@@ -137,7 +137,7 @@ class StepTask(Task):
     scratch buffers (fresh large buffers cost page faults on every call).
     """
 
-    __slots__ = ("args", "_gen", "_wait", "_scratch")
+    __slots__ = ("args", "_gen", "_wait", "_scratch", "scratch_bytes")
 
     #: Whether this rank's first move in the collective is a send (then it takes credit; a rank
     #: that starts by receiving does not: see Team._unit). Algorithms set it per rank.
@@ -149,6 +149,7 @@ class StepTask(Task):
         self._gen: Optional[Generator[Waitable, None, None]] = None
         self._wait: Waitable = ()
         self._scratch: List[np.ndarray] = []
+        self.scratch_bytes = 0
 
     def scratch(self, i: int, like: np.ndarray) -> np.ndarray:
         """Scratch buffer ``i`` shaped like ``like``, kept across calls."""
@@ -156,7 +157,9 @@ class StepTask(Task):
             self._scratch.append(np.empty(0, like.dtype))
         buf = self._scratch[i]
         if buf.size < like.size or buf.dtype != like.dtype:
+            self.scratch_bytes -= buf.nbytes
             buf = self._scratch[i] = scratch_array(like.size, like.dtype)
+            self.scratch_bytes += buf.nbytes
         return buf[:like.size]
 
     def scratch_of(self, i: int, size: int, dtype: np.dtype) -> np.ndarray:
@@ -167,7 +170,9 @@ class StepTask(Task):
             bufs.append(np.empty(0, dtype))
         buf = bufs[i]
         if buf.size < size or buf.dtype != dtype:
+            self.scratch_bytes -= buf.nbytes
             buf = bufs[i] = scratch_array(size, dtype)
+            self.scratch_bytes += buf.nbytes
         return buf[:size]
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
@@ -225,6 +230,7 @@ class StepTask(Task):
     def finalize(self) -> None:
         """Release the scratch buffers (the task will not run again)."""
         self._scratch = []
+        self.scratch_bytes = 0
         self.unbind()
 
     def unbind(self) -> None:

@@ -45,6 +45,7 @@ class ProgramTask(StepTask):
                          for i in program.instrs if i.kind == "reduce"}
         self._scratch_bytes = {name: scratch_array(nbytes, _U8) for name, nbytes in program.buffers.items()
                                if name not in ("src", "dst")}
+        self.scratch_bytes = sum(b.nbytes for b in self._scratch_bytes.values())
 
     def _buffers(self) -> Dict[str, np.ndarray]:
         a, prog = self.args, self.program

@@ -124,6 +124,11 @@ class Schedule(Task):
         for task in self.tasks:
             task.finalize()
 
+    @property
+    def scratch_bytes(self) -> int:  # type: ignore[override]
+        """The scratch its tasks keep between runs."""
+        return sum(task.scratch_bytes for task in self.tasks)
+
     def unbind(self) -> None:
         for task in self.tasks:
             task.unbind()

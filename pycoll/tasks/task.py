@@ -177,6 +177,10 @@ class Task(EventManager):
         """Release what :meth:`post` started (outstanding transfers) when an in-progress task is
         canceled or fails."""
 
+    #: Bytes of scratch the task keeps between runs (what the plan pool counts besides
+    #: ``nbytes``); tasks that keep scratch say how much.
+    scratch_bytes = 0
+
     def finalize(self) -> None:
         """Release the task's resources for good (it will not be posted again): by default what
         :meth:`unbind` drops. Tasks that own scratch drop it too: a dropped task is often part of

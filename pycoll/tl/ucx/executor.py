@@ -96,6 +96,7 @@ class UCXProgramTask(Task):
         n = len(program.instrs)
         self.scratch: Dict[str, np.ndarray] = {name: scratch_array(program.buffers[name], _U8)
                                                for name in prepared.names[2:]}
+        self.scratch_bytes = sum(b.nbytes for b in self.scratch.values())
         e = self.e = ffi.new("pc_exec_t *")
         self._reqs = ffi.new("void *[]", max(n, 1))
         self._state = ffi.new("uint8_t[]", max(n, 1))
