@@ -19,7 +19,7 @@ import numpy as np
 from pycoll.calls import Call
 from pycoll.engine.express import ExpressLane, has_express_lane
 from pycoll.engine.request import Request
-from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
+from pycoll.tasks.task import COMPLETED, FINISHED, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.planner import Planner
@@ -115,7 +115,7 @@ class Persistent:
         # dropped without free() (as Python code drops objects): release the schedule's scratch
         # now; a schedule is a reference cycle that the garbage collector frees only much later
         task = self.task
-        if task is not None and task.state is not IN_PROGRESS:
+        if task is not None and task.state in FINISHED:  # (a run in flight or queued still needs it)
             task.finalize()
 
 
@@ -178,10 +178,10 @@ class Repeated:
 
     def free(self) -> None:
         """Release the persistent collective (the entry is replaced or forgotten, or the team
-        closes); one still running is only let go (its request finishes it)."""
+        closes); one still running or queued is only let go (its request finishes it)."""
         p, self.persistent = self.persistent, None
         self.lane = None
-        if p is not None and (p.task is None or p.task.state is not IN_PROGRESS):
+        if p is not None and (p.task is None or p.task.state in FINISHED):
             p.free()
 
 

@@ -27,7 +27,7 @@ from pycoll.errors import MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
-from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
+from pycoll.tasks.task import COMPLETED, FINISHED, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.team import Team
@@ -484,7 +484,7 @@ class Planner:
         """A collective that is not kept (partitioned, or built for one run) finished: release
         its scratch now (a schedule is a reference cycle, which only the garbage collector would
         free, long after)."""
-        if req.task.state is not IN_PROGRESS:
+        if req.task.state in FINISHED:
             req.task.finalize()
 
     # ------------------------------------------------------------------ revoking

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp
+from pycoll import ReduceOp, TaskState
 from pycoll.ops import DTYPES
 from tests.reference import ALL_DTYPES, assert_same, expected, make_input, valid_ops
 
@@ -298,6 +298,7 @@ def test_collectives_not_kept_free_their_scratch_without_the_garbage_collector(h
     import weakref
 
     import pycoll.algorithms.allreduce_ring as ring
+    from pycoll.agreement import CheckedCall
     from pycoll.buffers import scratch_array
 
     refs = []  # the ring allreduces' mapped scratch, weakly
@@ -325,7 +326,7 @@ def test_collectives_not_kept_free_their_scratch_without_the_garbage_collector(h
             pycoll.wait_all(reqs)
             task = reqs[0].task
             if how == "checked":
-                assert type(task).__name__ == "CheckedCall"
+                assert isinstance(task, CheckedCall)
                 kept = [t for pool in teams[0].planner._plans.values() for t in pool]
                 assert task.task in kept, "the collective run behind the check was not kept for reuse"
                 for team in teams:
@@ -350,5 +351,29 @@ def test_ring_scratch_is_no_larger_than_the_buffer():
     ring = reqs[0].task
     ring = getattr(ring, "task", ring)  # (behind the agreement check)
     assert all((x == sum(range(1, n + 1))).all() for x in ins)
-    scratch = sum(st.scratch.nbytes for st in ring._slots.values())
+    scratch = ring.scratch_bytes
     assert 0 < scratch <= count * 4, f"{scratch} B of scratch for a {count * 4} B allreduce"
+
+
+def test_a_dropped_persistent_collective_still_runs_its_queued_start():
+    """A persistent collective dropped while its last start waits for credit (queued, not yet in
+    progress) releases nothing that start needs: it still runs, on the same buffers."""
+    import gc
+
+    n = 2
+    teams = pycoll.local_teams(n, pycoll.Context(credit_bytes=1024))
+    big = [np.ones(4096) for _ in range(n)]
+    bufs = [np.full(2000, r + 1.0) for r in range(n)]
+    outs = [np.zeros(2000) for _ in range(n)]
+    pers = [t.allreduce_init(bufs[r], outs[r], algorithm="rd") for r, t in enumerate(teams)]
+    pycoll.wait_all([p.start() for p in pers])
+    ahead = [t.allreduce(big[r], algorithm="rd") for r, t in enumerate(teams)]  # holds the credit
+    reqs = [p.start() for p in pers]
+    assert all(p.task.state is TaskState.NOT_READY for p in pers)  # queued behind it
+    for out in outs:
+        out[:] = 0
+    del pers
+    gc.collect()
+    pycoll.wait_all(ahead + reqs)
+    for out in outs:
+        np.testing.assert_array_equal(out, 3.0)
