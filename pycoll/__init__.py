@@ -4,6 +4,7 @@ A collective is a schedule (a DAG of tasks subscribed to each other's events); o
 per process starts work by priority while credit allows; transports move the bytes.
 """
 
+from pycoll import libenv
 from pycoll.engine import Context, Request, get_context, wait_all
 from pycoll.errors import (
     BufferError,
@@ -20,6 +21,8 @@ from pycoll.events import Event, EventManager
 from pycoll.ops import ReduceOp
 from pycoll.tasks import PipelinedSchedule, PipelineOrder, Schedule, Task, TaskState
 from pycoll.team import Team, local_teams
+
+libenv.apply()  # (no import above starts MPI or UCX: an MPI started after pycoll's import reads them)
 
 __version__ = "0.1.0"
 
