@@ -3,6 +3,7 @@ table (time, algbw, busbw) with the alpha-beta-gamma closed form beside it.
 
     pycoll sim allreduce -n 1024 --algorithm rd,rabenseifner --min-bytes 8 --max-bytes 64M
     pycoll sim bcast -n 4096 --machine m.toml --json out.json --stats
+    pycoll sim allreduce -n 512 --ppn 8 --nodes-per-leaf 16 --oversubscription 4 --min-bytes 64M
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bandwidth", help="network bandwidth per link (e.g. 12.5GB/s)")
     p.add_argument("--ppn", type=int, help="ranks per node (the node's alpha and bandwidth within one)")
     p.add_argument("--reduce", help="reduction throughput per rank (e.g. 5GB/s)")
+    p.add_argument("--contention", action="store_true",
+                   help="links shared by the messages crossing them, max-min fair (NICs; with "
+                        "--nodes-per-leaf a fat tree's uplinks too)")
+    p.add_argument("--nics", type=int, help="NICs (rails) per node, --bandwidth each (with --contention)")
+    p.add_argument("--nodes-per-leaf", type=int,
+                   help="a two-level fat tree: nodes per leaf switch (implies --contention)")
+    p.add_argument("--oversubscription", type=float,
+                   help="the fat tree's leaf downlinks : uplinks (e.g. 4; implies --contention)")
     p.add_argument("--late", action="append", default=[], metavar="RANK:SECONDS",
                    help="a rank that starts late (repeatable)")
     p.add_argument("--slow", action="append", default=[], metavar="RANK:FACTOR",
@@ -111,11 +120,23 @@ def run(args: argparse.Namespace) -> int:
         m.ppn = args.ppn
     if args.reduce:
         m.reduce_bw = machine.rate(args.reduce)
+    if args.nics:
+        m.nics = args.nics
+    if args.nodes_per_leaf is not None:
+        m.nodes_per_leaf = args.nodes_per_leaf
+    if args.oversubscription:
+        m.oversubscription = args.oversubscription
+    m.contention = m.contention or args.contention or args.nodes_per_leaf is not None or bool(
+        args.oversubscription)
     late = _pairs(args.late, "late", machine.seconds)
     slow = _pairs(args.slow, "slow", float)
     n = args.ranks
     if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow)):
         print("pycoll sim: -n must be at least 1, and --late/--slow ranks within it", file=sys.stderr)
+        return 2
+    if m.nics < 1 or m.nodes_per_leaf < 0 or m.oversubscription <= 0:
+        print("pycoll sim: --nics must be at least 1, --nodes-per-leaf at least 0 and --oversubscription "
+              "positive", file=sys.stderr)
         return 2
     algs = ALL[args.coll] if args.algorithm == "all" else tuple(args.algorithm.split(","))
     sizes = []

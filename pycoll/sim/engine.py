@@ -5,8 +5,10 @@ those it depends on are done (a reduction or copy holds the rank until it is don
 receive only for the ``overhead`` of posting it). A send books the sender's link out and the
 receiver's link in for its bytes (after those already booked) and arrives ``alpha`` later; a
 receive is done when its message has arrived and it was posted (messages between two ranks match
-by step, in order). Only sizes travel: no payload. The clock jumps from one completion to the
-next (a heap of completion times).
+by step, in order). With the machine's ``contention`` a send is a flow instead, sharing the links
+it crosses with the others in flight (:mod:`pycoll.sim.flows`): it is done when drained, and
+arrives ``alpha`` later. Only sizes travel: no payload. The clock jumps from one completion to
+the next (a heap of completion times).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from pycoll.lower.program import Program
+from pycoll.sim.flows import Flows
 from pycoll.sim.machine import Machine
 
 SEND, RECV, REDUCE, COPY, AVG = range(5)
+_FLOW_STARTS, _FLOW_ENDS = -2, -1  # heap entries of flows (instruction completions carry a rank >= 0)
 _KINDS = {"send": SEND, "recv": RECV, "reduce": REDUCE, "copy": COPY, "avg": AVG}
 _SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg": "buf"}
 
@@ -121,6 +125,11 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     rbw, cbw = machine.reduce_bw, machine.copy_bw
 
     nxt = [0] * n  # the next instruction each rank issues
+    flows = Flows(machine.capacity) if machine.contention else None
+    route = machine.route
+    #: flow -> (rank, instruction, peer, step, alpha, bytes) of the send it carries
+    sending: Dict[int, Tuple[int, int, int, int, float, float]] = {}
+    projected: Dict[int, int] = {}  # flow -> the heap entry of its latest projected end
 
     def issue(r: int, t: float) -> None:
         """Issue rank ``r``'s instructions in order from the next, while their dependencies are done."""
@@ -133,6 +142,19 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             i += 1
         nxt[r] = i
 
+    def deliver(d: int, src: int, step: int, arrival: float) -> None:
+        """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
+        mailbox until one is posted."""
+        nonlocal seq
+        key = (d, src, step)
+        q = waiting.get(key)
+        if q:
+            j, posted = q.popleft()
+            seq += 1
+            push(heap, (max(arrival, posted), seq, d, j))
+        else:
+            mailbox.setdefault(key, deque()).append(arrival)
+
     def begin(r: int, i: int, t: float) -> None:
         nonlocal seq, messages, sent
         p = programs[r]
@@ -143,22 +165,19 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             d = p.peers[i]
             nb = p.nbytes[i]
             alpha, per_byte = link(r, d)
+            messages += 1
+            sent += nb
+            if flows is not None:  # (its rate depends on the others: it starts at t0, ends when drained)
+                seq += 1
+                sending[seq] = (r, i, d, p.steps[i], alpha, nb * factor[r])
+                push(heap, (t0, seq, _FLOW_STARTS, seq))
+                return
             b = max(t0, tx_free[r], rx_free[d])
             end = b + nb * per_byte * factor[r]
             tx_free[r] = rx_free[d] = end
             seq += 1
             push(heap, (end, seq, r, i))
-            arrival = end + alpha
-            messages += 1
-            sent += nb
-            key = (d, r, p.steps[i])
-            q = waiting.get(key)
-            if q:
-                j, posted = q.popleft()
-                seq += 1
-                push(heap, (max(arrival, posted), seq, d, j))
-            else:
-                mailbox.setdefault(key, deque()).append(arrival)
+            deliver(d, r, p.steps[i], end + alpha)
         elif k == RECV:
             t0 = max(t, cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
@@ -181,8 +200,25 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         issue(r, starts[r])
     events = 0
     pop = heapq.heappop
-    while heap:
-        t, _, r, i = pop(heap)
+    while heap or flows is not None and flows.dirty:
+        if flows is not None and flows.dirty and (not heap or heap[0][0] > flows.now):
+            for end, fid in flows.settle():  # (every start and end of this instant seen: new rates)
+                seq += 1
+                projected[fid] = seq
+                push(heap, (end, seq, _FLOW_ENDS, fid))
+            continue
+        t, entry, r, i = pop(heap)
+        if r < 0:  # a flow starts, or may end
+            if r == _FLOW_STARTS:
+                src, _, d, _, _, nb = sending[i]
+                flows.start(t, i, nb, route(src, d))  # type: ignore[union-attr]
+                continue
+            if projected.get(i) != entry:
+                continue  # (a projection the rates have changed since)
+            del projected[i]
+            flows.end(t, i)  # type: ignore[union-attr]
+            r, i, d, step, alpha, _ = sending.pop(i)
+            deliver(d, r, step, t + alpha)  # (and the send is done: below)
         events += 1
         left[r] -= 1
         if t > finish[r]:

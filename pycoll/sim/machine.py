@@ -1,19 +1,32 @@
-"""The machine a simulation runs on: an alpha-beta-gamma model with nodes.
+"""The machine a simulation runs on: an alpha-beta-gamma model with nodes, and optionally links
+shared among the messages that cross them (NICs, rails, a two-level fat tree).
 
 Between two ranks a message of ``n`` bytes takes ``alpha + n / bandwidth``: ``alpha`` (latency)
 and ``bandwidth`` are the network's between nodes and the node's within one (``ppn`` ranks per
 node, consecutive ranks together). Each rank has one link out and one in: its messages go out one
 after another, and arrive one after another. A reduction costs ``n / reduce_bw`` of the rank's
-time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o). A machine file is
-TOML::
+time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o).
+
+With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
+a node each rank's link out and in (``node_bandwidth``); between nodes the NICs (``nics`` per
+node, ``bandwidth`` each; a node's ``k``-th rank uses NIC ``k % nics``: rails) and, when
+``nodes_per_leaf`` is set, a two-level fat tree: nodes hang from leaf switches, ``nodes_per_leaf``
+each, and a message between leaves also crosses its leaf's uplink and the other leaf's downlink,
+of ``nodes_per_leaf * nics * bandwidth / oversubscription`` each (the spine is not blocking;
+the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machine file is TOML::
 
     [network]              # between nodes
     alpha = "2us"
-    bandwidth = "12.5GB/s"
+    bandwidth = "12.5GB/s" # per NIC
     [node]                 # within a node
     ppn = 8
+    nics = 1               # NICs (rails) per node
     alpha = "0.5us"
     bandwidth = "20GB/s"
+    [fabric]               # links shared by the messages crossing them (max-min fair)
+    contention = true      # (the default where [fabric] is given)
+    nodes_per_leaf = 16    # 0: one switch that never blocks
+    oversubscription = 4   # the leaves' downlinks : uplinks
     [compute]
     reduce = "5GB/s"       # the reduction's throughput (bytes of output per second)
     copy = "10GB/s"        # 0 or "inf": free
@@ -25,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Union
+from typing import Any, Dict, Hashable, Tuple, Union
 
 import tomllib
 
@@ -57,6 +70,13 @@ def rate(value: Union[str, float, int]) -> float:
     return float(m.group(1)) * _RATE[unit]
 
 
+def flag(value: Any) -> bool:
+    """A TOML boolean (``true``/``false``), nothing else."""
+    if not isinstance(value, bool):
+        raise ValueError(f"not true or false: {value!r}")
+    return value
+
+
 @dataclass
 class Machine:
     """The model's parameters (seconds, bytes per second); see the module doc."""
@@ -69,6 +89,10 @@ class Machine:
     reduce_bw: float = 5e9
     copy_bw: float = 10e9
     overhead: float = 0.0
+    nics: int = 1
+    contention: bool = False
+    nodes_per_leaf: int = 0
+    oversubscription: float = 1.0
 
     def link(self, a: int, b: int) -> tuple[float, float]:
         """(alpha, seconds per byte) from rank ``a`` to rank ``b``."""
@@ -76,13 +100,42 @@ class Machine:
             return self.node_alpha, 1.0 / self.node_bandwidth
         return self.alpha, 1.0 / self.bandwidth
 
+    def route(self, a: int, b: int) -> Tuple[Hashable, ...]:
+        """The links a message from rank ``a`` to rank ``b`` crosses (with ``contention``)."""
+        ppn = self.ppn
+        node_a, node_b = a // ppn, b // ppn
+        if ppn > 1 and node_a == node_b:
+            return ("tx", a), ("rx", b)
+        nics = self.nics
+        links: Tuple[Hashable, ...] = (("out", node_a, a % ppn % nics), ("in", node_b, b % ppn % nics))
+        per_leaf = self.nodes_per_leaf
+        if per_leaf and node_a // per_leaf != node_b // per_leaf:
+            links += (("up", node_a // per_leaf), ("down", node_b // per_leaf))
+        return links
+
+    def capacity(self, link: Hashable) -> float:
+        """The bandwidth of one of the links :meth:`route` gives (bytes per second)."""
+        kind = link[0]  # type: ignore[index]
+        if kind in ("tx", "rx"):
+            return self.node_bandwidth
+        if kind in ("out", "in"):
+            return self.bandwidth
+        return self.nodes_per_leaf * self.nics * self.bandwidth / self.oversubscription
+
     def describe(self) -> str:
         """One line: the parameters, in the units a machine file uses."""
         def bw(x: float) -> str:
             return "inf" if math.isinf(x) else f"{x / 1e9:g}GB/s"
         node = (f"; node of {self.ppn}: alpha {self.node_alpha * 1e6:g}us, {bw(self.node_bandwidth)}"
                 if self.ppn > 1 else "")
-        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{node}; "
+        nics = f" x {self.nics} NICs" if self.nics > 1 else ""
+        fabric = ""
+        if self.contention:
+            fabric = "; links shared (max-min)"
+            if self.nodes_per_leaf:
+                fabric += (f", fat tree of {self.nodes_per_leaf} nodes per leaf, "
+                           f"oversubscribed {self.oversubscription:g}:1")
+        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{node}{fabric}; "
                 f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us")
 
 
@@ -97,12 +150,16 @@ def load(path: str) -> Machine:
 _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("bandwidth", rate),
          ("node", "ppn"): ("ppn", int), ("node", "alpha"): ("node_alpha", seconds),
          ("node", "bandwidth"): ("node_bandwidth", rate), ("compute", "reduce"): ("reduce_bw", rate),
-         ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds)}
+         ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds),
+         ("node", "nics"): ("nics", int), ("fabric", "contention"): ("contention", flag),
+         ("fabric", "nodes_per_leaf"): ("nodes_per_leaf", int),
+         ("fabric", "oversubscription"): ("oversubscription", float)}
 
 
 def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
     """A machine from the tables of a machine file."""
     m = Machine()
+    m.contention = "fabric" in doc  # (a [fabric] table means shared links unless it says contention = false)
     tables = sorted({t for t, _ in _KEYS})
     for table, keys in doc.items():
         if table not in tables or not isinstance(keys, dict):
@@ -113,8 +170,10 @@ def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
                 raise ValueError(f"{what}: unknown key {key!r} in [{table}] (known: {', '.join(known)})")
             name, read = _KEYS[table, key]
             setattr(m, name, read(value))
-    if m.ppn < 1:
-        raise ValueError(f"{what}: ppn must be at least 1")
+    if m.ppn < 1 or m.nics < 1:
+        raise ValueError(f"{what}: ppn and nics must be at least 1")
+    if m.nodes_per_leaf < 0 or m.oversubscription <= 0:
+        raise ValueError(f"{what}: nodes_per_leaf must be at least 0 and oversubscription positive")
     for f in fields(m):
         v = getattr(m, f.name)
         if v < 0 or (f.name.endswith("bandwidth") or f.name.endswith("_bw")) and v == 0:
