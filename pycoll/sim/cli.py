@@ -4,6 +4,7 @@ table (time, algbw, busbw) with the alpha-beta-gamma closed form beside it.
     pycoll sim allreduce -n 1024 --algorithm rd,rabenseifner --min-bytes 8 --max-bytes 64M
     pycoll sim bcast -n 4096 --machine m.toml --json out.json --stats
     pycoll sim allreduce -n 512 --ppn 8 --nodes-per-leaf 16 --oversubscription 4 --min-bytes 64M
+    pycoll sim calibrate --out host.toml      # this host's parameters, measured
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from pycoll.config import parse_bytes
 from pycoll.lower.record import NotLowerable
-from pycoll.sim import engine, formulas, machine
+from pycoll.sim import calibrate, engine, formulas, machine
 from pycoll.sim.programs import moved
 from pycoll.sim.programs import programs as rank_programs
 
@@ -34,8 +35,9 @@ def add_parser(sub: Any) -> None:
     """The ``sim`` subcommand's arguments."""
     p = sub.add_parser("sim", help="simulate a collective's algorithms on many ranks against a network model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("coll", choices=sorted(ALL))
-    p.add_argument("-n", "--ranks", type=int, required=True, help="ranks to simulate")
+    p.add_argument("coll", choices=sorted(ALL) + ["calibrate"],
+                   help="the collective to simulate, or calibrate: measure this host into a machine file")
+    p.add_argument("-n", "--ranks", type=int, help="ranks to simulate (calibrate: ranks to run, 2)")
     p.add_argument("--algorithm", default="all", help="comma-separated, or all (default)")
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="64M")
@@ -59,6 +61,10 @@ def add_parser(sub: Any) -> None:
                    help="a rank whose every cost is FACTOR times (repeatable)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
+    p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
+    p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
+    p.add_argument("--repeats", type=int, default=5, help="calibrate: measurements (the median is kept)")
+    p.add_argument("--timeout", type=float, default=300, help="calibrate: seconds the ranks may take")
     p.add_argument("--tune", action="store_true",
                    help="print the PYCOLL_TUNE rules that pick the fastest simulated algorithm per size, and "
                         "where they differ from the default selection")
@@ -111,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     """Simulate and print the table; 0, or 2 for arguments it cannot take."""
     from pycoll.perf import BUS_FACTOR  # noqa: PLC0415 - (the perf module is large; only here)
 
+    if args.coll == "calibrate":
+        return calibrate.run(args)
+    if args.ranks is None:
+        print("pycoll sim: -n is required", file=sys.stderr)
+        return 2
     m = machine.load(args.machine) if args.machine else machine.Machine()
     if args.alpha:
         m.alpha = machine.seconds(args.alpha)

@@ -123,6 +123,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     o = machine.overhead
     link = machine.link
     rbw, cbw = machine.reduce_bw, machine.copy_bw
+    rdv_bytes, rdv = machine.rendezvous_bytes, machine.rendezvous
 
     nxt = [0] * n  # the next instruction each rank issues
     flows = Flows(machine.capacity) if machine.contention else None
@@ -165,6 +166,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             d = p.peers[i]
             nb = p.nbytes[i]
             alpha, per_byte = link(r, d)
+            if rdv_bytes and nb >= rdv_bytes:
+                alpha += rdv
             messages += 1
             sent += nb
             if flows is not None:  # (its rate depends on the others: it starts at t0, ends when drained)

@@ -5,7 +5,8 @@ Between two ranks a message of ``n`` bytes takes ``alpha + n / bandwidth``: ``al
 and ``bandwidth`` are the network's between nodes and the node's within one (``ppn`` ranks per
 node, consecutive ranks together). Each rank has one link out and one in: its messages go out one
 after another, and arrive one after another. A reduction costs ``n / reduce_bw`` of the rank's
-time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o).
+time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o). A message of
+``rendezvous_bytes`` or more (where set) takes ``rendezvous`` longer, within a node or not.
 
 With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
 a node each rank's link out and in (``node_bandwidth``); between nodes the NICs (``nics`` per
@@ -18,6 +19,8 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     [network]              # between nodes
     alpha = "2us"
     bandwidth = "12.5GB/s" # per NIC
+    rendezvous_bytes = 8192 # messages of this size and more pay ``rendezvous`` more latency
+    rendezvous = "4us"     # (a protocol switch, as MPI's eager to rendezvous; LogGOPS's S)
     [node]                 # within a node
     ppn = 8
     nics = 1               # NICs (rails) per node
@@ -90,6 +93,8 @@ class Machine:
     copy_bw: float = 10e9
     overhead: float = 0.0
     nics: int = 1
+    rendezvous_bytes: int = 0
+    rendezvous: float = 0.0
     contention: bool = False
     nodes_per_leaf: int = 0
     oversubscription: float = 1.0
@@ -135,7 +140,10 @@ class Machine:
             if self.nodes_per_leaf:
                 fabric += (f", fat tree of {self.nodes_per_leaf} nodes per leaf, "
                            f"oversubscribed {self.oversubscription:g}:1")
-        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{node}{fabric}; "
+        rdv = ""
+        if self.rendezvous_bytes:
+            rdv = f", +{self.rendezvous * 1e6:g}us from {self.rendezvous_bytes} B"
+        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{rdv}{node}{fabric}; "
                 f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us")
 
 
@@ -151,7 +159,8 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("node", "ppn"): ("ppn", int), ("node", "alpha"): ("node_alpha", seconds),
          ("node", "bandwidth"): ("node_bandwidth", rate), ("compute", "reduce"): ("reduce_bw", rate),
          ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds),
-         ("node", "nics"): ("nics", int), ("fabric", "contention"): ("contention", flag),
+         ("node", "nics"): ("nics", int), ("network", "rendezvous_bytes"): ("rendezvous_bytes", int),
+         ("network", "rendezvous"): ("rendezvous", seconds), ("fabric", "contention"): ("contention", flag),
          ("fabric", "nodes_per_leaf"): ("nodes_per_leaf", int),
          ("fabric", "oversubscription"): ("oversubscription", float)}
 

@@ -91,3 +91,24 @@ def test_machine_files_and_the_cli(capsys):
     cells = [line.split() for line in out.splitlines()]
     rows = {c[0]: float(c[2]) for c in cells if c[:1] in (["rd"], ["ring"])}
     assert rows["rd"] > rows["ring"] > 0
+
+
+def test_a_protocol_switch_adds_its_latency_from_its_size():
+    """Messages of rendezvous_bytes and more pay rendezvous more: recursive doubling on 4 ranks,
+    two steps."""
+    m = network_only(rendezvous_bytes=4096, rendezvous=3e-6)
+    assert run(programs("allreduce", "rd", 4, 2048), m).time == pytest.approx(2 * (2e-6 + 2048 / 10e9))
+    assert run(programs("allreduce", "rd", 4, 4096), m).time == pytest.approx(2 * (5e-6 + 4096 / 10e9))
+
+
+def test_calibration_finds_the_protocol_switch():
+    """One-way times that jump by 4 us from 16 KiB on (above alpha + n / bandwidth) give that size
+    and that latency; times that follow the line give none."""
+    from pycoll.sim.calibrate import rendezvous
+
+    alpha, bw = 5e-6, 10e9
+    line = {n: alpha + n / bw for n in (1024, 4096, 16384, 65536)}
+    assert rendezvous(line, alpha, bw) == (0, 0.0)
+    jumped = {n: t + (4e-6 if n >= 16384 else 0.0) for n, t in line.items()}
+    limit, extra = rendezvous(jumped, alpha, bw)
+    assert limit == 16384 and extra == pytest.approx(4e-6)

@@ -1,0 +1,73 @@
+"""How close the simulator comes to this host: calibrate it (``pycoll sim calibrate``), then in the
+same run measure the algorithms with ``pycoll perf`` on the transport calibrated, simulate them
+with ``pycoll sim`` on the machine file, and print simulated / measured per size; ``--runs``
+times over (the host drifts: each run calibrates afresh).
+
+    python benchmarks/sim_accuracy.py                                 # allreduce rd, 2 ranks, MPI
+    python benchmarks/sim_accuracy.py --algorithm rd,rab,knomial --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+#: pycoll's names of algorithms the simulator names otherwise.
+SIM_NAMES = {"rab": "rabenseifner"}
+
+
+def pycoll(*args: str, env: Dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "pycoll.cli", *args], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+
+
+def rows(path: str, key: str) -> Dict[Tuple[str, int], float]:
+    with open(path) as f:
+        return {(r["algorithm"], r["bytes"]): r[key] for r in json.load(f)["rows"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--coll", default="allreduce")
+    ap.add_argument("--algorithm", default="rd")
+    ap.add_argument("-n", "--ranks", type=int, default=2)
+    ap.add_argument("--min-bytes", default="8")
+    ap.add_argument("--max-bytes", default="4M")
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    env = dict(os.environ, PYCOLL_TLS=os.environ.get("PYCOLL_TLS", "mpi"))
+    worst: Dict[str, List[float]] = {}
+    sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
+    print(f"# {args.coll} on {args.ranks} ranks, PYCOLL_TLS={env['PYCOLL_TLS']}: simulated / measured")
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            host, perf, sim = (os.path.join(tmp, f) for f in ("host.toml", "perf.json", "sim.json"))
+            pycoll("sim", "calibrate", "--out", host, env=env)
+            measured: Dict[Tuple[str, int], float] = {}
+            for alg in args.algorithm.split(","):
+                pycoll("perf", args.coll, "-n", str(args.ranks), "--algorithm", alg, *sizes, "--json", perf,
+                       env=env)
+                measured.update({(SIM_NAMES.get(a, a), b): t for (a, b), t in rows(perf, "avg_us").items()})
+            pycoll("sim", args.coll, "-n", str(args.ranks), "--machine", host, *sizes, "--json", sim,
+                   "--algorithm", ",".join(SIM_NAMES.get(a, a) for a in args.algorithm.split(",")), env=env)
+            with open(host) as f:
+                params = " ".join(line.strip() for line in f if "=" in line and "ppn" not in line)
+            simulated = rows(sim, "time_us")
+        print(f"run {run + 1}: {params}")
+        print(f"{'algorithm':>14} {'bytes':>10} {'measured_us':>12} {'simulated_us':>13} {'sim/meas':>9}")
+        for key in sorted(set(measured) & set(simulated)):
+            ratio = simulated[key] / measured[key]
+            worst.setdefault(key[0], []).append(ratio)
+            print(f"{key[0]:>14} {key[1]:>10} {measured[key]:>12.2f} {simulated[key]:>13.2f} {ratio:>9.2f}")
+    for alg, ratios in worst.items():
+        print(f"# {alg}: simulated / measured from {min(ratios):.2f} to {max(ratios):.2f} "
+              f"({len(ratios)} sizes x runs); within 25%: {sum(abs(r - 1) <= 0.25 for r in ratios)}")
+
+
+if __name__ == "__main__":
+    main()

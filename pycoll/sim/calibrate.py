@@ -1,0 +1,164 @@
+"""``pycoll sim calibrate``: this host's parameters for the simulator, measured, written as a
+machine file (:mod:`pycoll.sim.machine`).
+
+Two ranks (launched as ``pycoll run`` does) on the point-to-point transport the collectives'
+programs use (``PYCOLL_TLS``, ``mpi`` where unset) run ``--steps`` ping-pongs, each message
+posted and polled from Python as a collective's step is: half a round trip at 8 B is ``alpha``
+(what a message costs, Python included); ping-pongs of 1 KiB-256 KiB find the size from which
+messages pay a protocol's extra latency (MPI's rendezvous: ``rendezvous_bytes``, ``rendezvous``);
+both ranks sending 4 MiB at once, as a recursive-doubling step does, give the ``bandwidth``.
+numpy's reduction (``np.add`` into a buffer) and copy of 4 MiB give ``reduce`` and ``copy``.
+Every figure is the median of ``--repeats`` runs. All ranks of a simulation of this host are on
+one node: the file sets the node's parameters and the network's alike, with ``ppn`` the ranks
+that ran.
+
+    pycoll sim calibrate --out host.toml
+    pycoll sim allreduce -n 2 --machine host.toml --algorithm rd
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+BIG = 4 << 20  # bytes of the bandwidth message and of the reduction and copy
+PING_SIZES = (8, 1024, 4096, 16384, 65536, 262144)  # the ping-pongs' sizes (alpha, the protocol switch)
+
+
+def ping_pong(team: Any, nbytes: int, steps: int) -> float:
+    """Seconds per message of ``steps`` round trips of ``nbytes`` between ranks 0 and 1 (rank 0
+    sends first) on the team's transport, each message posted and polled as a collective's step
+    does (:attr:`pycoll.Team.p2p`)."""
+    wire = np.zeros(max(1, nbytes), np.uint8)
+    p2p, peer = team.p2p, 1 - team.rank
+    order = ("send", "recv") if team.rank == 0 else ("recv", "send")
+    team.barrier().wait()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for kind in order:
+            req = p2p.isend(wire, peer, "calibrate") if kind == "send" else p2p.irecv(wire, peer, "calibrate")
+            while not req.test():
+                pass
+    return (time.perf_counter() - t0) / (2 * steps)
+
+
+def exchange(team: Any, nbytes: int, steps: int) -> float:
+    """Seconds per step of ``steps`` exchanges of ``nbytes`` between ranks 0 and 1, both sending and
+    receiving at once as a recursive-doubling step does (both directions share the memory or the
+    wire)."""
+    out, into = np.zeros(max(1, nbytes), np.uint8), np.zeros(max(1, nbytes), np.uint8)
+    p2p, peer = team.p2p, 1 - team.rank
+    team.barrier().wait()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        reqs = [p2p.irecv(into, peer, "calibrate"), p2p.isend(out, peer, "calibrate")]
+        while not all(r.test() for r in reqs):
+            pass
+    return (time.perf_counter() - t0) / steps
+
+
+def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tuple[int, float]:
+    """(the smallest size whose messages pay a protocol's extra latency, that latency) from one-way
+    times by size: a size whose time exceeds ``alpha + n / bandwidth`` by more than half of
+    ``alpha`` switched protocol (MPI's eager to rendezvous: LogGOPS's S); (0, 0) where none did."""
+    extra = {n: t - alpha - n / bandwidth for n, t in sorted(one_way.items())}
+    above = [n for n, e in extra.items() if e > alpha / 2]
+    if not above or any(e <= alpha / 2 for n, e in extra.items() if n > above[0]):
+        return 0, 0.0
+    return above[0], float(np.median([extra[n] for n in above]))
+
+
+def throughput(work: str, repeats: int) -> float:
+    """Bytes per second of numpy's reduction (``reduce``: out += in) or copy of 4 MiB of float32."""
+    a, b = np.ones(BIG // 4, np.float32), np.ones(BIG // 4, np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if work == "reduce":
+            np.add(a, b, out=a)
+        else:
+            np.copyto(a, b)
+        times.append(time.perf_counter() - t0)
+    return BIG / float(np.median(times))
+
+
+def measure(steps: int, repeats: int) -> Dict[str, float]:
+    """Run on every rank of the launch (ranks 0 and 1 ping-pong): the parameters, on rank 0."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from pycoll import Team  # noqa: PLC0415
+
+    team = Team.from_mpi(MPI.COMM_WORLD)
+    try:
+        times: Dict[int, List[float]] = {n: [] for n in PING_SIZES}
+        big: List[float] = []
+        for _ in range(repeats):
+            if team.rank < 2:
+                for n in PING_SIZES:
+                    times[n].append(ping_pong(team, n, steps if n < 65536 else max(2, steps // 10)))
+                big.append(exchange(team, BIG, max(2, steps // 10)))
+        one_way = {n: float(np.median(t)) if t else 0.0 for n, t in times.items()}
+        alpha = one_way[8]
+        bandwidth = BIG / max(float(np.median(big)) - alpha if big else 1.0, 1e-12)
+        limit, extra = rendezvous({n: t for n, t in one_way.items() if n > 8}, alpha, bandwidth)
+        return {"alpha": alpha, "bandwidth": bandwidth, "ppn": team.size, "rendezvous_bytes": limit,
+                "rendezvous": extra, "reduce": throughput("reduce", repeats * 4),
+                "copy": throughput("copy", repeats * 4)}
+    finally:
+        team.close()
+
+
+def machine_file(p: Dict[str, float], what: str) -> str:
+    """The TOML text of a machine file with the measured parameters."""
+    us, gbs = f"{p['alpha'] * 1e6:.3f}us", f"{p['bandwidth'] / 1e9:.4f}GB/s"
+    return (f"# pycoll sim calibrate: {what}\n"
+            f"[network]\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n"
+            f"rendezvous_bytes = {int(p['rendezvous_bytes'])}\n"
+            f"rendezvous = \"{p['rendezvous'] * 1e6:.3f}us\"\n"
+            f"[node]\nppn = {int(p['ppn'])}\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n"
+            f"[compute]\nreduce = \"{p['reduce'] / 1e9:.4f}GB/s\"\ncopy = \"{p['copy'] / 1e9:.4f}GB/s\"\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pycoll sim calibrate``: launch the ranks; they write the machine file."""
+    from pycoll.launch import launch  # noqa: PLC0415
+
+    n = args.ranks or 2
+    if n < 2:
+        print("pycoll sim calibrate: -n must be at least 2", file=sys.stderr)
+        return 2
+    env = {"PYCOLL_TLS": os.environ.get("PYCOLL_TLS", "mpi")}
+    cmd = [sys.executable, "-m", "pycoll.sim.calibrate", "--out", args.out, "--steps", str(args.steps),
+           "--repeats", str(args.repeats)]
+    rc = launch(n, cmd, timeout=args.timeout, env=env)
+    if rc == 0:
+        with open(args.out) as f:
+            print(f.read(), end="")
+    return rc
+
+
+def main() -> None:
+    """A rank of ``pycoll sim calibrate``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    params = measure(args.steps, args.repeats)
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if MPI.COMM_WORLD.rank == 0:
+        tls = os.environ.get("PYCOLL_TLS", "mpi")
+        what = (f"{int(params['ppn'])} ranks on {os.uname().nodename}, PYCOLL_TLS={tls}, "
+                f"{args.steps} ping-pongs x {args.repeats}")
+        with open(args.out, "w") as f:
+            f.write(machine_file(params, what))
+
+
+if __name__ == "__main__":
+    main()
