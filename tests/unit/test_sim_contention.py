@@ -65,6 +65,17 @@ def test_an_oversubscribed_fat_tree_slows_recursive_doubling_not_the_ring():
     assert run(ring, tree).time == pytest.approx(run(ring, network_only()).time, rel=1e-9)
 
 
+def test_a_2_to_1_fat_tree_moves_the_ring_crossover_down():
+    """64 nodes, 12.5 GB/s, 2 us: at 512 KiB recursive doubling beats the ring on a non-blocking
+    network and loses to it on a 2:1 fat tree of 8 nodes per leaf (closed forms: the crossover
+    moves from 727 to 417 KiB; benchmarks/sim_crossover.py prints the table)."""
+    base = dict(alpha=2e-6, bandwidth=12.5e9, reduce_bw=math.inf, copy_bw=math.inf)
+    flat, tree = Machine(**base), Machine(**base, contention=True, nodes_per_leaf=8, oversubscription=2)
+    rd, ring = programs("allreduce", "rd", 64, 512 << 10), programs("allreduce", "ring", 64, 512 << 10)
+    assert run(rd, flat).time < run(ring, flat).time
+    assert run(rd, tree).time > run(ring, tree).time == pytest.approx(run(ring, flat).time)
+
+
 def test_a_nodes_ranks_share_its_nic_unless_it_has_one_each():
     """8 ranks per node: recursive doubling's three last steps leave the node, all 8 ranks at once:
     through one NIC each message gets an eighth of it; with 8 NICs (rails) each its own."""
