@@ -59,6 +59,12 @@ def add_parser(sub: Any) -> None:
                    help="a rank that starts late (repeatable)")
     p.add_argument("--slow", action="append", default=[], metavar="RANK:FACTOR",
                    help="a rank whose every cost is FACTOR times (repeatable)")
+    p.add_argument("--kill", action="append", default=[], metavar="RANK:SECONDS",
+                   help="a rank whose process dies at that simulated time; its peers know after the "
+                        "machine's detect (50 ms) (repeatable)")
+    p.add_argument("--kill-node", action="append", default=[], metavar="NODE:SECONDS",
+                   help="a node (its --ppn ranks) that goes silent at that time; its peers know after the "
+                        "machine's silence (1.5 s, PYCOLL_PEER_SILENCE) (repeatable)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
     p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
@@ -78,6 +84,18 @@ def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
             raise SystemExit(f"pycoll sim: --{what} takes RANK:VALUE, not {item!r}")
         out[int(rank)] = convert(value)
     return out
+
+
+def _failure_line(res: engine.Result) -> str:
+    """What a simulated death did: who died when, who raised PeerLostError when, who finished."""
+    died = ", ".join(f"{r} at {t * 1e6:.1f}" for r, t in sorted(res.died.items())[:4])
+    more = f" (and {len(res.died) - 4} more)" if len(res.died) > 4 else ""
+    text = f"died (us): rank {died}{more}; "
+    if res.errors:
+        errs = sorted(res.errors.values())
+        text += (f"PeerLostError on {len(errs)} survivors at {errs[0] * 1e6:.1f}-{errs[-1] * 1e6:.1f} us; ")
+    done = len(res.finish) - len(res.died) - len(res.errors)
+    return text + f"{done} finished"
 
 
 def tune(coll: str, ranks: int, rows: List[Dict[str, Any]]) -> str:
@@ -142,8 +160,12 @@ def run(args: argparse.Namespace) -> int:
     late = _pairs(args.late, "late", machine.seconds)
     slow = _pairs(args.slow, "slow", float)
     n = args.ranks
-    if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow)):
-        print("pycoll sim: -n must be at least 1, and --late/--slow ranks within it", file=sys.stderr)
+    fail = {r: (t, m.detect) for r, t in _pairs(args.kill, "kill", machine.seconds).items()}
+    for node, t in _pairs(args.kill_node, "kill-node", machine.seconds).items():
+        fail.update({r: (t, m.silence) for r in range(node * m.ppn, min(n, (node + 1) * m.ppn))})
+    if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow) + list(fail)):
+        print("pycoll sim: -n must be at least 1, and --late/--slow/--kill ranks (--kill-node nodes) "
+              "within it", file=sys.stderr)
         return 2
     if m.nics < 1 or m.nodes_per_leaf < 0 or m.oversubscription <= 0:
         print("pycoll sim: --nics must be at least 1, --nodes-per-leaf at least 0 and --oversubscription "
@@ -176,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break
-            res = engine.run(progs, m, late, slow)
+            res = engine.run(progs, m, late, slow, fail)
             if res.unmatched:
                 print(f"{alg:>14} {nbytes:>12} did not finish: {res.unmatched[0]}")
                 continue
@@ -192,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
             if args.stats:
                 line += f" {res.events:>9} {res.events_per_s / 1e6:>6.2f} {row['wall_s']:>7.2f}"
             print(line, flush=True)
+            if res.died:
+                row.update(died={str(r): t * 1e6 for r, t in res.died.items()},
+                           errors={str(r): t * 1e6 for r, t in res.errors.items()})
+                print(f"{'':>14} {_failure_line(res)}")
     if args.tune:
         print(tune(args.coll, n, rows))
     if args.json:

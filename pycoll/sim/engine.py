@@ -90,6 +90,10 @@ class Result:
     messages: int = 0
     bytes_sent: int = 0
     unmatched: List[str] = field(default_factory=list)
+    #: The ranks that died (``fail``): rank -> the time it died.
+    died: Dict[int, float] = field(default_factory=dict)
+    #: The survivors a death stopped: rank -> the time their PeerLostError is raised.
+    errors: Dict[int, float] = field(default_factory=dict)
 
     @property
     def events_per_s(self) -> float:
@@ -97,9 +101,13 @@ class Result:
 
 
 def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int, float]] = None,
-        slow: Optional[Dict[int, float]] = None) -> Result:
+        slow: Optional[Dict[int, float]] = None,
+        fail: Optional[Dict[int, Tuple[float, float]]] = None) -> Result:
     """Simulate ``programs`` (rank ``r``'s at index ``r``) on ``machine``. ``start``: ranks that
-    start late (rank -> seconds); ``slow``: ranks whose every cost is multiplied (rank -> factor)."""
+    start late (rank -> seconds); ``slow``: ranks whose every cost is multiplied (rank -> factor);
+    ``fail``: ranks that die (rank -> (the time, the time their peers take to know)): a dead rank
+    does nothing from then on and its messages still on their way are lost; a survivor that cannot
+    finish raises PeerLostError when it is stuck and knows of a death (``Result.errors``)."""
     wall0 = time.perf_counter()
     n = len(programs)
     starts = [0.0] * n
@@ -108,6 +116,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         starts[r] = t
     for r, f in (slow or {}).items():
         factor[r] = f
+    dies = {r: t for r, (t, _) in (fail or {}).items()}
+    known = min((t + d for t, d in (fail or {}).values()), default=math.inf)  # the first death known
     remaining = [list(p.ndeps) for p in programs]
     left = [len(p.kinds) for p in programs]
     finish = list(starts)
@@ -134,6 +144,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
 
     def issue(r: int, t: float) -> None:
         """Issue rank ``r``'s instructions in order from the next, while their dependencies are done."""
+        if dies and t >= dies.get(r, math.inf):
+            return  # (dead)
         p = programs[r]
         rem = remaining[r]
         i = nxt[r]
@@ -180,7 +192,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             tx_free[r] = rx_free[d] = end
             seq += 1
             push(heap, (end, seq, r, i))
-            deliver(d, r, p.steps[i], end + alpha)
+            if end <= dies.get(r, math.inf):
+                deliver(d, r, p.steps[i], end + alpha)
         elif k == RECV:
             t0 = max(t, cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
@@ -221,7 +234,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             del projected[i]
             flows.end(t, i)  # type: ignore[union-attr]
             r, i, d, step, alpha, _ = sending.pop(i)
-            deliver(d, r, step, t + alpha)  # (and the send is done: below)
+            if t <= dies.get(r, math.inf):
+                deliver(d, r, step, t + alpha)  # (and the send is done: below)
+        if dies and t > dies.get(r, math.inf):
+            continue  # (the rank died before this completion: its message, if any, is lost)
         events += 1
         left[r] -= 1
         if t > finish[r]:
@@ -231,6 +247,9 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         for j in p.dependents[p.first[i]:p.first[i + 1]]:
             rem[j] -= 1
         issue(r, t)
-    unmatched = [f"rank {r}: {left[r]} instructions never ran" for r in range(n) if left[r]]
-    return Result(max(finish) if finish else 0.0, finish, events + messages, time.perf_counter() - wall0,
-                  messages, sent, unmatched)
+    errors = {r: max(finish[r], known) for r in range(n) if left[r] and r not in dies and known < math.inf}
+    unmatched = [f"rank {r}: {left[r]} instructions never ran" for r in range(n)
+                 if left[r] and r not in dies and r not in errors]
+    end = max([finish[r] for r in range(n) if r not in dies] + list(errors.values()), default=0.0)
+    return Result(end, finish, events + messages, time.perf_counter() - wall0, messages, sent, unmatched,
+                  dies, errors)

@@ -30,6 +30,9 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     contention = true      # (the default where [fabric] is given)
     nodes_per_leaf = 16    # 0: one switch that never blocks
     oversubscription = 4   # the leaves' downlinks : uplinks
+    [faults]               # a rank that dies (pycoll sim --kill, --kill-node): when its peers know
+    detect = "50ms"        # its process ended (the host said so: on one host pycoll's exit marker)
+    silence = "1.5s"       # its whole node went silent (PYCOLL_PEER_SILENCE)
     [compute]
     reduce = "5GB/s"       # the reduction's throughput (bytes of output per second)
     copy = "10GB/s"        # 0 or "inf": free
@@ -95,6 +98,8 @@ class Machine:
     nics: int = 1
     rendezvous_bytes: int = 0
     rendezvous: float = 0.0
+    detect: float = 0.05
+    silence: float = 1.5
     contention: bool = False
     nodes_per_leaf: int = 0
     oversubscription: float = 1.0
@@ -160,7 +165,8 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("node", "bandwidth"): ("node_bandwidth", rate), ("compute", "reduce"): ("reduce_bw", rate),
          ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds),
          ("node", "nics"): ("nics", int), ("network", "rendezvous_bytes"): ("rendezvous_bytes", int),
-         ("network", "rendezvous"): ("rendezvous", seconds), ("fabric", "contention"): ("contention", flag),
+         ("network", "rendezvous"): ("rendezvous", seconds), ("faults", "detect"): ("detect", seconds),
+         ("faults", "silence"): ("silence", seconds), ("fabric", "contention"): ("contention", flag),
          ("fabric", "nodes_per_leaf"): ("nodes_per_leaf", int),
          ("fabric", "oversubscription"): ("oversubscription", float)}
 
