@@ -22,9 +22,10 @@ def paths_for(path: str, colls: Sequence[str]) -> Dict[str, str]:
     return {c: f"{stem}_{c}{ext or '.png'}" for c in colls}
 
 
-def plot(rows: List[Dict[str, Any]], metas: List[Dict[str, Any]], path: str) -> List[str]:
+def plot(rows: List[Dict[str, Any]], metas: List[Dict[str, Any]], path: str,
+         title: str = "pycoll perf") -> List[str]:
     """Draw every collective of a run (``rows`` and ``metas`` as ``pycoll perf --json`` writes
-    them); returns the files written."""
+    them; ``pycoll sim`` passes its rows as such, titled ``pycoll sim``); returns the files written."""
     import matplotlib  # noqa: PLC0415 - optional dependency
 
     matplotlib.use("Agg")
@@ -70,7 +71,8 @@ def plot(rows: List[Dict[str, Any]], metas: List[Dict[str, Any]], path: str) -> 
         algorithm = "all" if len(runs) > 1 else meta["algorithm"]
         what = f"{coll}, {meta['ranks']} ranks, {meta['dtype']}, algorithm {algorithm}, " \
                f"transport {meta['transport']}"
-        fig.suptitle(f"pycoll perf {what}\n{meta['machine']} ({meta.get('cpus')} cpus)", fontsize=10)
+        cpus = f" ({meta['cpus']} cpus)" if meta.get("cpus") else ""
+        fig.suptitle(f"{title} {what}\n{meta['machine']}{cpus}", fontsize=10)
         fig.tight_layout()
         fig.savefig(out, dpi=110)
         plt.close(fig)

@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from pycoll.config import parse_bytes
 from pycoll.lower.record import NotLowerable
-from pycoll.sim import calibrate, engine, formulas, machine
+from pycoll.sim import calibrate, engine, formulas, machine, timeline
 from pycoll.sim.programs import moved
 from pycoll.sim.programs import programs as rank_programs
 
@@ -66,6 +67,11 @@ def add_parser(sub: Any) -> None:
                    help="a node (its --ppn ranks) that goes silent at that time; its peers know after the "
                         "machine's silence (1.5 s, PYCOLL_PEER_SILENCE) (repeatable)")
     p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--plot", metavar="PNG",
+                   help="draw time and busbw against size per algorithm (matplotlib)")
+    p.add_argument("--trace", metavar="JSON",
+                   help="write each row's simulated timeline (Perfetto/Chrome trace; several rows: "
+                        "JSON_<algorithm>_<bytes>.json)")
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
     p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
     p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
@@ -184,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     head = f"{'algorithm':>14} {'bytes':>12} {'time_us':>12} {'algbw':>8} {'busbw':>8} {'formula_us':>12}"
     print(head + (f" {'events':>9} {'Mev/s':>6} {'wall_s':>7}" if args.stats else ""))
     rows = []
+    traces: List[tuple] = []  # (algorithm, bytes, spans) of each row, with --trace
     itemsize = np.dtype(args.dtype).itemsize
     for alg in algs:
         done = set()
@@ -198,7 +205,10 @@ def run(args: argparse.Namespace) -> int:
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break
-            res = engine.run(progs, m, late, slow, fail)
+            spans: Optional[list] = [] if args.trace else None
+            res = engine.run(progs, m, late, slow, fail, spans)
+            if spans is not None:
+                traces.append((alg, nbytes, spans))
             if res.unmatched:
                 print(f"{alg:>14} {nbytes:>12} did not finish: {res.unmatched[0]}")
                 continue
@@ -220,6 +230,20 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{'':>14} {_failure_line(res)}")
     if args.tune:
         print(tune(args.coll, n, rows))
+    for alg, nbytes, spans in traces:
+        stem, ext = os.path.splitext(args.trace)
+        path = args.trace if len(traces) == 1 else f"{stem}_{alg}_{nbytes}{ext or '.json'}"
+        timeline.write(spans, f"{args.coll} {alg} {nbytes} B on {n} ranks; {m.describe()}", path)
+        print(f"# timeline: {path}")
+    if args.plot and rows:
+        from pycoll import perfplot  # noqa: PLC0415 - (matplotlib, only for --plot)
+
+        meta = {"coll": args.coll, "ranks": n, "dtype": args.dtype, "transport": "simulated",
+                "algorithm": algs[0] if len(algs) == 1 else "all", "machine": m.describe(),
+                "factor": f"{factor(n):g}" if factor else "", "bus_factor": factor(n) if factor else None}
+        perfplot.plot([dict(r, coll=args.coll, avg_us=r["time_us"]) for r in rows], [meta], args.plot,
+                      title="pycoll sim")
+        print(f"# plot: {args.plot}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"coll": args.coll, "ranks": n, "machine": m.describe(), "rows": rows}, fh, indent=1)

@@ -102,12 +102,14 @@ class Result:
 
 def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int, float]] = None,
         slow: Optional[Dict[int, float]] = None,
-        fail: Optional[Dict[int, Tuple[float, float]]] = None) -> Result:
+        fail: Optional[Dict[int, Tuple[float, float]]] = None,
+        timeline: Optional[List[Tuple[int, int, int, int, float, float]]] = None) -> Result:
     """Simulate ``programs`` (rank ``r``'s at index ``r``) on ``machine``. ``start``: ranks that
     start late (rank -> seconds); ``slow``: ranks whose every cost is multiplied (rank -> factor);
     ``fail``: ranks that die (rank -> (the time, the time their peers take to know)): a dead rank
     does nothing from then on and its messages still on their way are lost; a survivor that cannot
-    finish raises PeerLostError when it is stuck and knows of a death (``Result.errors``)."""
+    finish raises PeerLostError when it is stuck and knows of a death (``Result.errors``).
+    ``timeline``: a list that gets each instruction run, as (rank, kind, peer, bytes, issued, done)."""
     wall0 = time.perf_counter()
     n = len(programs)
     starts = [0.0] * n
@@ -168,10 +170,14 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         else:
             mailbox.setdefault(key, deque()).append(arrival)
 
+    began: Dict[Tuple[int, int], float] = {}  # (with a timeline) when each instruction was issued
+
     def begin(r: int, i: int, t: float) -> None:
         nonlocal seq, messages, sent
         p = programs[r]
         k = p.kinds[i]
+        if timeline is not None:
+            began[r, i] = t
         if k == SEND:
             t0 = max(t, cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
@@ -244,6 +250,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             finish[r] = t
         rem = remaining[r]
         p = programs[r]
+        if timeline is not None:
+            timeline.append((r, p.kinds[i], p.peers[i], p.nbytes[i], began.pop((r, i)), t))
         for j in p.dependents[p.first[i]:p.first[i + 1]]:
             rem[j] -= 1
         issue(r, t)

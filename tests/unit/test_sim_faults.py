@@ -1,5 +1,8 @@
 """pycoll.sim with a rank that dies: the survivors that need it raise PeerLostError at the simulated
-time the detection settings imply; those that do not need it finish; the CLI says both."""
+time the detection settings imply; those that do not need it finish; the CLI says both. And what a
+simulated run writes besides its table: its timeline (--trace) and its plot (--plot)."""
+
+import json
 
 import pytest
 
@@ -47,3 +50,28 @@ def test_the_cli_kills_a_rank_and_a_node(capsys):
     out = capsys.readouterr().out
     assert "rank 4 at 0.0, 5 at 0.0, 6 at 0.0, 7 at 0.0;" in out and "1500000.0" in out
     assert cli(["sim", "bcast", "-n", "16", "--kill", "16:0"]) == 2
+
+
+def test_the_timeline_of_a_simulated_run(tmp_path, capsys):
+    """--trace: every instruction of every rank, issued to done, in the trace format; recursive
+    doubling on 4 ranks: each rank sends and receives twice and reduces twice, the last reduction
+    ending when the simulation does."""
+    path = tmp_path / "sim.json"
+    assert cli(["sim", "allreduce", "-n", "4", "--algorithm", "rd", "--min-bytes", "1M", "--max-bytes", "1M",
+                "--trace", str(path)]) == 0
+    time_us = float(next(line.split()[2] for line in capsys.readouterr().out.splitlines()
+                         if line.split()[:1] == ["rd"]))
+    spans = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    for rank in range(4):
+        names = sorted(e["name"].split()[0] for e in spans if e["pid"] == rank)
+        assert names == ["recv", "recv", "reduce", "reduce", "send", "send"], names
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(time_us, abs=0.01)  # (printed to 0.01)
+    assert all(e["dur"] >= 0 for e in spans)
+
+
+def test_the_plot_of_a_simulated_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sim.png"
+    assert cli(["sim", "allreduce", "-n", "16", "--algorithm", "rd,ring", "--min-bytes", "8", "--max-bytes",
+                "64K", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
