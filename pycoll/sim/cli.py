@@ -22,6 +22,7 @@ import numpy as np
 from pycoll.config import parse_bytes
 from pycoll.lower.record import NotLowerable
 from pycoll.sim import calibrate, engine, formulas, machine, timeline
+from pycoll.sim.payload import Payload
 from pycoll.sim.programs import moved
 from pycoll.sim.programs import programs as rank_programs
 
@@ -66,6 +67,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kill-node", action="append", default=[], metavar="NODE:SECONDS",
                    help="a node (its --ppn ranks) that goes silent at that time; its peers know after the "
                         "machine's silence (1.5 s, PYCOLL_PEER_SILENCE) (repeatable)")
+    p.add_argument("--payload", action="store_true",
+                   help="move and reduce real data as the instructions run and check every rank's result "
+                        "against numpy (memory: ranks x size; up to a few hundred ranks)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--plot", metavar="PNG",
                    help="draw time and busbw against size per algorithm (matplotlib)")
@@ -200,13 +204,18 @@ def run(args: argparse.Namespace) -> int:
                 continue
             done.add(nbytes)
             t0 = time.perf_counter()
+            data = None
             try:
-                progs = rank_programs(args.coll, alg, n, nbytes, args.dtype)
+                if args.payload:
+                    data = Payload(args.coll, alg, n, nominal, args.dtype)
+                    progs = data.compacts
+                else:
+                    progs = rank_programs(args.coll, alg, n, nbytes, args.dtype)
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break
             spans: Optional[list] = [] if args.trace else None
-            res = engine.run(progs, m, late, slow, fail, spans)
+            res = engine.run(progs, m, late, slow, fail, spans, data)
             if spans is not None:
                 traces.append((alg, nbytes, spans))
             if res.unmatched:
@@ -223,6 +232,10 @@ def run(args: argparse.Namespace) -> int:
                     f"{row['formula_us']:>12.2f}")
             if args.stats:
                 line += f" {res.events:>9} {res.events_per_s / 1e6:>6.2f} {row['wall_s']:>7.2f}"
+            if data is not None:
+                wrong = data.wrong()
+                row["wrong"] = wrong
+                line += f"  payload: {'right on every rank' if not wrong else 'WRONG on ' + ', '.join(wrong)}"
             print(line, flush=True)
             if res.died:
                 row.update(died={str(r): t * 1e6 for r, t in res.died.items()},

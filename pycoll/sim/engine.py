@@ -19,7 +19,7 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from pycoll.lower.program import Program
 from pycoll.sim.flows import Flows
@@ -103,13 +103,16 @@ class Result:
 def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int, float]] = None,
         slow: Optional[Dict[int, float]] = None,
         fail: Optional[Dict[int, Tuple[float, float]]] = None,
-        timeline: Optional[List[Tuple[int, int, int, int, float, float]]] = None) -> Result:
+        timeline: Optional[List[Tuple[int, int, int, int, float, float]]] = None,
+        payload: Any = None) -> Result:
     """Simulate ``programs`` (rank ``r``'s at index ``r``) on ``machine``. ``start``: ranks that
     start late (rank -> seconds); ``slow``: ranks whose every cost is multiplied (rank -> factor);
     ``fail``: ranks that die (rank -> (the time, the time their peers take to know)): a dead rank
     does nothing from then on and its messages still on their way are lost; a survivor that cannot
     finish raises PeerLostError when it is stuck and knows of a death (``Result.errors``).
-    ``timeline``: a list that gets each instruction run, as (rank, kind, peer, bytes, issued, done)."""
+    ``timeline``: a list that gets each instruction run, as (rank, kind, peer, bytes, issued, done);
+    ``payload``: the data (:class:`pycoll.sim.payload.Payload`), moved and reduced as the
+    instructions run."""
     wall0 = time.perf_counter()
     n = len(programs)
     starts = [0.0] * n
@@ -178,6 +181,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         k = p.kinds[i]
         if timeline is not None:
             began[r, i] = t
+        if payload is not None:
+            payload.begin(r, i)
         if k == SEND:
             t0 = max(t, cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
@@ -252,6 +257,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         p = programs[r]
         if timeline is not None:
             timeline.append((r, p.kinds[i], p.peers[i], p.nbytes[i], began.pop((r, i)), t))
+        if payload is not None:
+            payload.done(r, i)
         for j in p.dependents[p.first[i]:p.first[i + 1]]:
             rem[j] -= 1
         issue(r, t)
