@@ -137,6 +137,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     messages = sent = 0
     o = machine.overhead
     link = machine.link
+    flat = (machine.alpha, 1.0 / machine.bandwidth) if machine.ppn == 1 else None  # (one link kind: no call)
     rbw, cbw = machine.reduce_bw, machine.copy_bw
     rdv_bytes, rdv = machine.rendezvous_bytes, machine.rendezvous
 
@@ -169,7 +170,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         if q:
             j, posted = q.popleft()
             seq += 1
-            push(heap, (max(arrival, posted), seq, d, j))
+            push(heap, (arrival if arrival > posted else posted, seq, d, j))
         else:
             mailbox.setdefault(key, deque()).append(arrival)
 
@@ -184,11 +185,11 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         if payload is not None:
             payload.begin(r, i)
         if k == SEND:
-            t0 = max(t, cpu_free[r]) + o * factor[r]
+            t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
             d = p.peers[i]
             nb = p.nbytes[i]
-            alpha, per_byte = link(r, d)
+            alpha, per_byte = flat if flat is not None else link(r, d)
             if rdv_bytes and nb >= rdv_bytes:
                 alpha += rdv
             messages += 1
@@ -198,21 +199,26 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 sending[seq] = (r, i, d, p.steps[i], alpha, nb * factor[r])
                 push(heap, (t0, seq, _FLOW_STARTS, seq))
                 return
-            b = max(t0, tx_free[r], rx_free[d])
+            b = tx_free[r]
+            if b < t0:
+                b = t0
+            if b < rx_free[d]:
+                b = rx_free[d]
             end = b + nb * per_byte * factor[r]
             tx_free[r] = rx_free[d] = end
             seq += 1
             push(heap, (end, seq, r, i))
-            if end <= dies.get(r, math.inf):
+            if not dies or end <= dies.get(r, math.inf):
                 deliver(d, r, p.steps[i], end + alpha)
         elif k == RECV:
-            t0 = max(t, cpu_free[r]) + o * factor[r]
+            t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
             cpu_free[r] = t0
             key = (r, p.peers[i], p.steps[i])
             q = mailbox.get(key)
             if q:
                 seq += 1
-                push(heap, (max(q.popleft(), t0), seq, r, i))
+                arrival = q.popleft()
+                push(heap, (arrival if arrival > t0 else t0, seq, r, i))
             else:
                 waiting.setdefault(key, deque()).append((i, t0))
         else:
@@ -261,7 +267,15 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             payload.done(r, i)
         for j in p.dependents[p.first[i]:p.first[i + 1]]:
             rem[j] -= 1
-        issue(r, t)
+        # issue(r, t), inline (this is the loop every event takes)
+        if dies and t >= dies.get(r, math.inf):
+            continue
+        i = nxt[r]
+        count = len(p.kinds)
+        while i < count and rem[i] == 0:
+            begin(r, i, t)
+            i += 1
+        nxt[r] = i
     errors = {r: max(finish[r], known) for r in range(n) if left[r] and r not in dies and known < math.inf}
     unmatched = [f"rank {r}: {left[r]} instructions never ran" for r in range(n)
                  if left[r] and r not in dies and r not in errors]
