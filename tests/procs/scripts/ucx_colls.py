@@ -62,6 +62,20 @@ def every_collective(team, counts=(1, 100, 3000)):
                 assert_same([out], expected(ins, op), f"allreduce {alg} {dtype} {op.name} {count}")
 
 
+def same_and_new_buffers(team):
+    """A native program's task run again on the same arrays points at them as before, and at new
+    ones when the call brings new ones: the results are right either way (repeated calls rerun the
+    task of the first)."""
+    n = team.size
+    x, y = np.empty(2, np.float32), np.empty(2, np.float32)
+    for k in range(9):
+        x[:] = team.rank + k  # (the same array, new values)
+        if k % 3 == 2:
+            y = np.empty(2, np.float32)  # a new output array: the executor must write there
+        team.allreduce(x, y).wait()
+        assert (y == sum(range(n)) + n * k).all(), (k, y)
+
+
 def point_to_point(team):
     n, r = team.size, team.rank
     if n == 1:
@@ -153,6 +167,7 @@ def main():
         assert team.transport.team_id != steam.transport.team_id
     for t in (team, steam):
         every_collective(t, counts=(1, 3000) if t is steam else (1, 100, 3000))
+        same_and_new_buffers(t)
         point_to_point(t)
     # both teams at once: the same tags on two teams sharing the worker never mix
     a, b = np.full(1000, float(rank)), np.full(1000, 10.0 * rank)
