@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 from pycoll import Team, config, trace
 from pycoll.scheduling import AutoTuner, Scheduler
+from pycoll.sim.training import VGG16
 
 FIRST_BUCKET = 1 << 20  # DDP's first bucket
 BUCKET = 25 << 20  # DDP's bucket_cap_mb=25
@@ -66,13 +67,7 @@ def contrived(unit_s: float, limit: int) -> List[Layer]:
     return [Layer(f"l{i}", [(f"l{i}.w", units * unit)], unit_s, unit_s) for i, units in enumerate((1, 1, 3))]
 
 
-# VGG16 (ImageNet, 224x224): (name, out channels or features, in, spatial size) per layer
-_VGG = [("conv1_1", 64, 3, 224), ("conv1_2", 64, 64, 224),
-        ("conv2_1", 128, 64, 112), ("conv2_2", 128, 128, 112),
-        ("conv3_1", 256, 128, 56), ("conv3_2", 256, 256, 56), ("conv3_3", 256, 256, 56),
-        ("conv4_1", 512, 256, 28), ("conv4_2", 512, 512, 28), ("conv4_3", 512, 512, 28),
-        ("conv5_1", 512, 512, 14), ("conv5_2", 512, 512, 14), ("conv5_3", 512, 512, 14),
-        ("fc6", 4096, 25088, 1), ("fc7", 4096, 4096, 1), ("fc8", 1000, 4096, 1)]
+_VGG = VGG16  # (name, out channels or features, in, spatial size) per layer: pycoll.sim.training's
 
 
 def vgg16(forward_s: float, backward: float = 2.0) -> List[Layer]:

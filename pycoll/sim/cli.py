@@ -21,7 +21,7 @@ import numpy as np
 
 from pycoll.config import parse_bytes
 from pycoll.lower.record import NotLowerable
-from pycoll.sim import calibrate, engine, formulas, machine, timeline
+from pycoll.sim import calibrate, engine, formulas, machine, timeline, training
 from pycoll.sim.payload import Payload
 from pycoll.sim.programs import moved
 from pycoll.sim.programs import programs as rank_programs
@@ -37,8 +37,9 @@ def add_parser(sub: Any) -> None:
     """The ``sim`` subcommand's arguments."""
     p = sub.add_parser("sim", help="simulate a collective's algorithms on many ranks against a network model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("coll", choices=sorted(ALL) + ["calibrate"],
-                   help="the collective to simulate, or calibrate: measure this host into a machine file")
+    p.add_argument("coll", choices=sorted(ALL) + ["calibrate", "train"],
+                   help="the collective to simulate; calibrate: measure this host into a machine file; "
+                        "train: a VGG16 training step, gradients FIFO or by priority (pycoll.sim.training)")
     p.add_argument("-n", "--ranks", type=int, help="ranks to simulate (calibrate: ranks to run, 2)")
     p.add_argument("--algorithm", default="all", help="comma-separated, or all (default)")
     p.add_argument("--min-bytes", default="8")
@@ -81,6 +82,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
     p.add_argument("--repeats", type=int, default=5, help="calibrate: measurements (the median is kept)")
     p.add_argument("--timeout", type=float, default=300, help="calibrate: seconds the ranks may take")
+    p.add_argument("--forward", type=float, default=0.25,
+                   help="train: seconds of forward compute per step (backward: twice as long)")
+    p.add_argument("--partition", default="4M",
+                   help="train: the parts priority scheduling cuts gradients into")
     p.add_argument("--tune", action="store_true",
                    help="print the PYCOLL_TUNE rules that pick the fastest simulated algorithm per size, and "
                         "where they differ from the default selection")
@@ -94,6 +99,29 @@ def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
             raise SystemExit(f"pycoll sim: --{what} takes RANK:VALUE, not {item!r}")
         out[int(rank)] = convert(value)
     return out
+
+
+def train(args: argparse.Namespace, m: machine.Machine) -> int:
+    """``pycoll sim train``: VGG16's step on ``-n`` workers, FIFO against priority, and the ideal."""
+    alg = "rabenseifner" if args.algorithm == "all" else args.algorithm
+    part = parse_bytes(args.partition)
+    layers = training.vgg16(args.forward)
+    comm = training.reduce_time(m, args.ranks, alg)
+    fifo = training.step_time(layers, comm, "fifo")
+    prio = training.step_time(layers, comm, "priority", part)
+    best = training.ideal(layers, comm, part)
+    compute = sum(layer.forward + layer.backward for layer in layers)
+    print(f"# pycoll sim train: VGG16 (138.4 M float32 parameters) on {args.ranks} workers; {m.describe()}")
+    print(f"# gradients reduced by allreduce {alg}, one message at a time; compute {compute * 1e3:.0f} ms a "
+          f"step (forward {args.forward * 1e3:g} ms, backward twice that)")
+    print(f"{'policy':>22} {'step_ms':>10} {'vs_ideal':>9}")
+    for name, t in (("fifo", fifo), (f"priority ({args.partition} parts)", prio), ("ideal", best)):
+        print(f"{name:>22} {t * 1e3:>10.1f} {t / best:>9.2f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"workers": args.ranks, "machine": m.describe(), "algorithm": alg, "fifo_s": fifo,
+                       "priority_s": prio, "ideal_s": best, "partition": part}, fh, indent=1)
+    return 0
 
 
 def _failure_line(res: engine.Result) -> str:
@@ -167,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         m.oversubscription = args.oversubscription
     m.contention = m.contention or args.contention or args.nodes_per_leaf is not None or bool(
         args.oversubscription)
+    if args.coll == "train":
+        return train(args, m)
     late = _pairs(args.late, "late", machine.seconds)
     slow = _pairs(args.slow, "slow", float)
     n = args.ranks

@@ -1,0 +1,35 @@
+"""pycoll sim train: ByteScheduler's scheduling model in simulated time. The note's three-layer
+example (compute 1 unit per pass, gradients of 1, 1 and 3 units) takes 9 units a step FIFO and 7
+by priority in parts of 1 unit; VGG16 on 64 workers with compute close to communication: FIFO
+slower than priority, which reaches the ideal bound; the CLI prints the three."""
+
+import pytest
+
+from pycoll.cli import main as cli
+from pycoll.sim import Machine
+from pycoll.sim.training import Layer, ideal, reduce_time, step_time, vgg16
+
+
+def test_the_notes_example():
+    layers = [Layer(f"l{i}", units, 1.0, 1.0) for i, units in enumerate((1, 1, 3))]
+    units = float  # (a message of n bytes takes n units)
+    assert step_time(layers, units, "fifo") == 9.0
+    assert step_time(layers, units, "priority", 1) == 7.0
+    assert ideal(layers, units, 1) == 6.0  # (the compute of a step)
+
+
+def test_vgg16_at_64_workers_priority_reaches_the_ideal():
+    layers = vgg16(0.25)
+    assert sum(layer.nbytes for layer in layers) == 4 * 138_357_544
+    comm = reduce_time(Machine(alpha=5e-6, bandwidth=1.25e9, ppn=8, reduce_bw=20e9), 64, "rabenseifner")
+    fifo, prio = step_time(layers, comm, "fifo"), step_time(layers, comm, "priority", 4 << 20)
+    best = ideal(layers, comm, 4 << 20)
+    assert fifo > 1.2 * prio and prio == pytest.approx(best, rel=0.01)
+
+
+def test_the_cli(capsys):
+    assert cli(["sim", "train", "-n", "64", "--ppn", "8", "--bandwidth", "10Gbit/s", "--alpha", "5us",
+                "--reduce", "20GB/s"]) == 0
+    rows = {line.split()[0]: float(line.split()[-2]) for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["fifo"], ["priority"], ["ideal"])}
+    assert rows["fifo"] > rows["priority"] >= rows["ideal"] * 0.999
