@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 BIG = 4 << 20  # bytes of the bandwidth message and of the reduction and copy
-PING_SIZES = (8, 1024, 4096, 16384, 65536, 262144)  # the ping-pongs' sizes (alpha, the protocol switch)
+PING_SIZES = (8, 1024, 4096, 8192, 16384, 65536, 262144)  # the ping-pongs' sizes (alpha, the protocol switch)
 
 
 def ping_pong(team: Any, nbytes: int, steps: int) -> float:
@@ -64,20 +64,22 @@ def exchange(team: Any, nbytes: int, steps: int) -> float:
 
 def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tuple[int, float]:
     """(the smallest size whose messages pay a protocol's extra latency, that latency) from one-way
-    times by size: a size whose time exceeds ``alpha + n / bandwidth`` by more than half of
+    times by size: a size whose time exceeds ``alpha + n / bandwidth`` by more than a third of
     ``alpha`` switched protocol (MPI's eager to rendezvous: LogGOPS's S); (0, 0) where none did."""
     extra = {n: t - alpha - n / bandwidth for n, t in sorted(one_way.items())}
-    above = [n for n, e in extra.items() if e > alpha / 2]
-    if not above or any(e <= alpha / 2 for n, e in extra.items() if n > above[0]):
+    above = [n for n, e in extra.items() if e > alpha / 3]
+    if not above or any(e <= alpha / 3 for n, e in extra.items() if n > above[0]):
         return 0, 0.0
     return above[0], float(np.median([extra[n] for n in above]))
 
 
 def throughput(work: str, repeats: int) -> float:
-    """Bytes per second of numpy's reduction (``reduce``: out += in) or copy of 4 MiB of float32."""
-    a, b = np.ones(BIG // 4, np.float32), np.ones(BIG // 4, np.float32)
+    """Bytes per second of numpy's reduction (``reduce``: out += in) or copy of 4 MiB of float32,
+    each time on other arrays than the last (64 MiB in all: not the cache's)."""
+    pairs = [(np.ones(BIG // 4, np.float32), np.ones(BIG // 4, np.float32)) for _ in range(8)]
     times = []
-    for _ in range(repeats):
+    for k in range(repeats):
+        a, b = pairs[k % len(pairs)]
         t0 = time.perf_counter()
         if work == "reduce":
             np.add(a, b, out=a)
