@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Finished collectives kept per call shape for reuse, and shapes remembered per team.
 MAX_PLANS_PER_SHAPE = 4
 MAX_PLAN_SHAPES = 64
-#: Most bytes the kept collectives of a team may span: their buffers (``nbytes``) and the scratch
-#: they keep (``scratch_bytes``): a program of many large sizes keeps fewer of them instead of
-#: more memory.
+#: Most bytes the kept collectives of a team may hold (:func:`held_bytes`: the scratch they keep,
+#: and their callers' buffers where they stay bound): a program of many large sizes keeps fewer of
+#: them instead of more memory.
 #: (Measured: at 16 MiB, and 32 MiB of remembered calls, 10,000 random calls grew RSS 13-21% past
 #: the first thousand; a collective left out is rebuilt in tens of microseconds, beside the
 #: milliseconds its megabytes take to move: an 8-16 MiB allreduce is no slower.)
@@ -46,6 +46,14 @@ MAX_PLAN_BYTES = 8 << 20
 #: the caller's memory is freed when the caller drops it. Smaller ones stay bound, so that the next
 #: call on the same buffers (a training loop's) skips pointing the task at them again.
 UNBIND_BYTES = 64 << 10
+
+
+def held_bytes(task: Task) -> int:
+    """The memory a finished collective kept for reuse holds: its scratch, and its caller's buffers
+    only when they are smaller than :data:`UNBIND_BYTES` (larger ones it lets go when kept)."""
+    nbytes = task.nbytes
+    return task.scratch_bytes + (nbytes if nbytes < UNBIND_BYTES else 0)
+
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
@@ -80,7 +88,7 @@ class Planner:
         self._seq = itertools.count()
         self._tag_uses: Dict[Hashable, int] = {}
         self._plans: Dict[tuple, List[Task]] = {}
-        self._plan_bytes = 0  # the nbytes and scratch of the kept collectives (MAX_PLAN_BYTES)
+        self._plan_bytes = 0  # what the kept collectives hold (held_bytes; MAX_PLAN_BYTES)
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
@@ -147,7 +155,7 @@ class Planner:
             if pool:
                 key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
                 task = pool.pop()
-                self._plan_bytes -= task.nbytes + task.scratch_bytes
+                self._plan_bytes -= held_bytes(task)
                 task.rebind(call.src, call.dst, key)
                 if task.credit and ctx.credit_bytes:  # its credit was set when it was built
                     ctx.watch_demand(task, self.team.transport, key)
@@ -261,7 +269,7 @@ class Planner:
         if pool:  # a finished collective of this shape: reuse its schedule and scratch
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
             task = pool.pop()
-            self._plan_bytes -= task.nbytes + task.scratch_bytes
+            self._plan_bytes -= held_bytes(task)
             task.rebind(src, dst, key)
             return task, key, shape
         if algorithm is None and element_code(src.dtype) is None and agreement.on_segment(coll, name):
@@ -433,7 +441,7 @@ class Planner:
         if not pool:
             return None
         task = pool.pop()
-        self._plan_bytes -= task.nbytes + task.scratch_bytes
+        self._plan_bytes -= held_bytes(task)
         return task
 
     def recycle(self, req: Request) -> None:
@@ -442,7 +450,7 @@ class Planner:
         task = req.task
         shape = task.plan_shape
         pool = self._plans.get(shape)
-        held = task.nbytes + task.scratch_bytes
+        held = held_bytes(task)
         fits = self._plan_bytes + held <= MAX_PLAN_BYTES
         if pool is not None and fits and task.state is COMPLETED and len(pool) < MAX_PLANS_PER_SHAPE:
             pool.append(task)  # the common case (a pool holds tasks that can be rebound)
@@ -458,7 +466,7 @@ class Planner:
                                or self._plan_bytes + held > MAX_PLAN_BYTES):
             oldest = next(iter(self._plans))  # forget the oldest shape
             for old in self._plans.pop(oldest):
-                self._plan_bytes -= old.nbytes + old.scratch_bytes
+                self._plan_bytes -= held_bytes(old)
                 old.finalize()
             if oldest == shape:
                 pool = None
