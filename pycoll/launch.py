@@ -14,7 +14,6 @@ import sys
 import time
 from typing import List, Optional, Set
 
-from pycoll import libenv
 from pycoll.errors import PycollError
 
 
@@ -45,9 +44,6 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
         raise PycollError(f"--servers must be >= 0, got {servers}")
     argv = [find_mpiexec(), "-n", str(n), *cmd]
     env = dict(env or {})
-    for name, value in libenv.DEFAULTS.items():  # (for the ranks' libraries, unless the user set it)
-        if name not in os.environ:
-            env.setdefault(name, value)
     if servers:
         argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
         env["PYCOLL_NUM_SERVERS"] = str(servers)

@@ -1,7 +1,7 @@
 """The settings pycoll gives the communication libraries that run inside its processes (the UCX that
 MPICH's wheel loads for MPI, and pycoll's own UCX), set as environment variables before they
 start and only where the user has not set them: importing pycoll sets them for this process (and
-so for an MPI that starts after it), ``pycoll run`` for every rank it starts.
+so for an MPI that starts after it, and for the ranks ``pycoll run`` starts, which inherit them).
 
 ``UCX_RCACHE_ENABLE=n``: UCX's registration cache hears of every region the process unmaps (every
 large array numpy frees) and queues it, 144 B each, until the next memory registration through

@@ -9,7 +9,7 @@ one does (:func:`run_program`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Generator, Optional
+from typing import Any, Callable, Dict, Generator, Optional
 
 import numpy as np
 
@@ -32,6 +32,25 @@ def call_bytes(call: Any, name: str, program: Program) -> np.ndarray:
     return wire
 
 
+def kernels(instrs: Any) -> Dict[tuple, Any]:
+    """pycoll's reduction kernel of each (op, dtype) the reductions of ``instrs`` use."""
+    return {(i.op, i.dtype): reducer(ReduceOp[i.op.upper()], np.dtype(i.dtype))
+            for i in instrs if i.kind == "reduce"}
+
+
+def compute(ins: Any, view: Callable[[tuple], np.ndarray], kernels_of: Dict[tuple, Any]) -> None:
+    """Do what the reduction, copy or AVG division ``ins`` says, on the slices ``view`` gives
+    (with ``kernels_of``, :func:`kernels`): what an executor does when it issues one."""
+    s = ins.slices
+    if ins.kind == "reduce":
+        dt = np.dtype(ins.dtype)
+        kernels_of[(ins.op, ins.dtype)](view(s["a"]).view(dt), view(s["b"]).view(dt), view(s["out"]).view(dt))
+    elif ins.kind == "copy":
+        np.copyto(view(s["dst"]), view(s["src"]))
+    else:  # avg
+        finish_avg(view(s["buf"]).view(np.dtype(ins.dtype)), ins.n)
+
+
 class ProgramTask(StepTask):
     """One rank's program, run on ``args`` (its channel and its call's buffers)."""
 
@@ -41,8 +60,7 @@ class ProgramTask(StepTask):
             raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
                                f"{args.rank} of {args.size}")
         self.program = program
-        self._kernels = {(i.op, i.dtype): reducer(ReduceOp[i.op.upper()], np.dtype(i.dtype))
-                         for i in program.instrs if i.kind == "reduce"}
+        self._kernels = kernels(program.instrs)
         self._scratch_bytes = {name: scratch_array(nbytes, _U8) for name, nbytes in program.buffers.items()
                                if name not in ("src", "dst")}
         self.scratch_bytes = sum(b.nbytes for b in self._scratch_bytes.values())
@@ -72,15 +90,8 @@ class ProgramTask(StepTask):
                 reqs[n] = ch.isend(view(ins.slices["buf"]), ins.peer, ins.step)
             elif kind == "recv":
                 reqs[n] = ch.irecv(view(ins.slices["buf"]), ins.peer, ins.step)
-            elif kind == "reduce":
-                dt = np.dtype(ins.dtype)
-                s = ins.slices
-                self._kernels[(ins.op, ins.dtype)](view(s["a"]).view(dt), view(s["b"]).view(dt),
-                                                   view(s["out"]).view(dt))
-            elif kind == "copy":
-                np.copyto(view(ins.slices["dst"]), view(ins.slices["src"]))
-            else:  # avg
-                finish_avg(view(ins.slices["buf"]).view(np.dtype(ins.dtype)), ins.n)
+            else:
+                compute(ins, view, self._kernels)
         rest = [r for r in reqs.values() if not r.done]
         if rest:
             yield rest

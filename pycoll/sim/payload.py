@@ -17,10 +17,9 @@ from typing import Any, Deque, Dict, List, Tuple
 
 import numpy as np
 
-from pycoll.lower.execute import call_bytes
+from pycoll.lower.execute import call_bytes, compute, kernels
 from pycoll.lower.program import Program
 from pycoll.lower.record import record
-from pycoll.ops import ReduceOp, finish_avg, reducer
 from pycoll.sim.engine import Compact
 from pycoll.sim.programs import COMPOSITES, elements
 from pycoll.team import local_teams
@@ -69,8 +68,7 @@ class Payload:
         self.coll, self.op, self.root, self.count = coll, op, root, count
         self.compacts = [Compact.of(p) for p in self.programs]
         self._inbox: Dict[Tuple[int, int, int], Deque[np.ndarray]] = {}
-        self._kernels = {(i.op, i.dtype): reducer(ReduceOp[i.op.upper()], np.dtype(i.dtype))
-                         for p in self.programs for i in p.instrs if i.kind == "reduce"}
+        self._kernels = kernels([i for p in self.programs for i in p.instrs])
 
     def _view(self, r: int, s: tuple) -> np.ndarray:
         return self.bufs[r][s[0]][s[1]:s[1] + s[2]]
@@ -78,17 +76,11 @@ class Payload:
     def begin(self, r: int, i: int) -> None:
         """Rank ``r`` issues instruction ``i``."""
         ins = self.programs[r].instrs[i]
-        kind, s = ins.kind, ins.slices
-        if kind == "send":
-            self._inbox.setdefault((ins.peer, r, ins.step), deque()).append(self._view(r, s["buf"]).copy())
-        elif kind == "reduce":
-            dt = np.dtype(ins.dtype)
-            self._kernels[(ins.op, ins.dtype)](self._view(r, s["a"]).view(dt), self._view(r, s["b"]).view(dt),
-                                               self._view(r, s["out"]).view(dt))
-        elif kind == "copy":
-            np.copyto(self._view(r, s["dst"]), self._view(r, s["src"]))
-        elif kind == "avg":
-            finish_avg(self._view(r, s["buf"]).view(np.dtype(ins.dtype)), ins.n)
+        if ins.kind == "send":
+            message = self._view(r, ins.slices["buf"]).copy()
+            self._inbox.setdefault((ins.peer, r, ins.step), deque()).append(message)
+        elif ins.kind != "recv":
+            compute(ins, lambda s: self._view(r, s), self._kernels)
 
     def done(self, r: int, i: int) -> None:
         """Rank ``r``'s instruction ``i`` is done: a receive takes its message."""
