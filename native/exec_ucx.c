@@ -135,6 +135,20 @@ static int pc_exec_progress(pc_exec_t *e)
     return e->lo == e->n ? PC_EXEC_DONE : PC_EXEC_RUNNING;
 }
 
+/* Start with base tag base and advance at most polls times, in one call: a collective run again
+ * on the same buffers by the engine's express lane (pycoll.engine.express.ProgramLane), which
+ * spares Python a pass per poll while a peer's message is on its way. The result of the last
+ * pc_exec_progress: PC_EXEC_RUNNING when the polls ran out (the engine goes on polling). */
+static int pc_exec_run(pc_exec_t *e, uint64_t base, int polls)
+{
+    int rc;
+    pc_exec_start(e, base);
+    do
+        rc = pc_exec_progress(e);
+    while (rc == PC_EXEC_RUNNING && --polls > 0);
+    return rc;
+}
+
 /* Give up: cancel the posted receives. The requests stay until pc_exec_reap finds them finished
  * (UCX may still read or write their buffers until then). */
 static void pc_exec_abort(pc_exec_t *e)

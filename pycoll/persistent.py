@@ -3,7 +3,8 @@
 ``team.<coll>_init(...)`` checks the arguments once and returns a :class:`Persistent`; every
 ``start()`` runs the collective again on the same buffers (refill them between starts), reusing the
 task, its schedule and its scratch buffers when the algorithm allows (``rebind``). A start that
-finds the engine idle takes its express lane: a segment collective is then one native call.
+finds the engine idle takes its express lane: a segment collective, or a native program over UCX,
+is then one native call.
 
 A blocking or non-blocking call repeated with the same argument objects becomes one too
 (:class:`Repeated`): the team remembers each collective's last call, and from the second in a row
@@ -12,12 +13,12 @@ the call is a start of a persistent collective made of it, with no checks, selec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from pycoll.calls import Call
-from pycoll.engine.express import ExpressLane, has_express_lane
+from pycoll.engine.express import ExpressLane, ProgramLane, has_express_lane
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED, FINISHED, Task
 
@@ -43,8 +44,9 @@ class Persistent:
         self.task: Optional[Task] = None
         #: The request of the current (or last) run.
         self.request: Optional[Request] = None
-        #: The engine's express lane of its task (a segment collective, untagged), once built.
-        self.lane: Optional[ExpressLane] = None
+        #: The engine's express lane of its task (a segment collective or a native program, untagged),
+        #: once built.
+        self.lane: Optional[Union[ExpressLane, ProgramLane]] = None
 
     def start(self) -> Request:
         """Run the collective once more (collective: every rank starts it).
@@ -93,6 +95,13 @@ class Persistent:
             lock.release()
         return self.request
 
+    def restart_as(self, key: tuple) -> Request:
+        """Run the kept task again through the planner under ``key``, a number its express lane
+        took for a run that is due the agreement check (under the engine's lock)."""
+        planner, task = self.planner, self.task
+        self.request = planner.restart(task, self.call, self._tag, self.priority, self._timeout, key)
+        return self.request
+
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Wait for the current run."""
         if self.request is None:
@@ -122,6 +131,10 @@ class Persistent:
 #: The parameters of the collectives that are buffers (a repeated call compares their dtypes).
 BUFFER_PARAMS = frozenset(("buf", "sendbuf", "recvbuf"))
 
+#: The parameters of the v-collectives that are sequences of counts or displacements: a repeated
+#: call compares their values too (a list may be changed in place between calls).
+COUNT_PARAMS = frozenset(("counts", "displs", "sendcounts", "recvcounts", "sdispls", "rdispls"))
+
 #: What :func:`buffer_dtype` gives for a buffer a repeated call cannot be recognised by.
 UNSTABLE = object()
 
@@ -133,6 +146,29 @@ def buffer_dtype(buf: Any) -> Any:
     if buf is None:
         return None
     return buf.dtype if type(buf) is np.ndarray else UNSTABLE
+
+
+def sequence_values(seq: Any) -> Any:
+    """What a repeated call is recognised by besides a counts or displacements argument's
+    identity: its values (None for None)."""
+    return None if seq is None else tuple(seq)
+
+
+def repeat_test(params: List[str]) -> Tuple[str, str]:
+    """``(same, dtypes)``: source text for a collective method with parameters ``params`` (see
+    :mod:`pycoll.team`). ``same``, a conjunction ending in ``and``: the call's arguments are the
+    remembered call's (``entry``) objects, its ndarray buffers of the same dtypes (reassignable in
+    place) and its counts and displacements of the same values (a list may be changed in place);
+    ``dtypes``: the tuple items ``entry.dtypes`` is made of (``dtype_of``, ``values_of``: this
+    module's :func:`buffer_dtype` and :func:`sequence_values`)."""
+    same = "".join(f"entry.args[{i}] is {p} and " for i, p in enumerate(params))
+    same += "".join(f"({p} is None or {p}.dtype is entry.dtypes[{i}]) and "
+                    for i, p in enumerate(params) if p in BUFFER_PARAMS)
+    same += "".join(f"({p} is None or tuple({p}) == entry.dtypes[{i}]) and "
+                    for i, p in enumerate(params) if p in COUNT_PARAMS)
+    dtypes = "".join(f"dtype_of({p}), " if p in BUFFER_PARAMS else
+                     f"values_of({p}), " if p in COUNT_PARAMS else "None, " for p in params)
+    return same, dtypes
 
 
 class Repeated:
@@ -156,7 +192,7 @@ class Repeated:
         self.nbytes = 0  # what its buffers hold (see RecentCalls)
         #: The express lane of its persistent form, once made: a caller that finds the same
         #: arguments runs ``lane.run()`` first (the hot path), and :meth:`again` when it is closed.
-        self.lane: Optional[ExpressLane] = None
+        self.lane: Optional[Union[ExpressLane, ProgramLane]] = None
 
     def again(self, priority: int = 0) -> Optional[Request]:
         """Run the call again (the caller found the same arguments, and :attr:`lane` closed or

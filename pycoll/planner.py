@@ -21,7 +21,7 @@ from pycoll.algorithms.tuning import HIERARCHICAL
 from pycoll.calls import REJECTION, Call, block_layout
 from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import element_code
-from pycoll.engine.express import ExpressLane
+from pycoll.engine.express import ExpressLane, ProgramLane
 from pycoll.engine.request import Request
 from pycoll.errors import MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
@@ -178,22 +178,34 @@ class Planner:
             lock.release()
 
     # ------------------------------------------------------------------ the express lane
-    def express_lane(self, task: Task, result: Any, owner: Any) -> ExpressLane:
+    def express_lane(self, task: Task, result: Any, owner: Any) -> Union[ExpressLane, ProgramLane]:
         """The express lane of the ``task`` of a persistent (or repeated) collective ``owner``:
         it runs it again on the buffers of its last run while the engine is idle, taking the
         next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
-        request returns ``result`` and becomes ``owner.request``."""
-        return self.ctx.express_lane(task, self._seq, result, owner)
+        request returns ``result`` and becomes ``owner.request``. A run of a native program
+        that is due the agreement check goes through ``owner.restart_as``."""
+        coll = owner.coll
+        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k))
+
+    def check_due(self, coll: str, k: int) -> bool:
+        """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
+        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`)."""
+        mode = self._check
+        if mode == "auto":
+            return k < agreement.CHECK_FIRST or not k & (k - 1) or coll in agreement.ALWAYS
+        return mode != "off"
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
-                timeout: Optional[float]) -> Request:
+                timeout: Optional[float], key: Optional[tuple] = None) -> Request:
         """Run the finished task of a persistent collective again on the call's buffers: a new
-        message key, its credit, submitted (it stays with its persistent collective, never
-        pooled). Under the engine's lock (the caller holds it)."""
+        message key (``key``, when an express lane took it already), its credit, submitted (it
+        stays with its persistent collective, never pooled). Under the engine's lock (the
+        caller holds it)."""
         if self.revoked is not None:
             self.refuse()
         ctx = self.ctx
-        key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
+        if key is None:
+            key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
         task.rebind(call.src, call.dst, key)
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
@@ -313,12 +325,8 @@ class Planner:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
         when its call is due one (``PYCOLL_CHECK``; always for the v-collectives and rejections,
         see :data:`pycoll.agreement.ALWAYS`) and runs off the shared segment."""
-        mode = self._check
-        if mode == "auto":  # (agreement.due, inline: this runs for every call posted)
-            k = key[1] if key[0] == "c" else key[2]
-            if k >= agreement.CHECK_FIRST and k & (k - 1) and call.coll not in agreement.ALWAYS:
-                return task
-        elif mode == "off" and call is not REJECTION:
+        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2])
+                and (call is not REJECTION or self._check != "off")):  # (off: only rejections)
             return task
         if self.team.size == 1:
             return task

@@ -28,7 +28,7 @@ from pycoll.collectives import get as collective
 from pycoll.engine.context import Context, get_context
 from pycoll.engine.request import Finished, Request
 from pycoll.ops import ReduceOp
-from pycoll.persistent import BUFFER_PARAMS, Persistent, buffer_dtype, persistent_of
+from pycoll.persistent import Persistent, buffer_dtype, persistent_of, repeat_test, sequence_values
 from pycoll.planner import Planner
 from pycoll.ps.worker import PushPull
 from pycoll.tasks.p2p import AnySourceRecvTask, RecvTask, SendTask, raw_inside_task
@@ -364,15 +364,10 @@ def _methods(row: Collective) -> Dict[str, Callable[..., Any]]:
             namespace[f"_default_{p.name}"] = p.default
             params.append(f"{p.name}=_default_{p.name}, ")
     fields = {"name": row.name, "params": "".join(params), "args": ", ".join(row.params),
-              # the express lane: the same argument objects as the call it remembers
-              "same": "".join(f"entry.args[{i}] is {p} and " for i, p in enumerate(row.params)),
               "tuple": "".join(f"{p}, " for p in row.params),
               "first": f"id({row.params[0]})" if row.params else "0"}  # see persistent.repeat_key
-    # ... and the same dtypes (an ndarray's dtype may be reassigned in place)
-    buffers = [(i, p) for i, p in enumerate(row.params) if p in BUFFER_PARAMS]
-    fields["same"] += "".join(f"({p} is None or {p}.dtype is entry.dtypes[{i}]) and " for i, p in buffers)
-    fields["dtypes"] = "".join(f"dtype_of({p}), " if p in BUFFER_PARAMS else "None, " for p in row.params)
-    namespace["dtype_of"] = buffer_dtype
+    fields["same"], fields["dtypes"] = repeat_test(row.params)  # (the express lane's test)
+    namespace["dtype_of"], namespace["values_of"] = buffer_dtype, sequence_values
     exec(_START.format(**fields) + _INIT.format(**fields), namespace)  # our own template, our own names
     start, init = namespace[row.name], namespace[f"{row.name}_init"]
     start.__doc__ = docstring(row)

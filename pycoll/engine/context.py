@@ -34,11 +34,11 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple, Union
 
 from pycoll import config
 from pycoll import trace as _trace
-from pycoll.engine.express import ExpressLane
+from pycoll.engine.express import ExpressLane, ProgramLane
 from pycoll.engine.ready import ReadyQueue
 from pycoll.engine.request import Request
 from pycoll.errors import TimeoutError
@@ -54,6 +54,11 @@ _STARTED = Event.STARTED
 _monotonic = time.monotonic
 _heappush = heapq.heappush
 _heappop = heapq.heappop
+
+
+def _never(number: int) -> bool:
+    """No run of an express lane is due the agreement check."""
+    return False
 
 
 def _parts_completed(task: Task, parts: Task, data: Any) -> None:
@@ -208,15 +213,20 @@ class Context:
         finally:
             lock.release()
 
-    def express_lane(self, task: Task, sequence: Iterator[int], result: Any, owner: Any) -> ExpressLane:
+    def express_lane(self, task: Task, sequence: Iterator[int], result: Any, owner: Any,
+                     due: Optional[Callable[[int], bool]] = None) -> Union[ExpressLane, ProgramLane]:
         """The express lane of ``task``, a segment collective called again on the same buffers
         (persistent, or repeated): see :class:`ExpressLane`. It is open only while this engine
         holds no other work: nothing queued, polled or watched for credit (the lane is given the
         engine's own containers of that work, which are never rebound, and finds them empty),
         nobody tracing; ``sequence`` is the team's counter of untagged collectives (a run takes a
-        number from it as any collective does); ``owner.request`` is set to each run's request."""
-        return ExpressLane(self, (self._ready, self._free, self._active, self._demand_of), task, sequence,
-                           result, owner)
+        number from it as any collective does); ``owner.request`` is set to each run's request. A
+        native program's task (``express_run``) gets a :class:`ProgramLane`: ``due(number)`` says
+        whether that run is due the agreement check (then ``owner.restart_as(key)`` runs it)."""
+        work = (self._ready, self._free, self._active, self._demand_of)
+        if hasattr(task, "express_run"):
+            return ProgramLane(self, work, task, sequence, result, owner, due or _never)
+        return ExpressLane(self, work, task, sequence, result, owner)
 
     def inside(self) -> bool:
         """Whether the calling thread is inside the engine: in a task's ``post``/``progress`` or a

@@ -11,11 +11,14 @@ finishes there returns one finished :class:`Request`, the same every time; one t
 peers is handed to the engine (:meth:`Context.adopt`), which polls it with its deadline as any
 started task. Everything the lane does is written out in that one method: it is the hot path of
 every repeated small collective, and each call it saves is a tenth of a microsecond.
+
+:class:`ProgramLane` does the same for a native program's task (a lowered collective run by C
+over UCX): the program starts and is polled in one native call.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
@@ -92,9 +95,67 @@ class ExpressLane:
             lock.release()
 
 
+class ProgramLane:
+    """The express lane of a native program's task (a lowered collective a transport runs in C,
+    :class:`pycoll.tl.ucx.executor.UCXProgramTask`): on an idle engine with no credit limit, a
+    run takes the next sequence number and calls ``task.express_run(number)``, which starts the
+    program and polls it in one native call. One that finished there returns the same finished
+    :class:`Request` every time; one that waits for its peers (or failed) is handed to the
+    engine. A number that is due the agreement check (``due(number)``) goes through
+    ``owner.restart_as(key)`` instead: the planner checks and submits that run."""
+
+    __slots__ = ("ctx", "lock", "work", "task", "sequence", "result", "owner", "due", "done")
+
+    def __init__(self, ctx: Context, work: tuple, task: Task, sequence: Iterator[int], result: Any,
+                 owner: Any, due: Callable[[int], bool]) -> None:
+        self.ctx = ctx
+        self.lock = ctx.lock
+        self.work = work
+        self.task = task
+        self.sequence = sequence
+        self.result = result
+        self.owner = owner
+        self.due = due
+        self.done: Optional[Request] = None
+
+    def run(self) -> Optional[Request]:
+        """Run the task again now, if the lane is open (as :meth:`ExpressLane.run`; closed too
+        under a credit limit or while large collectives are partitioned)."""
+        task, owner, ctx = self.task, self.owner, self.ctx
+        ready, free, active, demand = self.work
+        lock = self.lock
+        lock.acquire()  # (not ``with``: this is the hot path)
+        try:
+            if (ready or free or active or demand or task.state is not COMPLETED or task.listened
+                    or ctx.on_start is not None or ctx.credit_bytes
+                    or (ctx.partition_bytes and task.nbytes > ctx.partition_bytes)):
+                return None
+            last = owner.request
+            if last is not self.done and last is not None and not last.collected:
+                return None
+            number = next(self.sequence)  # the collective's number (untagged collectives match by order)
+            if self.due(number):
+                return owner.restart_as(("c", number))
+            ctx.posted += 1
+            if task.express_run(number):  # type: ignore[attr-defined]
+                done = self.done
+                if done is None:
+                    done = self.done = Request(task, ctx, self.result)
+                owner.request = done
+                return done
+            ctx.adopt(task)  # waits for its peers (or failed)
+            owner.request = req = Request(task, ctx, self.result)
+            return req
+        finally:
+            lock.release()
+
+
 def has_express_lane(task: Optional[Task]) -> bool:
-    """Whether ``task`` can run in an express lane: a segment collective that takes no credit."""
-    return task is not None and hasattr(task, "express_started") and not task.credit
+    """Whether ``task`` can run in an express lane: a segment collective that takes no credit, or
+    a native program's task."""
+    if task is None:
+        return False
+    return (hasattr(task, "express_started") and not task.credit) or hasattr(task, "express_run")
 
 
-__all__ = ["ExpressLane", "has_express_lane"]
+__all__ = ["ExpressLane", "ProgramLane", "has_express_lane"]

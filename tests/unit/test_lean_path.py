@@ -366,6 +366,27 @@ def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
     assert all(b.dtype == np.int32 and (b == 3).all() for b in bufs), bufs
 
 
+@pytest.mark.parametrize("kind", ["list", "ndarray"])
+def test_a_repeat_whose_counts_or_displacements_changed_in_place_is_checked_again(kind):
+    """The same counts and displacements objects with new values are a new call (a repeat on the
+    old layout put every block at its old place: a wrong result, silently)."""
+    n = 2
+    teams = pycoll.local_teams(n)
+    send = [np.full(1, r + 1.0) for r in range(n)]
+    recv = [np.zeros(4 * n) for _ in range(n)]
+    counts = [1] * n if kind == "list" else np.ones(n, np.int64)
+    displs = list(range(n)) if kind == "list" else np.arange(n)
+    for i in range(9):
+        for r in range(n):
+            displs[r] = r * (1 + i % 3)  # the same object, new values
+        for b in recv:
+            b[:] = -1
+        pycoll.wait_all([t.allgatherv(s, b, counts, displs) for t, s, b in zip(teams, send, recv)])
+        want = np.full(4 * n, -1.0)
+        want[[displs[r] for r in range(n)]] = np.arange(1.0, n + 1)
+        assert all((b == want).all() for b in recv), (i, recv, want)
+
+
 def test_a_remembered_call_replaced_while_its_run_is_in_flight_still_finishes():
     n = 2
     teams = pycoll.local_teams(n)

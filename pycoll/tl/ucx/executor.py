@@ -26,9 +26,13 @@ from pycoll.errors import PeerLostError, TransportError
 from pycoll.lower.execute import call_bytes
 from pycoll.lower.program import SLICES, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
-from pycoll.tasks.task import Task
+from pycoll.tasks.task import IN_PROGRESS, Task
 
 _KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4}
+#: The most polls of one express run (about 0.1 us each), and the fewest it falls to while peers
+#: keep this rank waiting (as the shared segment's native calls: see pycoll.tl.shm.segment).
+POLLS = 4000
+MIN_POLLS = 64
 _U8 = np.uint8
 
 
@@ -110,6 +114,8 @@ class UCXProgramTask(Task):
         self._keep: List[Any] = []  # the cffi views of the call's buffers the executor points at
         self._bound: tuple = ()  # (src, dst) those views are of: a call on the same arrays reuses them
         self._running = False
+        #: The polls of the next express run (see :meth:`express_run`).
+        self.budget = POLLS
 
     @property
     def program(self) -> Program:
@@ -145,6 +151,37 @@ class UCXProgramTask(Task):
         prepared.transport.native_started()
         self._running = True
         self.progress()
+
+    def express_run(self, number: int) -> bool:
+        """Run this finished task again on the buffers it is bound to, as untagged collective
+        ``number``, in one native call that starts the program and polls it up to :attr:`budget`
+        times (the engine's express lane, :class:`pycoll.engine.express.ProgramLane`). True when
+        it finished there (the task stays completed); else it is in progress, waiting for its
+        peers, for the engine to poll (or it failed). The budget halves while peers keep this
+        rank waiting (they may need its core) and doubles again when they do not."""
+        prepared = self.prepared
+        lib, t, budget = prepared.lib, prepared.transport, self.budget
+        rc = lib.pc_exec_run(self.e, t.untagged_base(("c", number)), budget)
+        if rc == lib.PC_EXEC_DONE:
+            if budget < POLLS:
+                self.budget = budget * 2 if budget * 2 < POLLS else POLLS
+            traffic = t.traffic
+            for peer, counts in prepared.traffic.items():
+                traffic.add(peer, counts)
+            return True
+        if rc == lib.PC_EXEC_RUNNING and budget > MIN_POLLS:
+            self.budget = budget // 2
+        self.args.channel.rekey(("c", number))
+        self.result = None
+        self.pending = 0
+        self.state = IN_PROGRESS
+        t.native_started()
+        self._running = True
+        try:
+            self.progress()  # (an AVG's division, a failure; or still running)
+        except Exception as exc:  # noqa: BLE001 - the task's failure, as the engine records it
+            self.fail(exc)
+        return False
 
     def progress(self) -> None:
         lib, e = self.prepared.lib, self.e

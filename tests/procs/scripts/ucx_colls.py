@@ -20,9 +20,10 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import pycoll  # noqa: E402
-from pycoll import ReduceOp, Team, TransportError  # noqa: E402
+from pycoll import MismatchError, ReduceOp, Team, TransportError  # noqa: E402
 from pycoll.store import TCPStore  # noqa: E402
 from pycoll.tl.ucx import loader  # noqa: E402
+from pycoll.tl.ucx.executor import UCXProgramTask  # noqa: E402
 from pycoll.tl.ucx.transport import context_worker  # noqa: E402
 from tests.rank import run_rank  # noqa: E402
 from tests.reference import (  # noqa: E402
@@ -74,6 +75,45 @@ def same_and_new_buffers(team):
             y = np.empty(2, np.float32)  # a new output array: the executor must write there
         team.allreduce(x, y).wait()
         assert (y == sum(range(n)) + n * k).all(), (k, y)
+
+
+def express_lane(team):
+    """A repeated native program runs in the engine's express lane (started and polled in one
+    native call): right results, every run but those due the agreement check taken there; a run
+    whose number is due the check still goes through it (here a peer's other dtype at that number
+    raises MismatchError on every rank, where the lane alone would have run the float32 sum on
+    int32 bytes)."""
+    n, r = team.size, team.rank
+    x, y = np.empty(2, np.float32), np.empty(2, np.float32)
+    runs = []
+    plain = UCXProgramTask.express_run
+    UCXProgramTask.express_run = lambda task, number: runs.append(number) or plain(task, number)
+    try:
+        for k in range(200):
+            x[:] = r + k
+            team.allreduce(x, y).wait()
+            assert (y == sum(range(n)) + n * k).all(), (k, y)
+    finally:
+        UCXProgramTask.express_run = plain
+    entry = team.recent.get(("allreduce", id(x)))
+    if n == 1:
+        return
+    assert type(entry.lane).__name__ == "ProgramLane", entry.lane
+    # (the first runs build it; a new call is remembered within 16 calls, see RecentCalls)
+    assert len(runs) >= 150 and not any(team.planner.check_due("allreduce", k) for k in runs), runs
+    due = 1 << team.planner.posted().bit_length()  # the next power of two: checked
+    while team.planner.posted() < due:
+        team.allreduce(x, y).wait()
+    other = x.view(np.int32) if r == n - 1 else x  # the same bytes as another element type
+    try:
+        team.allreduce(other, y if r < n - 1 else y.view(np.int32)).wait()
+    except MismatchError as exc:
+        assert "int32" in str(exc) and "float32" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}: no MismatchError at collective {due}")
+    x[:] = 1
+    team.allreduce(x, y).wait()  # the team goes on
+    assert (y == n).all(), y
 
 
 def point_to_point(team):
@@ -168,6 +208,7 @@ def main():
     for t in (team, steam):
         every_collective(t, counts=(1, 3000) if t is steam else (1, 100, 3000))
         same_and_new_buffers(t)
+        express_lane(t)
         point_to_point(t)
     # both teams at once: the same tags on two teams sharing the worker never mix
     a, b = np.full(1000, float(rank)), np.full(1000, 10.0 * rank)
