@@ -73,6 +73,7 @@ class Persistent:
                          if tag is None and self.task is not None and has_express_lane(task) else None)
             run = planner.checked(task, call, key)  # (behind the agreement check when it is due one)
             self.request = planner.submit(run, self.priority, self._timeout, call.out)
+            task.timeout = run.timeout  # (the express lane's runs wait as long: submit set the check's)
         return self.request
 
     def rerun(self) -> Optional[Request]:

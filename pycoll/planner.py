@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Set, Tuple, Union
 
 from pycoll import agreement, algorithms, config, status
 from pycoll.algorithms.base import CollArgs
@@ -46,6 +46,9 @@ MAX_PLAN_BYTES = 8 << 20
 #: the caller's memory is freed when the caller drops it. Smaller ones stay bound, so that the next
 #: call on the same buffers (a training loop's) skips pointing the task at them again.
 UNBIND_BYTES = 64 << 10
+#: The v-collective shapes (layouts) remembered as built once: the next build of one makes its
+#: native program (see :meth:`Planner.native`); forgotten all at once past this many.
+MAX_LAYOUTS_SEEN = 4096
 
 
 def held_bytes(task: Task) -> int:
@@ -92,6 +95,7 @@ class Planner:
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
+        self._layouts_seen: Set[tuple] = set()  # the v-collective shapes built once (see native)
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
@@ -185,14 +189,16 @@ class Planner:
         request returns ``result`` and becomes ``owner.request``. A run of a native program
         that is due the agreement check goes through ``owner.restart_as``."""
         coll = owner.coll
-        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k))
+        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k, True))
 
-    def check_due(self, coll: str, k: int) -> bool:
+    def check_due(self, coll: str, k: int, again: bool = False) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
-        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`)."""
+        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`). ``again``: a
+        run of a kept collective on the arguments of a checked one (a persistent collective's
+        later starts, a repeated call), which :data:`agreement.ALWAYS` does not cover."""
         mode = self._check
         if mode == "auto":
-            return k < agreement.CHECK_FIRST or not k & (k - 1) or coll in agreement.ALWAYS
+            return k < agreement.CHECK_FIRST or not k & (k - 1) or (coll in agreement.ALWAYS and not again)
         return mode != "off"
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
@@ -210,7 +216,7 @@ class Planner:
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
         if self._check != "off":
-            task = self.checked(task, call, key)
+            task = self.checked(task, call, key, again=True)
         t = ctx.timeout if timeout is None else timeout
         task.timeout = t if t is not None and 0 < t < _INF else None
         return ctx.submit(task, priority, call.out)
@@ -298,19 +304,29 @@ class Planner:
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
         if tag is None and self._native_programs and runs_native(coll, name):
-            task = self.native(task, call, name, args)
+            task = self.native(task, call, name, args, shape)
         task.plan_name = name
         task.owner = self
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
 
-    def native(self, task: Task, call: Call, name: str, args: CollArgs) -> Task:
+    def native(self, task: Task, call: Call, name: str, args: CollArgs, shape: tuple) -> Task:
         """``task`` as a native program where the team's transport runs them
-        (``program_task``; UCX) and the engine has no credit limit; else ``task`` itself."""
+        (``program_task``; UCX) and the engine has no credit limit; else ``task`` itself. A
+        v-collective's program is made for its layout: only from the second build of a shape
+        (a repeated or persistent call), as recording one costs more than a small call of a
+        layout seen once."""
         make = getattr(self.team.transport, "program_task", None)
         if make is None or self.ctx.credit_bytes:
             return task
+        if call.layout is not None:
+            seen = self._layouts_seen
+            if shape not in seen:
+                if len(seen) >= MAX_LAYOUTS_SEEN:
+                    seen.clear()
+                seen.add(shape)
+                return task
         try:
             program = record(self.team, call, name)
         except NotLowerable:
@@ -321,11 +337,11 @@ class Planner:
         native.plan_name = name
         return native
 
-    def checked(self, task: Task, call: Call, key: tuple) -> Task:
+    def checked(self, task: Task, call: Call, key: tuple, again: bool = False) -> Task:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
-        when its call is due one (``PYCOLL_CHECK``; always for the v-collectives and rejections,
-        see :data:`pycoll.agreement.ALWAYS`) and runs off the shared segment."""
-        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2])
+        when its call is due one (``PYCOLL_CHECK``; always for rejections and for the
+        v-collectives but when ``again``, see :meth:`check_due`) and runs off the shared segment."""
+        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2], again)
                 and (call is not REJECTION or self._check != "off")):  # (off: only rejections)
             return task
         if self.team.size == 1:

@@ -98,8 +98,8 @@ class ProgramTask(StepTask):
 
 
 #: The collectives whose op, and whose root, a program was made for.
-_REDUCING = ("allreduce", "reduce", "reduce_scatter")
-_ROOTED = ("bcast", "reduce", "gather", "scatter")
+_REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv", "scan", "exscan")
+_ROOTED = ("bcast", "reduce", "gather", "scatter", "gatherv", "scatterv")
 
 
 def fits(program: Program, team: Any, call: Any) -> None:
@@ -121,6 +121,11 @@ def fits(program: Program, team: Any, call: Any) -> None:
         raise ProgramError(f"a program for op {program.op} given {call.op.name.lower()}")
     if call.coll in _ROOTED and call.root != program.root:
         raise ProgramError(f"a program for root {program.root} given root {call.root}")
+    for name in ("layout", "rlayout"):
+        made, given = getattr(program, name), getattr(call, name)
+        made = None if made is None else [tuple(b) for b in made]
+        if made != (None if given is None else list(given)):
+            raise ProgramError(f"a program for the blocks (displacement, count) {made} given {given}")
 
 
 def run_program(team: Any, program: Program, call: Any, priority: int = 0,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pycoll.dtypes import DTYPES
 from pycoll.errors import PycollError
@@ -92,12 +92,21 @@ class Program:
     in_place: bool
     buffers: Dict[str, int]
     instrs: List[Instr]
+    #: The v-collectives: the blocks (displacement, count) in elements of the call's counted buffer
+    #: (``rlayout``: alltoallv's receive buffer) the program was made for; None for the others.
+    layout: Optional[List[Tuple[int, int]]] = None
+    rlayout: Optional[List[Tuple[int, int]]] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "coll": self.coll, "algorithm": self.algorithm,
-                "rank": self.rank, "size": self.size, "count": self.count, "dtype": self.dtype,
-                "op": self.op, "root": self.root, "in_place": self.in_place, "buffers": dict(self.buffers),
-                "instructions": [i.to_json() for i in self.instrs]}
+        d = {"format": FORMAT, "version": VERSION, "coll": self.coll, "algorithm": self.algorithm,
+             "rank": self.rank, "size": self.size, "count": self.count, "dtype": self.dtype,
+             "op": self.op, "root": self.root, "in_place": self.in_place, "buffers": dict(self.buffers)}
+        for name in ("layout", "rlayout"):
+            blocks = getattr(self, name)
+            if blocks is not None:
+                d[name] = [list(b) for b in blocks]
+        d["instructions"] = [i.to_json() for i in self.instrs]
+        return d
 
     def dumps(self) -> str:
         """The JSON text of this program: one line per instruction."""
@@ -120,6 +129,17 @@ def _field(d: Dict[str, Any], name: str, kind: type, where: str) -> Any:
     if kind is not int and not isinstance(value, kind):
         raise ProgramError(f"{where}: {name!r} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _blocks(d: Dict[str, Any], name: str) -> Optional[List[Tuple[int, int]]]:
+    """A v-collective program's ``layout`` or ``rlayout``: [[displacement, count], ...] or absent."""
+    if d.get(name) is None:
+        return None
+    raw = _field(d, name, list, "program")
+    if not all(isinstance(b, list) and len(b) == 2 and all(type(v) is int and v >= 0 for v in b)
+               for b in raw):
+        raise ProgramError(f"program: {name!r} must be [[displacement, count], ...] of integers >= 0")
+    return [(b[0], b[1]) for b in raw]
 
 
 def from_json(d: Any) -> Program:
@@ -161,7 +181,8 @@ def from_json(d: Any) -> Program:
                    _field(d, "rank", int, "program"),
                    _field(d, "size", int, "program"), _field(d, "count", int, "program"),
                    _field(d, "dtype", str, "program"), _field(d, "op", str, "program"),
-                   _field(d, "root", int, "program"), bool(d.get("in_place", False)), buffers, instrs)
+                   _field(d, "root", int, "program"), bool(d.get("in_place", False)), buffers, instrs,
+                   _blocks(d, "layout"), _blocks(d, "rlayout"))
     check(prog)
     return prog
 

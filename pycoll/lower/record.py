@@ -44,9 +44,9 @@ from pycoll.ops import ReduceOp
 from pycoll.tasks import CopyTask, RecvTask, ReduceTask, Schedule, SendTask, Task
 from pycoll.tl.base import Channel, TransportRequest
 
-#: The collectives :func:`lower` takes (with equal blocks; the v-forms not yet).
+#: The collectives :func:`lower` takes (a v-collective's program is made for one layout of blocks).
 LOWERED = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "gather", "scatter",
-           "barrier")
+           "barrier", "allgatherv", "reduce_scatterv", "alltoallv", "gatherv", "scatterv", "scan", "exscan")
 
 
 #: The algorithms whose every program the tests check against the algorithm: the planner runs them
@@ -56,7 +56,10 @@ NATIVE = frozenset({
     ("bcast", "knomial"), ("bcast", "scatter_allgather"), ("allgather", "bruck"), ("allgather", "rd"),
     ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
     ("alltoall", "pairwise"), ("gather", "knomial"), ("gather", "linear"), ("scatter", "knomial"),
-    ("scatter", "linear"), ("barrier", "dissemination")})
+    ("scatter", "linear"), ("barrier", "dissemination"), ("allgatherv", "bruck"), ("allgatherv", "rd"),
+    ("allgatherv", "ring"), ("reduce_scatterv", "rhalving"), ("reduce_scatterv", "ring"),
+    ("alltoallv", "pairwise"), ("gatherv", "knomial"), ("gatherv", "linear"), ("scatterv", "knomial"),
+    ("scatterv", "linear"), ("scan", "rd"), ("exscan", "rd")})
 
 
 def runs_native(coll: str, name: str) -> bool:
@@ -330,4 +333,6 @@ def record(team: Any, call: Any, name: str, compute: bool = True) -> Program:
         ops.observer = previous
         observer.rec = None
     return Program(call.coll, name, team.rank, team.size, call.dst.size, str(call.dst.dtype),
-                   call.op.name.lower(), call.root, call.src is call.dst, dict(rec.buffers), rec.instrs)
+                   call.op.name.lower(), call.root, call.src is call.dst, dict(rec.buffers), rec.instrs,
+                   None if call.layout is None else list(call.layout),
+                   None if call.rlayout is None else list(call.rlayout))

@@ -6,7 +6,7 @@ same bits.
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -35,10 +35,12 @@ def lower(coll: str, algorithm: str, size: int, count: int, dtype: Any = "float3
     return programs
 
 
-def inputs(rank: int, coll: str, size: int, count: int, dtype: Any, seed: int) -> np.ndarray:
+def inputs(rank: int, coll: str, size: int, count: int, dtype: Any, seed: int,
+           n: Optional[int] = None) -> np.ndarray:
     """Rank ``rank``'s input for a lowering check: small integers (exact in any order), distinct
-    per rank and per seed."""
-    n = count * size if coll in ("alltoall", "reduce_scatter", "scatter") else count
+    per rank and per seed (``n`` of them: by default ``count``, or a block per rank)."""
+    if n is None:
+        n = count * size if coll in ("alltoall", "reduce_scatter", "scatter") else count
     values = (np.arange(n, dtype=np.int64) * 7 + rank * 13 + seed * 5) % 11 - 5
     dt = np.dtype(dtype)
     if dt.kind in "ub":
@@ -69,6 +71,48 @@ def make_call(team: Any, coll: str, count: int, dtype: Any, op: Any, root: int, 
         return team.call(coll, x if team.rank == root else None, np.empty(count, x.dtype), root)
     if coll == "barrier":
         return team.call(coll)
+    if coll in ("scan", "exscan"):
+        return team.call(coll, x, np.zeros_like(x), op)
+    return _v_call(team, coll, count, dtype, op, root, seed)
+
+
+def v_counts(size: int, count: int, rank: int = 0) -> List[int]:
+    """The blocks of a v-collective's lowering check: about ``count`` elements each, unequal,
+    some empty (row ``rank`` of alltoallv's matrix)."""
+    return [max(0, count + (rank + 2 * j) % 3 - 1) for j in range(size)]
+
+
+def v_displs(counts: Sequence[int]) -> List[int]:
+    """Displacements of ``counts`` with a one-element gap after each block (left untouched)."""
+    return [sum(counts[:j]) + j for j in range(len(counts))]
+
+
+def _v_call(team: Any, coll: str, count: int, dtype: Any, op: Any, root: int, seed: int) -> Any:
+    """The checked v-collective call of :func:`make_call` (every rank given the counts, so that
+    the algorithms that need them everywhere lower too)."""
+    n, r = team.size, team.rank
+    counts = v_counts(n, count)
+    displs = v_displs(counts)
+    room = displs[-1] + counts[-1] + 1 if n else 0
+
+    def x(k: int) -> np.ndarray:
+        return inputs(r, coll, n, count, dtype, seed, k)
+
+    if coll == "allgatherv":
+        return team.call(coll, x(counts[r]), np.zeros(room, dtype), counts, displs)
+    if coll == "reduce_scatterv":
+        return team.call(coll, x(sum(counts)), np.zeros(counts[r], dtype), counts, op)
+    if coll == "alltoallv":
+        sc = v_counts(n, count, r)
+        rc = [v_counts(n, count, j)[r] for j in range(n)]
+        sd, rd = v_displs(sc), v_displs(rc)
+        return team.call(coll, x(sd[-1] + sc[-1] + 1), np.zeros(rd[-1] + rc[-1] + 1, dtype), sc, rc, sd, rd)
+    whole = np.zeros(room, dtype) if r == root else None  # (gatherv's recvbuf, scatterv's sendbuf)
+    if coll == "gatherv":
+        return team.call(coll, x(counts[r]), whole, counts, displs, root)
+    if coll == "scatterv":
+        src = None if whole is None else x(room)
+        return team.call(coll, src, np.zeros(counts[r], dtype), counts, displs, root)
     raise NotLowerable(f"lowering {coll} is not supported yet (one of: {', '.join(LOWERED)})")
 
 
@@ -88,8 +132,8 @@ def compare(programs: Sequence[Program], teams: Sequence[Any], coll: str, count:
             r.wait(timeout=60)
         outs.append([c.dst.copy() for c in calls])
     for r, (want, got) in enumerate(zip(*outs)):
-        if coll in ("reduce", "gather") and r != root:
-            continue
+        if (coll in ("reduce", "gather", "gatherv") and r != root) or (coll == "exscan" and r == 0):
+            continue  # (no output there; exscan's rank 0 is left undefined, as in MPI)
         if want.tobytes() != got.tobytes():
             raise NotLowerable(f"{coll}:{algorithm} computes in ways the recording does not see: rank {r}'s "
                                "output from its program differs from the algorithm's")

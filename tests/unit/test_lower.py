@@ -31,15 +31,20 @@ def p2p_algorithms():
 def test_programs_give_the_algorithms_bits(coll, name, n):
     """lower() runs the programs against the algorithm on the same inputs and raises unless every
     rank's output has the same bits; here at counts 0, 1, odd and large, several dtypes and ops."""
-    reducing = coll in ("allreduce", "reduce", "reduce_scatter")
-    cases = [("float32", "sum"), ("int64", "max"), ("bfloat16", "avg"), ("float16", "prod")] if reducing \
-        else [("float32", "sum"), ("uint8", "sum")]
+    if coll in ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv"):
+        cases = [("float32", "sum"), ("int64", "max"), ("bfloat16", "avg"), ("float16", "prod")]
+    elif coll in ("scan", "exscan"):  # (AVG is no prefix reduction)
+        cases = [("float32", "sum"), ("int64", "max"), ("float16", "prod")]
+    else:
+        cases = [("float32", "sum"), ("uint8", "sum")]
     for count in ((0,) if coll == "barrier" else (0, 1, 7, 1000)):
         for dtype, op in cases:
             programs = lower(coll, name, n, count, dtype, op, root=n - 1)
             assert [p.rank for p in programs] == list(range(n))
             if n > 1 and count and coll != "barrier":
                 assert any(i.kind == "send" for p in programs for i in p.instrs)
+            if coll.endswith("v"):  # (made for one layout: see test_a_program_runs_only_its_layout)
+                assert all(p.layout is not None for p in programs)
     if coll in ("allreduce", "reduce"):
         lower(coll, name, n, 100, "float32", "sum", in_place=True)
 
@@ -56,6 +61,33 @@ def test_json_round_trip_and_cli():
         again = loads(p.dumps())
         assert again.to_json() == p.to_json()
     check_set([loads(p.dumps()) for p in programs])
+
+
+def test_a_program_runs_only_its_layout():
+    """A v-collective's program is made for one layout of blocks: it round-trips through JSON, and
+    a call with other counts or displacements (even of the same total size) is refused before
+    anything is sent (it would put the blocks in the wrong places)."""
+    from pycoll.lower.execute import fits
+    from pycoll.lower.verify import v_counts, v_displs
+
+    programs = lower("allgatherv", "ring", 2, 3)
+    again = loads(programs[0].dumps())
+    assert again.layout == programs[0].layout and again.to_json() == programs[0].to_json()
+    teams = pycoll.local_teams(2)
+    counts = v_counts(2, 3)
+    displs = v_displs(counts)
+    room = displs[-1] + counts[-1] + 1
+    mine = np.zeros(counts[0], np.float32)
+    fits(again, teams[0], teams[0].call("allgatherv", mine, np.zeros(room, np.float32), counts, displs))
+    moved = [d + 1 if j else d for j, d in enumerate(displs)]  # the same total, rank 1's block one later
+    with pytest.raises(ProgramError, match="blocks"):
+        fits(again, teams[0], teams[0].call("allgatherv", mine, np.zeros(room, np.float32), counts, moved))
+    d = again.to_json()
+    d["layout"] = [[0, -1]] * 2
+    with pytest.raises(ProgramError, match="layout"):
+        from_json(d)
+    for t in teams:
+        t.close()
 
 
 def test_cli_prints_a_program(capsys):

@@ -29,6 +29,8 @@ def main(mode):
             for count, dtype, op in ((7, "float32", "sum"), (3000, "int32", "max"), (1, "bfloat16", "avg")):
                 if coll == "barrier":
                     count = 0
+                if coll in ("scan", "exscan") and op == "avg":  # (no prefix reduction)
+                    continue
                 try:
                     programs = lower(coll, name, n, count, dtype, op, root=n - 1)
                 except NotLowerable:
@@ -88,6 +90,22 @@ def _args(coll, call, root):
         return (call.src, call.dst if call.dst.size else None, root)
     if coll == "scatter":
         return (call.src if call.src.size else None, call.dst, root)
+    if coll in ("scan", "exscan"):
+        return (call.src, call.dst, call.op)
+    if call.layout is None:
+        return ()
+    counts, displs = [c for _, c in call.layout], [d for d, _ in call.layout]
+    if coll == "allgatherv":
+        return (call.src, call.dst, counts, displs)
+    if coll == "reduce_scatterv":
+        return (call.src, call.dst, counts, call.op)
+    if coll == "alltoallv":
+        rcounts, rdispls = [c for _, c in call.rlayout], [d for d, _ in call.rlayout]
+        return (call.src, call.dst, counts, rcounts, displs, rdispls)
+    if coll == "gatherv":
+        return (call.src, call.dst if call.dst is not call.src else None, counts, displs, root)
+    if coll == "scatterv":
+        return (call.src if call.src is not call.dst else None, call.dst, counts, displs, root)
     return ()
 
 
