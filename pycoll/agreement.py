@@ -16,12 +16,6 @@ rank gives alike, so the ranks always agree on which calls carry the extra excha
 v-collectives (:data:`ALWAYS`) and a rank's rejection of a call (under every mode) are always
 checked. (Ranks of which some call a v-collective and others another, unchecked one, at the same
 place then wait on each other until the timeout: a late error, never a silent one.)
-
-A v-collective run again on the arguments of a checked call (a persistent collective's later
-starts; a call that repeats the last one's argument objects, counts and displacements of the same
-values) is checked as the others are: its arguments passed this rank's checks and the exchange
-before, and a peer that changed its own call is checked on that call (a new one), so it moves no
-data until the ranks agree: the ranks wait on each other until the timeout, never a wrong result.
 """
 
 from __future__ import annotations

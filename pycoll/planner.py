@@ -189,16 +189,18 @@ class Planner:
         request returns ``result`` and becomes ``owner.request``. A run of a native program
         that is due the agreement check goes through ``owner.restart_as``."""
         coll = owner.coll
-        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k, True))
+        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k))
 
-    def check_due(self, coll: str, k: int, again: bool = False) -> bool:
+    def check_due(self, coll: str, k: int) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
-        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`). ``again``: a
-        run of a kept collective on the arguments of a checked one (a persistent collective's
-        later starts, a repeated call), which :data:`agreement.ALWAYS` does not cover."""
+        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`). It depends on
+        the collective and its number alone, which every rank gives alike, whichever path (a new
+        call, a pooled task, a persistent run, an express lane) each rank's call takes: were it to
+        depend on more (whether the call repeats this rank's last one), ranks making the same call
+        could disagree on it and wait on each other until the timeout."""
         mode = self._check
         if mode == "auto":
-            return k < agreement.CHECK_FIRST or not k & (k - 1) or (coll in agreement.ALWAYS and not again)
+            return k < agreement.CHECK_FIRST or not k & (k - 1) or coll in agreement.ALWAYS
         return mode != "off"
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
@@ -216,7 +218,7 @@ class Planner:
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
         if self._check != "off":
-            task = self.checked(task, call, key, again=True)
+            task = self.checked(task, call, key)
         t = ctx.timeout if timeout is None else timeout
         task.timeout = t if t is not None and 0 < t < _INF else None
         return ctx.submit(task, priority, call.out)
@@ -337,11 +339,11 @@ class Planner:
         native.plan_name = name
         return native
 
-    def checked(self, task: Task, call: Call, key: tuple, again: bool = False) -> Task:
+    def checked(self, task: Task, call: Call, key: tuple) -> Task:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
-        when its call is due one (``PYCOLL_CHECK``; always for rejections and for the
-        v-collectives but when ``again``, see :meth:`check_due`) and runs off the shared segment."""
-        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2], again)
+        when its call is due one (``PYCOLL_CHECK``; always for the v-collectives and rejections,
+        see :meth:`check_due`) and runs off the shared segment."""
+        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2])
                 and (call is not REJECTION or self._check != "off")):  # (off: only rejections)
             return task
         if self.team.size == 1:
