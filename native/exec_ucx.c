@@ -9,6 +9,8 @@
  * checked when the program was loaded (slices inside their buffers, dependencies earlier ones);
  * the executor checks the peer and kind again before touching memory.
  */
+#include <sched.h>
+
 #include "exec_ucx.h"
 
 static char *pc_exec_at(pc_exec_t *e, const pc_instr_t *in, int k)
@@ -138,14 +140,15 @@ static int pc_exec_progress(pc_exec_t *e)
 /* Start with base tag base and advance at most polls times, in one call: a collective run again
  * on the same buffers by the engine's express lane (pycoll.engine.express.ProgramLane), which
  * spares Python a pass per poll while a peer's message is on its way. The result of the last
- * pc_exec_progress: PC_EXEC_RUNNING when the polls ran out (the engine goes on polling). */
-static int pc_exec_run(pc_exec_t *e, uint64_t base, int polls)
+ * pc_exec_progress: PC_EXEC_RUNNING when the polls ran out (the engine goes on polling). With
+ * yield_every, it gives the core away every that many polls. */
+static int pc_exec_run(pc_exec_t *e, uint64_t base, int polls, int yield_every)
 {
-    int rc;
+    int rc, n = 0;
     pc_exec_start(e, base);
-    do
-        rc = pc_exec_progress(e);
-    while (rc == PC_EXEC_RUNNING && --polls > 0);
+    while ((rc = pc_exec_progress(e)) == PC_EXEC_RUNNING && ++n < polls)
+        if (yield_every && n % yield_every == 0)
+            sched_yield(); /* ranks outnumber the cores: the peer may be waiting for this one */
     return rc;
 }
 

@@ -203,15 +203,16 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
     wanted = "shm" in tls and shm_available()
     infos = [v.decode().rsplit("|", 1) for v in allgather(f"{node_key()}|{int(wanted)}".encode())]
     team.topology = Topology.from_keys([key for key, _ in infos])
+    ctx = team.ctx
+    # (whatever moves the data: a rank that waits on a peer for a core it holds must yield it)
+    ctx.local_ranks(len(team.topology.members(team.topology.nodes[team.rank])))
     if team.topology.n_nodes > 1 or not all(w == "1" for _, w in infos):
         return
     from pycoll.tl.shm import ShmSegment  # noqa: PLC0415 - the native build is optional
     from pycoll.tl.shm.transport import ShmTransport, cma_works  # noqa: PLC0415
 
-    ctx = team.ctx
     team.shared = ShmSegment(team.rank, team.size, allgather)
     team.shared.on_revoked = _revoker(team)
-    ctx.local_ranks(team.size)
     if ctx.oversubscribed:
         team.shared.oversubscribed()
     # Point to point through the segment too, instead of TCP sockets. An MPI team keeps MPI for
