@@ -4,8 +4,10 @@
  * once the instructions it depends on are done; sends and receives are UCP tag messages on the
  * wire tag of the collective (base | sender << 32 | step), receives posted into their slice;
  * reductions call the kernel pointer handed in (pycoll._native's pycoll_reduce); copies are
- * memmove. AVG divisions are left to Python (pc_exec_progress returns PC_EXEC_PYTHON with
- * e->next on the instruction; pc_exec_did marks it done). Everything an instruction names was
+ * memmove; a check (the agreement check's comparison, between its exchange and the collective's
+ * first instructions) compares the fingerprints the exchange gathered. AVG divisions are left to
+ * Python (pc_exec_progress returns PC_EXEC_PYTHON with e->next on the instruction; pc_exec_did
+ * marks it done). Everything an instruction names was
  * checked when the program was loaded (slices inside their buffers, dependencies earlier ones);
  * the executor checks the peer and kind again before touching memory.
  */
@@ -23,6 +25,22 @@ static int pc_exec_fail(pc_exec_t *e, int i, int status)
     e->failed = i;
     e->status = status;
     return PC_EXEC_FAILED;
+}
+
+/* Whether the n fingerprints (rows of PC_FP_WORDS) gathered in recs agree: the first PC_FP_FLOWS
+ * words the same in every row, and the sums (mod 2**64) of the two flows columns equal (see
+ * pycoll.agreement.disagreement, which then says how they differ). */
+static int pc_exec_agree(const uint64_t *recs, int n)
+{
+    uint64_t sent = 0, received = 0;
+    for (int r = 0; r < n; r++) {
+        const uint64_t *row = recs + (size_t)r * PC_FP_WORDS;
+        if (r && memcmp(row, recs, PC_FP_FLOWS * sizeof(uint64_t)) != 0)
+            return 0;
+        sent += row[PC_FP_FLOWS];
+        received += row[PC_FP_FLOWS + 1];
+    }
+    return sent == received;
 }
 
 /* Start (or reset for a new call) with base tag base: nothing posted, nothing done. */
@@ -94,16 +112,17 @@ static int pc_exec_progress(pc_exec_t *e)
                 return pc_exec_fail(e, i, e->errflags[in->peer]);
             ucp_tag_recv_info_t info;
             ucs_status_ptr_t p;
+            uint64_t base = (in->flags & PC_F_AGREE) ? e->base | e->agree : e->base;
             info.length = in->len[0];
             if (in->kind == PC_I_SEND) {
                 param.op_attr_mask = 0;
                 p = ucp_tag_send_nbx(e->eps[in->peer], pc_exec_at(e, in, 0), in->len[0],
-                                     e->base | ((uint64_t)e->rank << 32) | (uint64_t)(in->step & 0xfff), &param);
+                                     base | ((uint64_t)e->rank << 32) | (uint64_t)(in->step & 0xfff), &param);
             } else {
                 param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
                 param.recv_info.tag_info = &info;
                 p = ucp_tag_recv_nbx(e->worker, pc_exec_at(e, in, 0), in->len[0],
-                                     e->base | ((uint64_t)in->peer << 32) | (uint64_t)(in->step & 0xfff),
+                                     base | ((uint64_t)in->peer << 32) | (uint64_t)(in->step & 0xfff),
                                      UINT64_MAX, &param);
             }
             if (UCS_PTR_IS_ERR(p))
@@ -124,6 +143,10 @@ static int pc_exec_progress(pc_exec_t *e)
             e->state[i] = PC_S_DONE;
         } else if (in->kind == PC_I_COPY) {
             memmove(pc_exec_at(e, in, 1), pc_exec_at(e, in, 0), in->len[0]);
+            e->state[i] = PC_S_DONE;
+        } else if (in->kind == PC_I_CHECK) {
+            if (!pc_exec_agree((const uint64_t *)pc_exec_at(e, in, 0), e->size))
+                return pc_exec_fail(e, i, PC_ST_MISMATCH);
             e->state[i] = PC_S_DONE;
         } else if (in->kind == PC_I_AVG) {
             return PC_EXEC_PYTHON;

@@ -15,6 +15,8 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Set, Tuple, Union
 
+import numpy as np
+
 from pycoll import agreement, algorithms, config, status
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
@@ -25,6 +27,7 @@ from pycoll.engine.express import ExpressLane, ProgramLane
 from pycoll.engine.request import Request
 from pycoll.errors import MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
+from pycoll.ops import ReduceOp
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, FINISHED, Task
@@ -96,6 +99,7 @@ class Planner:
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
         self._layouts_seen: Set[tuple] = set()  # the v-collective shapes built once (see native)
+        self._exchange: Optional[Any] = None  # the agreement check's exchange, lowered (native_check)
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
@@ -333,20 +337,36 @@ class Planner:
             program = record(self.team, call, name)
         except NotLowerable:
             return task
-        native = make(args, program, self.ctx.credit_bytes)
+        native = make(args, program, self.ctx.credit_bytes, self.native_check(call, name))
         if native is None:
             return task
         native.plan_name = name
         return native
 
+    def native_check(self, call: Call, name: str) -> Optional[tuple]:
+        """``(exchange program, fingerprint, explain)``: the agreement check a native program of
+        ``call`` by algorithm ``name`` runs first, for a collective whose every call is checked
+        (the v-collectives; every one under ``PYCOLL_CHECK=all``), so that the check costs no
+        Python; None for the others (the planner adds theirs when due, :meth:`checked`). The
+        exchange is :mod:`pycoll.agreement`'s own allgather, lowered: the same messages as a
+        rank that checks in Python sends."""
+        n = self.team.size
+        if n == 1 or not (self._check == "all" or (self._check == "auto" and call.coll in agreement.ALWAYS)):
+            return None
+        if self._exchange is None:
+            mine, recs = np.zeros(agreement.WORDS, np.uint64), np.zeros((n, agreement.WORDS), np.uint64)
+            xcall = Call("allgather", mine, recs.reshape(-1), ReduceOp.SUM, 0, None, recs.nbytes)
+            self._exchange = record(self.team, xcall, agreement.EXCHANGE)
+        return (self._exchange, agreement.fingerprint(call, name, self.team.rank, n),
+                lambda recs: agreement.disagreement(recs, name))
+
     def checked(self, task: Task, call: Call, key: tuple) -> Task:
         """``task`` as it is to be submitted: behind the agreement check of :mod:`pycoll.agreement`
         when its call is due one (``PYCOLL_CHECK``; always for the v-collectives and rejections,
         see :meth:`check_due`) and runs off the shared segment."""
-        if (not self.check_due(call.coll, key[1] if key[0] == "c" else key[2])
-                and (call is not REJECTION or self._check != "off")):  # (off: only rejections)
-            return task
-        if self.team.size == 1:
+        if call is not REJECTION and not self.check_due(call.coll, key[1] if key[0] == "c" else key[2]):
+            return task  # (a rejection is checked under every mode, at every number)
+        if self.team.size == 1 or getattr(task, "checks_itself", False):  # (see native_check)
             return task
         name = getattr(task, "plan_name", None)
         if name is None or agreement.on_segment(call.coll, name):

@@ -17,6 +17,7 @@ need_ucx(allow_module_level=True)
     (1, "mpi-first", {}),
     (2, "mpi-first", {}),  # (UCX over TCP: tests/procs/test_multihost.py, between network namespaces)
     (3, "ucx-first", {}),
+    (3, "mpi-first", {"PYCOLL_CHECK": "all"}),  # (every native program runs its check first)
     (4, "mpi-first", {}),
     (5, "ucx-first", {}),
     (8, "ucx-first", {}),  # (6 and 7 dropped to keep the suite under its time)
@@ -100,3 +101,4 @@ def test_repeated_v_collective_runs_native_and_is_always_checked(mpirun):
     need_ucx()
     out = mpirun(2, "tests/procs/scripts/v_repeat.py", timeout=60, env={"PYCOLL_TLS": "ucx"})
     assert "rank 0: MismatchError" in out and "rank 1: MismatchError" in out, out
+    assert "rank 0: rejection" in out and "rank 1: rejection" in out, out

@@ -16,19 +16,23 @@ Python (:class:`pycoll.lower.execute.ProgramTask`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from pycoll.buffers import scratch_array
 from pycoll.dtypes import DTYPE_CODES
-from pycoll.errors import PeerLostError, TransportError
+from pycoll.errors import MismatchError, PeerLostError, PycollError, TransportError
 from pycoll.lower.execute import call_bytes
-from pycoll.lower.program import SLICES, Program, ProgramError
+from pycoll.lower.program import SLICES, Instr, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
 from pycoll.tasks.task import IN_PROGRESS, Task
 
-_KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4}
+_KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4, "check": 5}
+_SLICES = {**SLICES, "check": ("buf",)}  # (a check: the fingerprints gathered, one row per rank)
+_AGREE_FLAG = 1  # (PC_F_AGREE)
+_MISMATCH = 1  # (PC_ST_MISMATCH)
 #: The most polls of one express run (about 0.1 us each), and the fewest it falls to while peers
 #: keep this rank waiting (as the shared segment's native calls: see pycoll.tl.shm.segment).
 POLLS = 4000
@@ -51,25 +55,70 @@ def _reduce_kernel(ffi: Any) -> Any:
     return ffi.cast("pc_reduce_fn", address)
 
 
-class NativeProgram:
-    """``program`` as the executor's instruction table (built once per program and transport)."""
+class Check(NamedTuple):
+    """The agreement check a native program runs first (see :func:`checked_instrs`): the program
+    of the exchange of fingerprints (an allgather of ``WORDS`` uint64 per rank), this rank's
+    fingerprint, and ``explain(recs)``, the error text of fingerprints (one row per rank) that
+    disagree."""
 
-    def __init__(self, transport: Any, program: Program) -> None:
+    exchange: Program
+    mine: np.ndarray
+    explain: Callable[[np.ndarray], str]
+
+
+def checked_instrs(check: Check, program: Program) -> Tuple[List[Instr], Dict[str, int], List[int]]:
+    """``(instructions, buffers, flags)`` of ``program`` preceded by its agreement check: the
+    exchange's instructions on buffers of their own (``agree_mine``, ``agree_recs``, ``agree_...``
+    for its scratch) flagged to travel on the check's tags, then a ``check`` that compares what
+    they gathered, then the collective's instructions, the first ones waiting for the check (as
+    the Python check, :class:`pycoll.agreement.CheckedCall`, starts the collective only then)."""
+    rename = {"src": "agree_mine", "dst": "agree_recs"}
+    ex = check.exchange
+    if "src" not in ex.buffers:
+        raise ProgramError("an agreement check's exchange must read the fingerprint from a buffer of its own")
+    instrs: List[Instr] = []
+    for ins in ex.instrs:
+        slices = {k: (rename.get(b, f"agree_{b}"), off, n) for k, (b, off, n) in ins.slices.items()}
+        instrs.append(replace(ins, slices=slices, deps=list(ins.deps)))
+    buffers = {rename.get(b, f"agree_{b}"): n for b, n in ex.buffers.items()}
+    buffers["agree_recs"] = ex.buffers["dst"]
+    at = len(instrs)
+    instrs.append(Instr("check", {"buf": ("agree_recs", 0, ex.buffers["dst"])}, list(range(at))))
+    flags = [_AGREE_FLAG] * at + [0]
+    for ins in program.instrs:
+        deps = [d + at + 1 for d in ins.deps] or [at]
+        instrs.append(replace(ins, deps=deps))
+        flags.append(0)
+    buffers.update(program.buffers)
+    return instrs, buffers, flags
+
+
+class NativeProgram:
+    """``program`` as the executor's instruction table (built once per program and transport),
+    behind its agreement check if ``check`` is given."""
+
+    def __init__(self, transport: Any, program: Program, check: Optional[Check] = None) -> None:
         ffi, lib = transport.native()
         self.transport, self.program, self.ffi, self.lib = transport, program, ffi, lib
-        names = ["src", "dst"] + [b for b in program.buffers if b not in ("src", "dst")]
+        self.check = check
+        if check is None:
+            instrs, buffers, flags = program.instrs, program.buffers, [0] * len(program.instrs)
+        else:
+            instrs, buffers, flags = checked_instrs(check, program)
+        self.instrs = instrs
+        names = ["src", "dst"] + [b for b in buffers if b not in ("src", "dst")]
         index = {name: i for i, name in enumerate(names)}
-        self.names = names
-        n = len(program.instrs)
+        self.names, self.sizes = names, buffers
+        n = len(instrs)
         self.ins = ffi.new("pc_instr_t[]", max(n, 1))
         deps: List[int] = []
-        for i, ins in enumerate(program.instrs):
+        for i, ins in enumerate(instrs):
             c = self.ins[i]
             c.kind = _KINDS[ins.kind]
-            c.peer, c.step = ins.peer, ins.step
+            c.peer, c.step, c.flags = ins.peer, ins.step, flags[i]
             c.ndeps, c.dep0 = len(ins.deps), len(deps)
             deps.extend(ins.deps)
-            for k, field in enumerate(SLICES[ins.kind]):  # (the order the C code reads them in)
+            for k, field in enumerate(_SLICES[ins.kind]):  # (the order the C code reads them in)
                 buf, off, nbytes = ins.slices[field]
                 c.buf[k], c.off[k], c.len[k] = index[buf], off, nbytes
             if ins.kind == "reduce":
@@ -79,7 +128,7 @@ class NativeProgram:
         self.deps = ffi.new("int32_t[]", deps or [0])
         #: What a call moves, per peer: [sent, received, messages sent, messages received].
         self.traffic: Dict[int, List[int]] = {}
-        for ins in program.instrs:
+        for ins in instrs:
             if ins.kind in ("send", "recv"):
                 c = self.traffic.setdefault(ins.peer, [0, 0, 0, 0])
                 k = 0 if ins.kind == "send" else 1
@@ -87,7 +136,7 @@ class NativeProgram:
                 c[k + 2] += 1
         self.reduce = _reduce_kernel(ffi)
         self.avg = {i: (ins.slices["buf"], np.dtype(ins.dtype), ins.n)
-                    for i, ins in enumerate(program.instrs) if ins.kind == "avg"}
+                    for i, ins in enumerate(instrs) if ins.kind == "avg"}
 
 
 class UCXProgramTask(Task):
@@ -102,9 +151,11 @@ class UCXProgramTask(Task):
                                f"{args.rank} of {args.size}")
         self.args, self.prepared = args, prepared
         ffi, t = prepared.ffi, prepared.transport
-        n = len(program.instrs)
-        self.scratch: Dict[str, np.ndarray] = {name: scratch_array(program.buffers[name], _U8)
+        n = len(prepared.instrs)
+        self.scratch: Dict[str, np.ndarray] = {name: scratch_array(prepared.sizes[name], _U8)
                                                for name in prepared.names[2:]}
+        if prepared.check is not None:  # (this rank's fingerprint: the same for every call of the shape)
+            self.scratch["agree_mine"][:] = prepared.check.mine.view(_U8)
         self.scratch_bytes = sum(b.nbytes for b in self.scratch.values())
         e = self.e = ffi.new("pc_exec_t *")
         self._reqs = ffi.new("void *[]", max(n, 1))
@@ -115,6 +166,7 @@ class UCXProgramTask(Task):
         e.worker, e.eps, e.errflags, e.reduce = t.worker, t.endpoints(), t.error_flags(), prepared.reduce
         e.rank, e.size, e.n, e.nbufs = args.rank, args.size, n, len(prepared.names)
         e.ins, e.deps, e.bufs = prepared.ins, prepared.deps, self._bufs
+        e.agree = t.agree_bit
         e.reqs, e.state = self._reqs, self._state
         self._keep: List[Any] = []  # the cffi views of the call's buffers the executor points at
         self._bound: tuple = ()  # (src, dst) those views are of: a call on the same arrays reuses them
@@ -126,6 +178,11 @@ class UCXProgramTask(Task):
     def program(self) -> Program:
         """The program this task runs."""
         return self.prepared.program
+
+    @property
+    def checks_itself(self) -> bool:
+        """Whether the program runs its agreement check first (then the planner adds none)."""
+        return self.prepared.check is not None
 
     def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
         """Reuse this finished task for another call of its program (new buffers and key)."""
@@ -231,11 +288,14 @@ class UCXProgramTask(Task):
         if lib.pc_exec_reap(self.e):
             self.prepared.transport.keep_until_done(self, lambda: lib.pc_exec_reap(self.e) == 0)
 
-    def _failure(self) -> TransportError:
+    def _failure(self) -> PycollError:
         e, t = self.e, self.prepared.transport
         i = e.failed
-        ins = self.prepared.program.instrs[i]
+        ins = self.prepared.instrs[i]
         self._give_up()
+        if ins.kind == "check" and e.status == _MISMATCH:
+            recs = self.scratch["agree_recs"].view(np.uint64).reshape(self.args.size, -1)
+            return MismatchError(self.prepared.check.explain(recs))
         what = f"{self.name}: instruction {i} ({ins.kind}"
         what += f" of {ins.slices['buf'][2]} B with rank {ins.peer})" if ins.kind in ("send", "recv") else ")"
         if ins.kind in ("send", "recv") and t.error_flags()[ins.peer]:
@@ -248,7 +308,7 @@ class UCXProgramTask(Task):
 
     def describe(self) -> str:
         e = self.e
-        program = self.prepared.program
+        program = self.prepared
         waiting = [f"{program.instrs[i].kind} {i} with rank {program.instrs[i].peer}"
                    for i in range(e.lo, min(e.next, e.n)) if self._state[i] == 1]
         label = f"{self.name} (instruction {e.next} of {e.n} next)"

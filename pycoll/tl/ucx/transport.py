@@ -78,7 +78,11 @@ from pycoll.tl.ucx import loader
 
 _CHECKED = 1 << 63
 _TEAM_SHIFT, _TEAM_BITS = 51, 12
-_SRC_SHIFT, _SRC_BITS = 32, 19
+_SRC_SHIFT, _SRC_BITS = 32, 18
+#: The bit above the source field: a message of an untagged collective's agreement check (its
+#: exchange of fingerprints, key ``("c", seq, "agree")``), on the same tags as the collective's
+#: own but for this bit (so that the native executor and Python post them alike).
+_AGREE = 1 << (_SRC_SHIFT + _SRC_BITS)
 _KEY_SHIFT, _KEY_BITS = 12, 20
 _KEY_MASK = (1 << _KEY_BITS) - 1
 _STEP_MASK = (1 << 12) - 1
@@ -324,8 +328,8 @@ class UCXChannel(Channel):
 
     def rekey(self, key: tuple) -> None:
         self.key = key
-        self.fast = len(key) == 2 and key[0] == "c"
-        self.base = (self.transport.team_bits | ((key[1] & _KEY_MASK) << _KEY_SHIFT)) if self.fast else 0
+        self.fast = key[0] == "c" and (len(key) == 2 or (len(key) == 3 and key[2] == "agree"))
+        self.base = self.transport.untagged_base(key) if self.fast else 0
 
     def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast:
@@ -353,7 +357,7 @@ class UCXTransport(Transport):
 
     def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]], ctx: Any) -> None:
         if size > _SRC_MASK + 1:
-            raise TransportError(f"ucx: teams of at most {_SRC_MASK + 1} ranks (tags carry 19 bits of "
+            raise TransportError(f"ucx: teams of at most {_SRC_MASK + 1} ranks (tags carry 18 bits of "
                                  f"rank), got {size}")
         self.rank, self.size, self.ctx, self._allgather = rank, size, ctx, allgather
         self._closed = True
@@ -456,6 +460,9 @@ class UCXTransport(Transport):
     def _wire(self, peer: int, tag: Hashable) -> Tuple[int, int, int, bool]:
         """(wire tag, key hash or 0, step, checked) of a message from/to ``peer`` (the source
         field is the sender's rank)."""
+        if type(tag) is tuple and len(tag) == 4 and tag[2] == "agree" and tag[0] == "c":  # (as fast ones)
+            step = tag[3]
+            return self.untagged_base(tag[:3]) | (peer << _SRC_SHIFT) | (step & _STEP_MASK), 0, step, False
         prefix, step, checked = split_key(tag)
         if not checked:
             return (self.team_bits | (peer << _SRC_SHIFT) | ((prefix[1] & _KEY_MASK) << _KEY_SHIFT)
@@ -816,19 +823,27 @@ class UCXTransport(Transport):
         self._held.append((owner, done))
 
     def untagged_base(self, key: tuple) -> int:
-        """The wire tag of untagged collective ``key`` (``("c", seq)``) without sender and step."""
-        if key[0] != "c":
+        """The wire tag of untagged collective ``key`` (``("c", seq)``, or its agreement check's
+        exchange ``("c", seq, "agree")``) without sender and step."""
+        if key[0] != "c" or (len(key) > 2 and key[2:] != ("agree",)):
             raise TransportError(f"ucx: native programs run untagged collectives, not {key!r}")
-        return self.team_bits | ((key[1] & _KEY_MASK) << _KEY_SHIFT)
+        return self.team_bits | ((key[1] & _KEY_MASK) << _KEY_SHIFT) | (_AGREE if len(key) > 2 else 0)
 
-    def program_task(self, args: Any, program: Any, credit_bytes: int) -> Any:
+    #: What an agreement check's exchange adds to its collective's wire tags (see untagged_base).
+    agree_bit = _AGREE
+
+    def program_task(self, args: Any, program: Any, credit_bytes: int, check: Optional[tuple] = None) -> Any:
         """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.ucx.executor`),
         or None where it must run in Python: under a credit limit (``credit_bytes``), a bandwidth
-        limit, or for a tagged key (``("unkeyed",)``: a task being built, keyed untagged later)."""
+        limit, or for a tagged key (``("unkeyed",)``: a task being built, keyed untagged later).
+        ``check``: ``(exchange program, fingerprint, explain)`` of the agreement check the
+        program runs first (:class:`pycoll.tl.ucx.executor.Check`)."""
         if credit_bytes or self.limited or args.channel.key[0] not in ("c", "unkeyed") or self._closed:
             return None
-        from pycoll.tl.ucx.executor import NativeProgram, UCXProgramTask  # noqa: PLC0415
+        from pycoll.tl.ucx.executor import Check, NativeProgram, UCXProgramTask  # noqa: PLC0415
 
+        if check is not None:  # (its fingerprint is its call's: one table per task)
+            return UCXProgramTask(args, NativeProgram(self, program, Check(*check)))
         entry = self._programs.get(id(program))
         if entry is None or entry[0] is not program:
             if len(self._programs) >= 64:
@@ -865,6 +880,8 @@ class UCXTransport(Transport):
             self._test_pulls()
 
     def demand_id(self, key: tuple) -> Hashable:
+        if key[0] == "c" and key[2:] == ("agree",):  # (its messages arrive on the collective's slot)
+            return ("slot", key[1] & _KEY_MASK)
         prefix, _, checked = split_key((*key, 0))
         if not checked:
             return ("slot", prefix[1] & _KEY_MASK)

@@ -2,7 +2,9 @@
 over UCX runs as a native program (behind the agreement check, which every v-collective call takes)
 with right results; counts changed in place make a new call; one rank repeating its call while the
 other passes new arrays each time (the same call) still agree on the check; a rank that repeats
-its call while its peer changes its counts raises MismatchError at once, as does the peer."""
+its call while its peer changes its counts, or rejects its call, raises MismatchError at once, as
+does the peer. The repeated calls run the check in the native program, the others in Python: the
+same messages."""
 
 import numpy as np
 from mpi4py import MPI
@@ -51,6 +53,24 @@ def main():
         print(f"rank {r}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
     else:
         raise AssertionError(f"rank {r}: the call returned ({recv})")
+    # the team goes on; then rank 1 rejects its call (counts of the wrong length) while rank 0
+    # repeats its own: both raise MismatchError at once, rank 0's naming the rejection
+    for _ in range(3):
+        team.allgatherv(send, recv, counts).wait()
+    assert recv[:3].tolist() == [40.0, 41.0, 41.0], recv
+    try:
+        if r == 0:
+            team.allgatherv(send, recv, counts).wait()
+        else:  # (as pycoll.mpi.Comm does with a call that fails this rank's checks)
+            try:
+                team.allgatherv(send, recv, [1])
+            except ValueError as error:
+                raise team.planner.reject("allgatherv", error) from None
+    except pycoll.MismatchError as exc:
+        assert r == 1 or "rejected" in str(exc), exc
+        print(f"rank {r}: rejection: {str(exc)[:160]}", flush=True)
+    else:
+        raise AssertionError(f"rank {r}: the rejected call returned")
     team.close()
 
 
