@@ -12,6 +12,7 @@
  * the executor checks the peer and kind again before touching memory.
  */
 #include <sched.h>
+#include <time.h>
 
 #include "exec_ucx.h"
 
@@ -160,18 +161,29 @@ static int pc_exec_progress(pc_exec_t *e)
     return e->lo == e->n ? PC_EXEC_DONE : PC_EXEC_RUNNING;
 }
 
-/* Start with base tag base and advance at most polls times, in one call: a collective run again
- * on the same buffers by the engine's express lane (pycoll.engine.express.ProgramLane), which
- * spares Python a pass per poll while a peer's message is on its way. The result of the last
- * pc_exec_progress: PC_EXEC_RUNNING when the polls ran out (the engine goes on polling). With
+/* Start with base tag base and advance until done or spin_ns pass (checked every 16 polls), in
+ * one call: a collective run again on the same buffers by the engine's express lane
+ * (pycoll.engine.express.ProgramLane), which spares Python a pass per poll while a peer's message
+ * is on its way. A time, not a count of polls: a poll of UCP over TCP costs system calls (about
+ * a microsecond), one over shared memory a tenth of that. The result of the last
+ * pc_exec_progress: PC_EXEC_RUNNING when the time ran out (the engine goes on polling). With
  * yield_every, it gives the core away every that many polls. */
-static int pc_exec_run(pc_exec_t *e, uint64_t base, int polls, int yield_every)
+static int pc_exec_run(pc_exec_t *e, uint64_t base, int64_t spin_ns, int yield_every)
 {
+    struct timespec t0, t;
     int rc, n = 0;
     pc_exec_start(e, base);
-    while ((rc = pc_exec_progress(e)) == PC_EXEC_RUNNING && ++n < polls)
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while ((rc = pc_exec_progress(e)) == PC_EXEC_RUNNING) {
+        n++;
         if (yield_every && n % yield_every == 0)
             sched_yield(); /* ranks outnumber the cores: the peer may be waiting for this one */
+        if (n % 16 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((int64_t)(t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec) >= spin_ns)
+                break;
+        }
+    }
     return rc;
 }
 

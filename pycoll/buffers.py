@@ -143,3 +143,17 @@ def as_bytes(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
     if arr.dtype is _UINT8 or arr.dtype == _UINT8:  # (identity first: comparing costs more)
         return arr
     return arr.view(_UINT8)
+
+
+def aliasing(src: Any, dst: Any) -> Any:
+    """How a call's ``src`` lies in its ``dst``, as its plan-cache key tells calls apart: ``"same"``
+    (in place), ``("in", byte offset)`` (a view inside it, as an allgather's own block) or None
+    (apart). A native program reads a ``src`` inside ``dst`` from ``dst`` (see
+    :mod:`pycoll.lower.record`): a call whose ``src`` is apart must not reuse it. Two arrays that
+    own their memory are apart at once (no address is looked up)."""
+    if src is dst:
+        return "same"
+    if src.base is None and dst.base is None:
+        return None
+    start, end = src.__array_interface__["data"][0], dst.__array_interface__["data"][0]
+    return ("in", start - end) if end <= start and start + src.nbytes <= end + dst.nbytes else None

@@ -20,6 +20,7 @@ import numpy as np
 from pycoll import agreement, algorithms, config, status
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.tuning import HIERARCHICAL
+from pycoll.buffers import aliasing
 from pycoll.calls import REJECTION, Call, block_layout
 from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import element_code
@@ -49,9 +50,18 @@ MAX_PLAN_BYTES = 8 << 20
 #: the caller's memory is freed when the caller drops it. Smaller ones stay bound, so that the next
 #: call on the same buffers (a training loop's) skips pointing the task at them again.
 UNBIND_BYTES = 64 << 10
-#: The v-collective shapes (layouts) remembered as built once: the next build of one makes its
-#: native program (see :meth:`Planner.native`); forgotten all at once past this many.
+#: The v-collective shapes (layouts) remembered as built once, and the programs recorded (by
+#: shape): the next build of one makes its native program (see :meth:`Planner.native`);
+#: forgotten all at once past this many.
 MAX_LAYOUTS_SEEN = 4096
+_UNRECORDED = object()
+
+
+def _remember(seen: Set[tuple], shape: tuple) -> None:
+    """Add ``shape`` to ``seen``, forgetting all once it holds :data:`MAX_LAYOUTS_SEEN`."""
+    if len(seen) >= MAX_LAYOUTS_SEEN:
+        seen.clear()
+    seen.add(shape)
 
 
 def held_bytes(task: Task) -> int:
@@ -99,6 +109,7 @@ class Planner:
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
         self._layouts_seen: Set[tuple] = set()  # the v-collective shapes built once (see native)
+        self._recorded: Dict[tuple, Any] = {}  # shape -> its program (None: not lowerable; native)
         self._exchange: Optional[Any] = None  # the agreement check's exchange, lowered (native_check)
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
@@ -253,7 +264,8 @@ class Planner:
         (found with tagged hierarchical allreduces under 4 KiB of credit). Priority still orders
         them."""
         with self.ctx.lock:
-            task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False)
+            task, _key, shape = self.build(call, tag, algorithm, {}, reuse=False, credit=False,
+                                           checked=False)
             if shape is not None:
                 uncredit(task)
         return task
@@ -278,10 +290,11 @@ class Planner:
 
     # ------------------------------------------------------------------ building
     def build(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
-              reuse: bool, credit: bool = True) -> Tuple[Task, tuple, Optional[tuple]]:
+              reuse: bool, credit: bool = True, checked: bool = True) -> Tuple[Task, tuple, Optional[tuple]]:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
-        partitioned collective (which is never reused)."""
+        partitioned collective (which is never reused). ``checked=False``: a collective inside a
+        schedule (:meth:`task`), which the agreement check never wraps."""
         if self.revoked is not None:
             self.refuse()
         coll, src, dst = call.coll, call.src, call.dst
@@ -310,34 +323,40 @@ class Planner:
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
         if tag is None and self._native_programs and runs_native(coll, name):
-            task = self.native(task, call, name, args, shape)
+            task = self.native(task, call, name, args, shape, checked)
         task.plan_name = name
         task.owner = self
         key = self.coll_key(tag)
         args.channel.rekey(key)
         return task, key, shape
 
-    def native(self, task: Task, call: Call, name: str, args: CollArgs, shape: tuple) -> Task:
+    def native(self, task: Task, call: Call, name: str, args: CollArgs, shape: tuple, checked: bool) -> Task:
         """``task`` as a native program where the team's transport runs them
-        (``program_task``; UCX) and the engine has no credit limit; else ``task`` itself. A
-        v-collective's program is made for its layout: only from the second build of a shape
-        (a repeated or persistent call), as recording one costs more than a small call of a
-        layout seen once."""
+        (``program_task``; UCX) and the engine has no credit limit; else ``task`` itself. The
+        program of a shape is recorded once (a schedule's collectives are built again on every
+        call of it). A v-collective's program is made for its layout: only from the second build
+        of a shape (a repeated or persistent call), as recording one costs more than a small call
+        of a layout seen once. ``checked``: the call goes through :meth:`checked` (a v-collective's
+        program then runs its check itself, see :meth:`native_check`); not a schedule's."""
         make = getattr(self.team.transport, "program_task", None)
         if make is None or self.ctx.credit_bytes:
             return task
-        if call.layout is not None:
-            seen = self._layouts_seen
-            if shape not in seen:
-                if len(seen) >= MAX_LAYOUTS_SEEN:
-                    seen.clear()
-                seen.add(shape)
-                return task
-        try:
-            program = record(self.team, call, name)
-        except NotLowerable:
+        if call.layout is not None and shape not in self._layouts_seen:
+            _remember(self._layouts_seen, shape)
             return task
-        native = make(args, program, self.ctx.credit_bytes, self.native_check(call, name))
+        program = self._recorded.get(shape, _UNRECORDED)
+        if program is _UNRECORDED:
+            try:
+                program = record(self.team, call, name, compute=False)  # (the steps are what it keeps)
+            except NotLowerable:
+                program = None
+            if len(self._recorded) >= MAX_LAYOUTS_SEEN:
+                self._recorded.clear()
+            self._recorded[shape] = program
+        if program is None:
+            return task
+        check = self.native_check(call, name) if checked else None
+        native = make(args, program, self.ctx.credit_bytes, check)
         if native is None:
             return task
         native.plan_name = name
@@ -377,9 +396,9 @@ class Planner:
 
     def shape(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict) -> tuple:
         """The plan-cache key of a call: what a finished task must share with it to be rebound to
-        its buffers (collective, algorithm, sizes, dtype, op, in place, root, layouts, the options
-        the algorithm takes). (Measured: a memo of it by the identity of the buffers costs as much
-        as computing it.)"""
+        its buffers (collective, algorithm, sizes, dtype, op, in place or where ``src`` lies in
+        ``dst``, root, layouts, the options the algorithm takes). (Measured: a memo of it by the
+        identity of the buffers costs as much as computing it.)"""
         coll, src, dst = call.coll, call.src, call.dst
         if algorithm is None:
             nbytes = call.nbytes
@@ -391,8 +410,8 @@ class Planner:
                 options = declared_options(coll, name, options)
         else:
             name = algorithm
-        return (coll, name, dst.size, src.size, dst.dtype, id(call.op), src is dst, call.root, call.layout,
-                call.rlayout, tag is None, tuple(sorted(options.items())) if options else ())
+        return (coll, name, dst.size, src.size, dst.dtype, id(call.op), aliasing(src, dst), call.root,
+                call.layout, call.rlayout, tag is None, tuple(sorted(options.items())) if options else ())
 
     def select(self, coll: str, nbytes: int, tag: Optional[Hashable]) -> str:
         """The default algorithm of ``coll`` for ``nbytes`` on this team (cached)."""

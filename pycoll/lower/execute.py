@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Generator, Optional
 import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
-from pycoll.buffers import scratch_array
+from pycoll.buffers import aliasing, scratch_array
 from pycoll.engine.request import Request
 from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
@@ -114,6 +114,10 @@ def fits(program: Program, team: Any, call: Any) -> None:
     for name in ("src", "dst"):
         if name in program.buffers:
             call_bytes(call, name, program)
+    if "src" not in program.buffers and not program.in_place and call.src is not call.dst and call.src.size \
+            and aliasing(call.src, call.dst) is None:
+        raise ProgramError("a program that reads the call's src inside its dst (made for a send buffer "
+                           "that is a view of the receive buffer) given a src apart from its dst")
     if (call.src is call.dst) != program.in_place:
         raise ProgramError(f"a program made {'in' if program.in_place else 'out of'} place given a call "
                            f"{'out of' if program.in_place else 'in'} place")

@@ -49,6 +49,22 @@ def test_programs_give_the_algorithms_bits(coll, name, n):
         lower(coll, name, n, 100, "float32", "sum", in_place=True)
 
 
+@pytest.mark.parametrize("coll,name", sorted(NATIVE))
+def test_recording_without_computing_gives_the_same_program(coll, name):
+    """The planner records a native program without computing (the reductions and copies of a
+    large call would cost what the call does): the same instructions as the verified recording."""
+    from pycoll.lower.record import record
+    from pycoll.lower.verify import make_call
+
+    teams = pycoll.local_teams(3)
+    for count in ((0,) if coll == "barrier" else (1, 1000)):
+        for t in teams:
+            call = make_call(t, coll, count, "float32", "sum", 2, False, seed=0)
+            assert record(t, call, name, compute=False).to_json() == record(t, call, name).to_json()
+    for t in teams:
+        t.close()
+
+
 @pytest.mark.parametrize("coll,name", sorted(NOT_LOWERED))
 def test_what_does_not_lower_says_why(coll, name):
     with pytest.raises(NotLowerable, match="not one step generator|does not see|not a Schedule of primitive"):

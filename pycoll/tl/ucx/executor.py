@@ -33,14 +33,14 @@ _KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4, "check": 5}
 _SLICES = {**SLICES, "check": ("buf",)}  # (a check: the fingerprints gathered, one row per rank)
 _AGREE_FLAG = 1  # (PC_F_AGREE)
 _MISMATCH = 1  # (PC_ST_MISMATCH)
-#: The most polls of one express run (about 0.1 us each), and the fewest it falls to while peers
-#: keep this rank waiting (as the shared segment's native calls: see pycoll.tl.shm.segment).
-POLLS = 4000
-MIN_POLLS = 64
-#: Where a host's ranks outnumber its cores: at most this many polls, yielding the core every
-#: ``OVERSUBSCRIBED_YIELD`` (4 ranks on 2 cores, 8 B allreduce: 27-31 us a call spinning,
-#: 14.8 us so; MPI 12.4-13.4 us).
-OVERSUBSCRIBED_POLLS = 256
+#: The longest an express run polls before handing its task to the engine (nanoseconds): the
+#: engine's own spin (``PYCOLL_SPIN_US``); halved while peers keep this rank waiting, down to
+#: ``1/MIN_FRACTION`` of it, doubled again when they do not.
+MIN_FRACTION = 16
+#: Where a host's ranks outnumber its cores: poll up to this long, yielding the core every
+#: ``OVERSUBSCRIBED_YIELD`` polls (4 ranks on 2 cores, 8 B allreduce: 27-31 us a call spinning,
+#: 12.5-14.4 us so; MPI 12.4-13.4 us).
+OVERSUBSCRIBED_NS = 100_000
 OVERSUBSCRIBED_YIELD = 4
 _U8 = np.uint8
 
@@ -171,8 +171,9 @@ class UCXProgramTask(Task):
         self._keep: List[Any] = []  # the cffi views of the call's buffers the executor points at
         self._bound: tuple = ()  # (src, dst) those views are of: a call on the same arrays reuses them
         self._running = False
-        #: The polls of the next express run (see :meth:`express_run`).
-        self.budget = POLLS
+        #: How long the next express run may poll, in nanoseconds (0: as long as the most; see
+        #: :meth:`express_run`).
+        self.budget = 0
 
     @property
     def program(self) -> Program:
@@ -216,20 +217,21 @@ class UCXProgramTask(Task):
 
     def express_run(self, number: int) -> bool:
         """Run this finished task again on the buffers it is bound to, as untagged collective
-        ``number``, in one native call that starts the program and polls it up to :attr:`budget`
-        times (the engine's express lane, :class:`pycoll.engine.express.ProgramLane`). True when
+        ``number``, in one native call that starts the program and polls it for up to
+        :attr:`budget` nanoseconds (the engine's express lane,
+        :class:`pycoll.engine.express.ProgramLane`). True when
         it finished there (the task stays completed); else it is in progress, waiting for its
         peers, for the engine to poll (or it failed). The budget halves while peers keep this
         rank waiting (they may need its core) and doubles again when they do not; where the
         ranks outnumber the cores (``ctx.oversubscribed``) it is smaller and the core is yielded
         between polls."""
-        prepared = self.prepared
-        lib, t, budget = prepared.lib, prepared.transport, self.budget
-        if self.ctx.oversubscribed:  # (the peers may need this core: poll less, yielding it often)
-            most, every = OVERSUBSCRIBED_POLLS, OVERSUBSCRIBED_YIELD
-            budget = budget if budget < most else most
+        prepared, ctx = self.prepared, self.ctx
+        lib, t = prepared.lib, prepared.transport
+        if ctx.oversubscribed:  # (the peers may need this core: yield it often)
+            most, every = OVERSUBSCRIBED_NS, OVERSUBSCRIBED_YIELD
         else:
-            most, every = POLLS, 0
+            most, every = int(ctx.backoff[0] * 1e9), 0
+        budget = self.budget if 0 < self.budget < most else most
         rc = lib.pc_exec_run(self.e, t.untagged_base(("c", number)), budget, every)
         if rc == lib.PC_EXEC_DONE:
             if budget < most:
@@ -238,7 +240,7 @@ class UCXProgramTask(Task):
             for peer, counts in prepared.traffic.items():
                 traffic.add(peer, counts)
             return True
-        if rc == lib.PC_EXEC_RUNNING and budget > MIN_POLLS:
+        if rc == lib.PC_EXEC_RUNNING and budget > most // MIN_FRACTION:
             self.budget = budget // 2
         self.args.channel.rekey(("c", number))
         self.result = None

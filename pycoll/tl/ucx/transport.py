@@ -9,14 +9,18 @@ Message keys become 64-bit UCP tags::
 
     bit  63      0: untagged collective   1: checked key (user tag, partition, point to point)
     bits 51-62   team id (12 bits), agreed in the bootstrap: the lowest id free on every member
-    bits 32-50   source rank (19 bits)
+    bit  50      untagged: the message is of the collective's agreement check (key ``("c", seq,
+                 "agree")``: its exchange of fingerprints), not of the collective itself
+    bits 32-49   source rank (18 bits)
     bits 12-31   untagged: sequence number mod 2**20; checked: 20 bits of the 64-bit key hash
     bits  0-11   step mod 2**12
 
 UCP matches tags worker-wide, so the source rank and the team id are in every tag: teams sharing
 the worker never match each other's messages and a receive from rank p never takes rank q's.
 Untagged collectives ``("c", seq, step)`` have sequence numbers unique among those in flight, so
-their tags are exact: they are plain ``ucp_tag_recv_nbx`` into the caller's buffer (the fast path).
+their tags are exact: they are plain ``ucp_tag_recv_nbx`` into the caller's buffer (the fast path);
+so are their agreement checks' (whose tags a native program's check, ``native/exec_ucx.c``, makes
+alike).
 Checked keys (anything else) can collide in 20 bits, so each such message carries a 24-byte header
 (full key hash, step, magic) in front of its payload, sent as one two-part (IOV) message. Their
 receives are not posted to UCP: while any wait, ``progress`` takes the team's checked messages with

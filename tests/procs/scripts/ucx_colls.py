@@ -77,6 +77,22 @@ def same_and_new_buffers(team):
         assert (y == sum(range(n)) + n * k).all(), (k, y)
 
 
+def views_and_arrays(team):
+    """An allgather whose send buffer is a view of its own block of the receive buffer, then one of
+    the same sizes with a separate send buffer, in turns: a native program recorded for the view
+    reads the block from the receive buffer, so the other must not reuse it (it returned zeros)."""
+    n, r = team.size, team.rank
+    for it in range(6):
+        recv = np.zeros(4 * n, np.float32)
+        if it % 2 == 0:
+            send = recv[4 * r:4 * r + 4]
+            send[:] = r + 1 + it
+        else:
+            send = np.full(4, r + 1.0 + it, np.float32)
+        team.allgather(send, recv).wait()
+        assert (recv == np.repeat(np.arange(1, n + 1, dtype=np.float32) + it, 4)).all(), (it, recv)
+
+
 def express_lane(team):
     """A repeated native program runs in the engine's express lane (started and polled in one
     native call): right results, every run but those due the agreement check taken there; a run
@@ -211,6 +227,7 @@ def main():
     for t in (team, steam):
         every_collective(t, counts=(1, 3000) if t is steam else (1, 100, 3000))
         same_and_new_buffers(t)
+        views_and_arrays(t)
         express_lane(t)
         point_to_point(t)
     # both teams at once: the same tags on two teams sharing the worker never mix

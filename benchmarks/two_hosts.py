@@ -1,0 +1,92 @@
+"""Allreduce between two hosts: 2 + 2 ranks in two network namespaces joined by a veth pair (the
+test bed of tests/procs/test_multihost.py), every team on UCX forced onto TCP, with native
+programs (``PYCOLL_NATIVE_PROGRAMS=1``) against the Python path (``0``), launches alternated.
+
+    python benchmarks/two_hosts.py [--rounds 2]       (needs root: ip netns)
+
+Per size (8 B, 1 MiB, 16 MiB) and algorithm (the default selection, and ``rd``): the mean time of a
+loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+SIZES = (8, 1 << 20, 16 << 20)
+ALGORITHMS = (None, "rd")
+
+
+def rank_main() -> None:
+    """One rank (tests.launch.run_hosts sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    import numpy as np  # noqa: PLC0415
+
+    from pycoll import Team  # noqa: PLC0415
+    from pycoll.store import TCPStore  # noqa: PLC0415
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0,
+                     timeout=60)
+    team = Team.from_store(store, rank, size)
+    assert team.topology.n_nodes == 2 and team.transport.name == "ucx", (team.topology, team.transport)
+    rows = []
+    for nbytes in SIZES:
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+        iters = 2000 if nbytes <= 4096 else 20
+        for algorithm in ALGORITHMS:
+            for _ in range(max(3, iters // 10)):
+                team.allreduce(x, y, algorithm=algorithm).wait()
+            team.barrier().wait()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                team.allreduce(x, y, algorithm=algorithm).wait()
+            us = (time.perf_counter() - t0) / iters * 1e6
+            assert (y == size).all(), y[:4]
+            slowest = np.zeros(size)
+            team.allgather(np.array([us]), slowest).wait()
+            name = algorithm or f"auto:{team.planner.select('allreduce', nbytes, None)}"
+            rows.append((nbytes, name, slowest.max()))
+    if rank == 0:
+        for nbytes, algorithm, us in rows:
+            print(f"ROW {nbytes} {algorithm} {us:.1f}", flush=True)
+    team.close()
+    print(f"RANK {rank} OK", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rank:
+        rank_main()
+        return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.launch import run_hosts  # noqa: PLC0415 - the test bed's namespaces
+
+    results: dict = {}
+    for _ in range(a.rounds):
+        for native in ("1", "0"):
+            env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp", "PYCOLL_NATIVE_PROGRAMS": native}
+            out = run_hosts("benchmarks/two_hosts.py", [2, 2], "--rank", timeout=300, env=env)
+            for line in out.splitlines():
+                if line.startswith("ROW "):
+                    _, nbytes, algorithm, us = line.split()
+                    results.setdefault((int(nbytes), algorithm), {}).setdefault(native, []).append(float(us))
+    print("# allreduce, 2 + 2 ranks on two hosts (network namespaces), UCX over TCP; us per call, "
+          "slowest rank")
+    print(f"{'bytes':>10} {'algorithm':>16} {'native programs':>24} {'Python path':>24} {'speedup':>12}")
+    for (nbytes, algorithm), by in sorted(results.items()):
+        nat, py = by.get("1", []), by.get("0", [])
+        span = f"{min(py) / max(nat):.2f}-{max(py) / min(nat):.2f}x" if nat and py else "-"
+        print(f"{nbytes:>10} {algorithm:>16} {', '.join(f'{v:.1f}' for v in nat):>24} "
+              f"{', '.join(f'{v:.1f}' for v in py):>24} {span:>12}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
