@@ -8,8 +8,9 @@ Three figures, on the same host, in one run:
 - ``ucx_perftest``: a server and a client process, UCP tag messages, 8 B (its latency column is
   one way: the round trip is twice it);
 - ``executor``: a two-rank program (rank 0 sends, then receives; rank 1 receives, then sends) run
-  by ``pc_exec_run`` once per round trip from a Python loop (one native call each: the executor's
-  start, its posts and polls), under ``pycoll run -n 2 --tls ucx``;
+  by the native executor round after round: in a C loop (``pc_exec_repeat``: no Python between
+  rounds), and from a Python loop of one native call per round trip (``pc_exec_run``: the
+  executor's start, its posts and polls), under ``pycoll run -n 2`` with ``PYCOLL_TLS=ucx``;
 - ``run_program``: the same program through ``team.run_program(...).wait()`` (the engine's task,
   its request).
 """
@@ -92,8 +93,14 @@ def rank_main(iters: int) -> None:
             raise RuntimeError("the ping-pong program failed")
     native = (time.perf_counter() - t0) / iters * 1e6
     MPI.COMM_WORLD.Barrier()
+    t0 = time.perf_counter()
+    if lib.pc_exec_repeat(e, base, iters) != done:
+        raise RuntimeError("the ping-pong program failed")
+    alone = (time.perf_counter() - t0) / iters * 1e6
+    MPI.COMM_WORLD.Barrier()
     if r == 0:
-        print(f"executor    {native:8.2f} us\nrun_program {engine:8.2f} us", flush=True)
+        print(f"executor (C loop)      {alone:8.2f} us\nexecutor (Python loop) {native:8.2f} us\n"
+              f"run_program            {engine:8.2f} us", flush=True)
     team.close()
 
 
@@ -106,7 +113,7 @@ def main() -> int:
         rank_main(a.iters)
         return 0
     print(f"# 8 B round trip, us (machine: {os.uname().nodename}, {os.cpu_count()} cpus)")
-    print(f"ucx_perftest {perftest(a.iters):8.2f} us", flush=True)
+    print(f"ucx_perftest           {perftest(a.iters):8.2f} us", flush=True)
     env = dict(os.environ, PYCOLL_TLS="ucx")
     cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, __file__, "--rank",
            "--iters", str(a.iters)]

@@ -187,6 +187,22 @@ static int pc_exec_run(pc_exec_t *e, uint64_t base, int64_t spin_ns, int yield_e
     return rc;
 }
 
+/* Run the program iters times in a row on base tag base, each run to its end, with no Python
+ * between runs: the round trip of a ping-pong program through the executor alone
+ * (benchmarks/ucx_roundtrip.py). PC_EXEC_DONE, or the result of a run that did not finish. */
+static int pc_exec_repeat(pc_exec_t *e, uint64_t base, int iters)
+{
+    for (int i = 0; i < iters; i++) {
+        int rc;
+        pc_exec_start(e, base);
+        while ((rc = pc_exec_progress(e)) == PC_EXEC_RUNNING)
+            ;
+        if (rc != PC_EXEC_DONE)
+            return rc;
+    }
+    return PC_EXEC_DONE;
+}
+
 /* Give up: cancel the posted receives. The requests stay until pc_exec_reap finds them finished
  * (UCX may still read or write their buffers until then). */
 static void pc_exec_abort(pc_exec_t *e)

@@ -69,6 +69,7 @@ void pc_exec_start(pc_exec_t *e, uint64_t base);
 void pc_exec_did(pc_exec_t *e, int i);
 int pc_exec_progress(pc_exec_t *e);
 int pc_exec_run(pc_exec_t *e, uint64_t base, int64_t spin_ns, int yield_every);
+int pc_exec_repeat(pc_exec_t *e, uint64_t base, int iters);
 void pc_exec_abort(pc_exec_t *e);
 int pc_exec_reap(pc_exec_t *e);
 """

@@ -166,8 +166,9 @@ _declare("PYCOLL_TIMEOUT", "300", parse_seconds,
 _declare("PYCOLL_SPIN_US", "20", lambda t: _nonneg_float(t, "PYCOLL_SPIN_US"),
          "Microseconds a waiting rank polls before it sleeps (on the flag of a collective on the shared "
          "segment, else in short naps), when its host's ranks do not outnumber its cores (when they do, a "
-         "waiting rank yields its core at once). Longer: a rank whose peer is briefly late stays awake, "
-         "at the price of a busy core while it waits. Read when a team's engine is made.")
+         "waiting rank yields its core at once); also the longest a repeated native program over UCX "
+         "polls in the one native call that starts it. Longer: a rank whose peer is briefly late stays "
+         "awake, at the price of a busy core while it waits. Read when a team's engine is made.")
 _declare("PYCOLL_PEER_SILENCE", "1.5", parse_seconds,
          "Seconds a peer's host may leave data of this rank unacknowledged on a TCP connection, while this "
          "rank waits for that peer, before the peer is lost (pycoll.PeerLostError): a host that is gone, or "
