@@ -36,7 +36,7 @@ _MISMATCH = 1  # (PC_ST_MISMATCH)
 #: The longest an express run polls before handing its task to the engine (nanoseconds): the
 #: engine's own spin (``PYCOLL_SPIN_US``); halved while peers keep this rank waiting, down to
 #: ``1/MIN_FRACTION`` of it, doubled again when they do not.
-MIN_FRACTION = 16
+MIN_FRACTION = 4
 #: Where a host's ranks outnumber its cores: poll up to this long, yielding the core every
 #: ``OVERSUBSCRIBED_YIELD`` polls (4 ranks on 2 cores, 8 B allreduce: 27-31 us a call spinning,
 #: 12.5-14.4 us so; MPI 12.4-13.4 us).
