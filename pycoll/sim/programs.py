@@ -14,10 +14,13 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from pycoll.lower.record import LOWERED, NotLowerable, record
+from pycoll.lower.record import NotLowerable, record
 from pycoll.sim.engine import Compact
 from pycoll.team import local_teams
 
+#: The collectives a simulation runs (the lowered ones of equal blocks: not yet the v-forms, scan).
+SIMULATED = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "gather", "scatter",
+             "barrier")
 #: The collectives whose size is the n blocks together (block = size / n).
 BLOCKS = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 #: Algorithms simulated as two lowered ones in a row on every rank (the second starts on a rank
@@ -65,7 +68,7 @@ def _call(team: Any, coll: str, count: int, dtype: Any, op: str, root: int) -> A
         return team.call(coll, e(count * n, dtype) if r == root else None, e(count, dtype), root)
     if coll == "barrier":
         return team.call(coll)
-    raise NotLowerable(f"simulating {coll} is not supported (one of: {', '.join(LOWERED)})")
+    raise NotLowerable(f"simulating {coll} is not supported (one of: {', '.join(SIMULATED)})")
 
 
 def chain(a: Compact, b: Compact) -> Compact:

@@ -219,12 +219,11 @@ class UCXProgramTask(Task):
         """Run this finished task again on the buffers it is bound to, as untagged collective
         ``number``, in one native call that starts the program and polls it for up to
         :attr:`budget` nanoseconds (the engine's express lane,
-        :class:`pycoll.engine.express.ProgramLane`). True when
-        it finished there (the task stays completed); else it is in progress, waiting for its
-        peers, for the engine to poll (or it failed). The budget halves while peers keep this
-        rank waiting (they may need its core) and doubles again when they do not; where the
-        ranks outnumber the cores (``ctx.oversubscribed``) it is smaller and the core is yielded
-        between polls."""
+        :class:`pycoll.engine.express.ProgramLane`). True when it finished there (the task stays
+        completed); else it is in progress, waiting for its peers, for the engine to poll (or it
+        failed). The budget halves while peers keep this rank waiting (they may need its core)
+        and doubles again when they do not; where the ranks outnumber the cores
+        (``ctx.oversubscribed``) the core is yielded every few polls."""
         prepared, ctx = self.prepared, self.ctx
         lib, t = prepared.lib, prepared.transport
         if ctx.oversubscribed:  # (the peers may need this core: yield it often)
