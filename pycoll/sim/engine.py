@@ -17,16 +17,17 @@ import heapq
 import math
 import time
 from array import array
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pycoll.lower.program import Program
 from pycoll.sim.flows import Flows
 from pycoll.sim.machine import Machine
 
 SEND, RECV, REDUCE, COPY, AVG = range(5)
-_FLOW_STARTS, _FLOW_ENDS = -2, -1  # heap entries of flows (instruction completions carry a rank >= 0)
+#: Heap entries ``(time, seq, code, i)`` that are not an instruction's completion (those carry the
+#: rank, >= 0): rank ``i`` starts (seq ``i``: below every other's), flow ``i`` starts, or may end.
+_RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -3, -2, -1
 _KINDS = {"send": SEND, "recv": RECV, "reduce": REDUCE, "copy": COPY, "avg": AVG}
 _SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg": "buf"}
 
@@ -129,8 +130,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     tx_free = [0.0] * n
     rx_free = [0.0] * n
     cpu_free = list(starts)
-    mailbox: Dict[Tuple[int, int, int], Deque[float]] = {}
-    waiting: Dict[Tuple[int, int, int], Deque[Tuple[int, float]]] = {}
+    # (receiver, sender, step) -> the arrival times of messages no receive was posted for yet, and
+    # the receives posted (instruction, when) no message came for yet, in order (emptied: deleted)
+    mailbox: Dict[Tuple[int, int, int], List[float]] = {}
+    waiting: Dict[Tuple[int, int, int], List[Tuple[int, float]]] = {}
     heap: List[Tuple[float, int, int, int]] = []
     push = heapq.heappush
     seq = 0
@@ -148,89 +151,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     sending: Dict[int, Tuple[int, int, int, int, float, float]] = {}
     projected: Dict[int, int] = {}  # flow -> the heap entry of its latest projected end
 
-    def issue(r: int, t: float) -> None:
-        """Issue rank ``r``'s instructions in order from the next, while their dependencies are done."""
-        if dies and t >= dies.get(r, math.inf):
-            return  # (dead)
-        p = programs[r]
-        rem = remaining[r]
-        i = nxt[r]
-        count = len(p.kinds)
-        while i < count and rem[i] == 0:
-            begin(r, i, t)
-            i += 1
-        nxt[r] = i
-
-    def deliver(d: int, src: int, step: int, arrival: float) -> None:
-        """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
-        mailbox until one is posted."""
-        nonlocal seq
-        key = (d, src, step)
-        q = waiting.get(key)
-        if q:
-            j, posted = q.popleft()
-            seq += 1
-            push(heap, (arrival if arrival > posted else posted, seq, d, j))
-        else:
-            mailbox.setdefault(key, deque()).append(arrival)
-
     began: Dict[Tuple[int, int], float] = {}  # (with a timeline) when each instruction was issued
-
-    def begin(r: int, i: int, t: float) -> None:
-        nonlocal seq, messages, sent
-        p = programs[r]
-        k = p.kinds[i]
-        if timeline is not None:
-            began[r, i] = t
-        if payload is not None:
-            payload.begin(r, i)
-        if k == SEND:
-            t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
-            cpu_free[r] = t0
-            d = p.peers[i]
-            nb = p.nbytes[i]
-            alpha, per_byte = flat if flat is not None else link(r, d)
-            if rdv_bytes and nb >= rdv_bytes:
-                alpha += rdv
-            messages += 1
-            sent += nb
-            if flows is not None:  # (its rate depends on the others: it starts at t0, ends when drained)
-                seq += 1
-                sending[seq] = (r, i, d, p.steps[i], alpha, nb * factor[r])
-                push(heap, (t0, seq, _FLOW_STARTS, seq))
-                return
-            b = tx_free[r]
-            if b < t0:
-                b = t0
-            if b < rx_free[d]:
-                b = rx_free[d]
-            end = b + nb * per_byte * factor[r]
-            tx_free[r] = rx_free[d] = end
-            seq += 1
-            push(heap, (end, seq, r, i))
-            if not dies or end <= dies.get(r, math.inf):
-                deliver(d, r, p.steps[i], end + alpha)
-        elif k == RECV:
-            t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
-            cpu_free[r] = t0
-            key = (r, p.peers[i], p.steps[i])
-            q = mailbox.get(key)
-            if q:
-                seq += 1
-                arrival = q.popleft()
-                push(heap, (arrival if arrival > t0 else t0, seq, r, i))
-            else:
-                waiting.setdefault(key, deque()).append((i, t0))
-        else:
-            bw = rbw if k == REDUCE else cbw
-            t0 = max(t, cpu_free[r])
-            end = t0 + (p.nbytes[i] / bw if bw != math.inf else 0.0) * factor[r]
-            cpu_free[r] = end
-            seq += 1
-            push(heap, (end, seq, r, i))
-
-    for r in range(n):
-        issue(r, starts[r])
+    counts = [len(p.kinds) for p in programs]
+    seq = n
+    # every rank issues its first instructions before anything else happens, in rank order (at
+    # -inf: the entry's time is its start)
+    heap.extend((-math.inf, r, _RANK_STARTS, r) for r in range(n))
     events = 0
     pop = heapq.heappop
     while heap or flows is not None and flows.dirty:
@@ -241,39 +167,119 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 push(heap, (end, seq, _FLOW_ENDS, fid))
             continue
         t, entry, r, i = pop(heap)
-        if r < 0:  # a flow starts, or may end
+        if r == _RANK_STARTS:
+            r, t = i, starts[i]
+            p = programs[r]
+        else:
             if r == _FLOW_STARTS:
                 src, _, d, _, _, nb = sending[i]
                 flows.start(t, i, nb, route(src, d))  # type: ignore[union-attr]
                 continue
-            if projected.get(i) != entry:
-                continue  # (a projection the rates have changed since)
-            del projected[i]
-            flows.end(t, i)  # type: ignore[union-attr]
-            r, i, d, step, alpha, _ = sending.pop(i)
-            if t <= dies.get(r, math.inf):
-                deliver(d, r, step, t + alpha)  # (and the send is done: below)
-        if dies and t > dies.get(r, math.inf):
-            continue  # (the rank died before this completion: its message, if any, is lost)
-        events += 1
-        left[r] -= 1
-        if t > finish[r]:
-            finish[r] = t
-        rem = remaining[r]
-        p = programs[r]
-        if timeline is not None:
-            timeline.append((r, p.kinds[i], p.peers[i], p.nbytes[i], began.pop((r, i)), t))
-        if payload is not None:
-            payload.done(r, i)
-        for j in p.dependents[p.first[i]:p.first[i + 1]]:
-            rem[j] -= 1
-        # issue(r, t), inline (this is the loop every event takes)
+            if r == _FLOW_ENDS:
+                if projected.get(i) != entry:
+                    continue  # (a projection the rates have changed since)
+                del projected[i]
+                flows.end(t, i)  # type: ignore[union-attr]
+                r, i, d, step, alpha, _ = sending.pop(i)
+                if t <= dies.get(r, math.inf):
+                    arrival, key = t + alpha, (d, r, step)  # deliver (and the send is done: below)
+                    q = waiting.get(key)
+                    if q is not None:
+                        j, posted = q.pop(0)
+                        if not q:
+                            del waiting[key]
+                        seq += 1
+                        push(heap, (arrival if arrival > posted else posted, seq, d, j))
+                    elif key in mailbox:
+                        mailbox[key].append(arrival)
+                    else:
+                        mailbox[key] = [arrival]
+            # instruction i of rank r is done
+            if dies and t > dies.get(r, math.inf):
+                continue  # (the rank died before this completion: its message, if any, is lost)
+            events += 1
+            left[r] -= 1
+            if t > finish[r]:
+                finish[r] = t
+            p = programs[r]
+            if timeline is not None:
+                timeline.append((r, p.kinds[i], p.peers[i], p.nbytes[i], began.pop((r, i)), t))
+            if payload is not None:
+                payload.done(r, i)
+            rem = remaining[r]
+            for j in p.dependents[p.first[i]:p.first[i + 1]]:
+                rem[j] -= 1
+        # issue rank r's next instructions in order while their dependencies are done (inline: this
+        # is the loop every event takes)
         if dies and t >= dies.get(r, math.inf):
-            continue
+            continue  # (dead)
+        rem = remaining[r]
         i = nxt[r]
-        count = len(p.kinds)
+        count = counts[r]
         while i < count and rem[i] == 0:
-            begin(r, i, t)
+            k = p.kinds[i]
+            if timeline is not None:
+                began[r, i] = t
+            if payload is not None:
+                payload.begin(r, i)
+            if k == SEND:
+                t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
+                cpu_free[r] = t0
+                d = p.peers[i]
+                nb = p.nbytes[i]
+                alpha, per_byte = flat if flat is not None else link(r, d)
+                if rdv_bytes and nb >= rdv_bytes:
+                    alpha += rdv
+                messages += 1
+                sent += nb
+                seq += 1
+                if flows is not None:  # (its rate depends on the others: it starts at t0, ends when drained)
+                    sending[seq] = (r, i, d, p.steps[i], alpha, nb * factor[r])
+                    push(heap, (t0, seq, _FLOW_STARTS, seq))
+                else:
+                    b = tx_free[r]
+                    if b < t0:
+                        b = t0
+                    if b < rx_free[d]:
+                        b = rx_free[d]
+                    end = b + nb * per_byte * factor[r]
+                    tx_free[r] = rx_free[d] = end
+                    push(heap, (end, seq, r, i))
+                    if not dies or end <= dies.get(r, math.inf):
+                        arrival, key = end + alpha, (d, r, p.steps[i])  # deliver
+                        q = waiting.get(key)
+                        if q is not None:
+                            j, posted = q.pop(0)
+                            if not q:
+                                del waiting[key]
+                            seq += 1
+                            push(heap, (arrival if arrival > posted else posted, seq, d, j))
+                        elif key in mailbox:
+                            mailbox[key].append(arrival)
+                        else:
+                            mailbox[key] = [arrival]
+            elif k == RECV:
+                t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
+                cpu_free[r] = t0
+                key = (r, p.peers[i], p.steps[i])
+                q = mailbox.get(key)
+                if q is not None:
+                    arrival = q.pop(0)
+                    if not q:
+                        del mailbox[key]
+                    seq += 1
+                    push(heap, (arrival if arrival > t0 else t0, seq, r, i))
+                elif key in waiting:
+                    waiting[key].append((i, t0))
+                else:
+                    waiting[key] = [(i, t0)]
+            else:
+                bw = rbw if k == REDUCE else cbw
+                t0 = t if t > cpu_free[r] else cpu_free[r]
+                end = t0 + (p.nbytes[i] / bw if bw != math.inf else 0.0) * factor[r]
+                cpu_free[r] = end
+                seq += 1
+                push(heap, (end, seq, r, i))
             i += 1
         nxt[r] = i
     errors = {r: max(finish[r], known) for r in range(n) if left[r] and r not in dies and known < math.inf}
