@@ -2,7 +2,7 @@
 test bed of tests/procs/test_multihost.py), every team on UCX forced onto TCP, with native
 programs (``PYCOLL_NATIVE_PROGRAMS=1``) against the Python path (``0``), launches alternated.
 
-    python benchmarks/two_hosts.py [--rounds 2]       (needs root: ip netns)
+    python benchmarks/two_hosts.py [--rounds 2] [--calibrate]      (needs root: ip netns)
 
 Per size (8 B, 1 MiB, 16 MiB) and algorithm (the default selection, and ``rd``): the mean time of a
 loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SIZES = (8, 1 << 20, 16 << 20)
 ALGORITHMS = (None, "rd")
@@ -60,6 +61,9 @@ def rank_main() -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--calibrate", action="store_true",
+                   help="also calibrate the simulator across the two hosts (pycoll.sim.calibrate) and "
+                        "print its rd times next to the measured ones")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank:
@@ -85,7 +89,30 @@ def main() -> int:
         span = f"{min(py) / max(nat):.2f}-{max(py) / min(nat):.2f}x" if nat and py else "-"
         print(f"{nbytes:>10} {algorithm:>16} {', '.join(f'{v:.1f}' for v in nat):>24} "
               f"{', '.join(f'{v:.1f}' for v in py):>24} {span:>12}")
+    if a.calibrate:
+        simulated(run_hosts, results)
     return 0
+
+
+def simulated(run_hosts: Any, results: dict) -> None:
+    """Calibrate the simulator across the two hosts and print its rd allreduce times next to the
+    measured ones (simulated / measured, for each measured run)."""
+    import tempfile  # noqa: PLC0415
+
+    from pycoll.sim import load, programs, run  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "hosts.toml")
+        run_hosts("tests/procs/scripts/calibrate_hosts.py", [2, 2], path, "--steps", "200", "--repeats", "3",
+                  timeout=300, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
+        machine = load(path)
+    print(f"# simulated (pycoll sim, calibrated across the hosts: {machine.describe()})")
+    print(f"{'bytes':>10} {'simulated':>12} {'sim / measured (native, Python)':>40}")
+    for nbytes in SIZES:
+        sim = run(programs("allreduce", "rd", 4, nbytes), machine).time * 1e6
+        by = results.get((nbytes, "rd"), {})
+        ratios = ", ".join(f"{sim / v:.2f}" for v in by.get("1", []) + by.get("0", []))
+        print(f"{nbytes:>10} {sim:>12.1f} {ratios:>40}")
 
 
 if __name__ == "__main__":

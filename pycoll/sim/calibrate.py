@@ -8,9 +8,12 @@ posted and polled from Python as a collective's step is: half a round trip at 8 
 messages pay a protocol's extra latency (MPI's rendezvous: ``rendezvous_bytes``, ``rendezvous``);
 both ranks sending 4 MiB at once, as a recursive-doubling step does, give the ``bandwidth``.
 numpy's reduction (``np.add`` into a buffer) and copy of 4 MiB give ``reduce`` and ``copy``.
-Every figure is the median of ``--repeats`` runs. All ranks of a simulation of this host are on
-one node: the file sets the node's parameters and the network's alike, with ``ppn`` the ranks
-that ran.
+Every figure is the median of ``--repeats`` runs. On one host the file sets the node's parameters
+and the network's alike, with ``ppn`` the ranks that ran. Across hosts (ranks started on each
+host as ``python -m pycoll.sim.calibrate --out FILE`` under a launcher that spans them, MPI's or
+one that sets ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``) the network's parameters are
+measured between rank 0 and the first rank on another node, the node's between two ranks on rank
+0's node, and ``ppn`` is the ranks of rank 0's node.
 
     pycoll sim calibrate --out host.toml
     pycoll sim allreduce -n 2 --machine host.toml --algorithm rd
@@ -30,35 +33,41 @@ BIG = 4 << 20  # bytes of the bandwidth message and of the reduction and copy
 PING_SIZES = (8, 1024, 4096, 8192, 16384, 65536, 262144)  # the ping-pongs' sizes (alpha, the protocol switch)
 
 
-def ping_pong(team: Any, nbytes: int, steps: int) -> float:
-    """Seconds per message of ``steps`` round trips of ``nbytes`` between ranks 0 and 1 (rank 0
-    sends first) on the team's transport, each message posted and polled as a collective's step
-    does (:attr:`pycoll.Team.p2p`)."""
-    wire = np.zeros(max(1, nbytes), np.uint8)
-    p2p, peer = team.p2p, 1 - team.rank
-    order = ("send", "recv") if team.rank == 0 else ("recv", "send")
+def ping_pong(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
+    """Seconds per message of ``steps`` round trips of ``nbytes`` between the ranks of ``pair`` (the
+    first sends first) on the team's transport, each message posted and polled as a collective's
+    step does (:attr:`pycoll.Team.p2p`); 0.0 on the other ranks. Collective (a barrier first)."""
     team.barrier().wait()
+    if team.rank not in pair:
+        return 0.0
+    wire = np.zeros(max(1, nbytes), np.uint8)
+    p2p, peer = team.p2p, pair[1] if team.rank == pair[0] else pair[0]
+    progress = team.transport.progress  # (a request some transports finish only as they progress)
+    order = ("send", "recv") if team.rank == pair[0] else ("recv", "send")
     t0 = time.perf_counter()
     for _ in range(steps):
         for kind in order:
             req = p2p.isend(wire, peer, "calibrate") if kind == "send" else p2p.irecv(wire, peer, "calibrate")
             while not req.test():
-                pass
+                progress()
     return (time.perf_counter() - t0) / (2 * steps)
 
 
-def exchange(team: Any, nbytes: int, steps: int) -> float:
-    """Seconds per step of ``steps`` exchanges of ``nbytes`` between ranks 0 and 1, both sending and
-    receiving at once as a recursive-doubling step does (both directions share the memory or the
-    wire)."""
-    out, into = np.zeros(max(1, nbytes), np.uint8), np.zeros(max(1, nbytes), np.uint8)
-    p2p, peer = team.p2p, 1 - team.rank
+def exchange(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
+    """Seconds per step of ``steps`` exchanges of ``nbytes`` between the ranks of ``pair``, both
+    sending and receiving at once as a recursive-doubling step does (both directions share the
+    memory or the wire); 0.0 on the other ranks. Collective (a barrier first)."""
     team.barrier().wait()
+    if team.rank not in pair:
+        return 0.0
+    out, into = np.zeros(max(1, nbytes), np.uint8), np.zeros(max(1, nbytes), np.uint8)
+    p2p, peer = team.p2p, pair[1] if team.rank == pair[0] else pair[0]
+    progress = team.transport.progress
     t0 = time.perf_counter()
     for _ in range(steps):
         reqs = [p2p.irecv(into, peer, "calibrate"), p2p.isend(out, peer, "calibrate")]
         while not all(r.test() for r in reqs):
-            pass
+            progress()
     return (time.perf_counter() - t0) / steps
 
 
@@ -89,40 +98,61 @@ def throughput(work: str, repeats: int) -> float:
     return BIG / float(np.median(times))
 
 
-def measure(steps: int, repeats: int) -> Dict[str, float]:
-    """Run on every rank of the launch (ranks 0 and 1 ping-pong): the parameters, on rank 0."""
-    from mpi4py import MPI  # noqa: PLC0415
+def pairs(nodes: Tuple[int, ...]) -> Dict[str, Tuple[int, int]]:
+    """The rank pairs to measure from each rank's node (``topology.nodes``): ``network``, rank 0
+    and the first rank on another node; ``node``, rank 0 and the next rank on its node; on one
+    node both are ranks 0 and 1."""
+    out: Dict[str, Tuple[int, int]] = {}
+    other = [r for r, node in enumerate(nodes) if node != nodes[0]]
+    local = [r for r, node in enumerate(nodes) if node == nodes[0] and r]
+    if other:
+        out["network"] = (0, other[0])
+    if local:
+        out["node"] = (0, local[0])
+    if not other:
+        out["network"] = out["node"]
+    return out
 
-    from pycoll import Team  # noqa: PLC0415
 
-    team = Team.from_mpi(MPI.COMM_WORLD)
-    try:
-        times: Dict[int, List[float]] = {n: [] for n in PING_SIZES}
-        big: List[float] = []
-        for _ in range(repeats):
-            if team.rank < 2:
-                for n in PING_SIZES:
-                    times[n].append(ping_pong(team, n, steps if n < 65536 else max(2, steps // 10)))
-                big.append(exchange(team, BIG, max(2, steps // 10)))
-        one_way = {n: float(np.median(t)) if t else 0.0 for n, t in times.items()}
-        alpha = one_way[8]
-        bandwidth = BIG / max(float(np.median(big)) - alpha if big else 1.0, 1e-12)
-        limit, extra = rendezvous({n: t for n, t in one_way.items() if n > 8}, alpha, bandwidth)
-        return {"alpha": alpha, "bandwidth": bandwidth, "ppn": team.size, "rendezvous_bytes": limit,
-                "rendezvous": extra, "reduce": throughput("reduce", repeats * 4),
-                "copy": throughput("copy", repeats * 4)}
-    finally:
-        team.close()
+def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str, float]:
+    """alpha, bandwidth and the protocol switch between the ranks of ``pair``, on rank ``pair[0]``
+    (medians of ``repeats`` runs; every rank takes part in the barriers)."""
+    times: Dict[int, List[float]] = {n: [] for n in PING_SIZES}
+    big: List[float] = []
+    for _ in range(repeats):
+        for n in PING_SIZES:
+            times[n].append(ping_pong(team, pair, n, steps if n < 65536 else max(2, steps // 10)))
+        big.append(exchange(team, pair, BIG, max(2, steps // 10)))
+    one_way = {n: float(np.median(t)) for n, t in times.items()}
+    alpha = one_way[8]
+    bandwidth = BIG / max(float(np.median(big)) - alpha, 1e-12)
+    limit, extra = rendezvous({n: t for n, t in one_way.items() if n > 8}, alpha, bandwidth)
+    return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra}
+
+
+def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
+    """Run on every rank of ``team``: the parameters, on rank 0. Across hosts (the team's topology
+    has several nodes) the network's come from rank 0 and a rank on another node, the node's from
+    two ranks on rank 0's node (where it has two), ``ppn`` is the ranks of rank 0's node."""
+    nodes = tuple(team.topology.nodes)
+    which = pairs(nodes)
+    net = link(team, which["network"], steps, repeats)
+    node = net if which.get("node", which["network"]) == which["network"] else \
+        link(team, which["node"], steps, repeats)
+    return {**net, "node_alpha": node["alpha"], "node_bandwidth": node["bandwidth"],
+            "ppn": nodes.count(nodes[0]), "nodes": len(set(nodes)),
+            "reduce": throughput("reduce", repeats * 4), "copy": throughput("copy", repeats * 4)}
 
 
 def machine_file(p: Dict[str, float], what: str) -> str:
     """The TOML text of a machine file with the measured parameters."""
     us, gbs = f"{p['alpha'] * 1e6:.3f}us", f"{p['bandwidth'] / 1e9:.4f}GB/s"
+    node_us, node_gbs = f"{p['node_alpha'] * 1e6:.3f}us", f"{p['node_bandwidth'] / 1e9:.4f}GB/s"
     return (f"# pycoll sim calibrate: {what}\n"
             f"[network]\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n"
             f"rendezvous_bytes = {int(p['rendezvous_bytes'])}\n"
             f"rendezvous = \"{p['rendezvous'] * 1e6:.3f}us\"\n"
-            f"[node]\nppn = {int(p['ppn'])}\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n"
+            f"[node]\nppn = {int(p['ppn'])}\nalpha = \"{node_us}\"\nbandwidth = \"{node_gbs}\"\n"
             f"[compute]\nreduce = \"{p['reduce'] / 1e9:.4f}GB/s\"\ncopy = \"{p['copy'] / 1e9:.4f}GB/s\"\n")
 
 
@@ -151,15 +181,36 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    params = measure(args.steps, args.repeats)
+    team = rank_team()
+    try:
+        params = measure(team, args.steps, args.repeats)
+        if team.rank == 0:
+            tls = os.environ.get("PYCOLL_TLS", "mpi")
+            where = (f"{int(params['ppn'])} ranks on {os.uname().nodename}" if params["nodes"] == 1 else
+                     f"{team.size} ranks on {params['nodes']} nodes ({int(params['ppn'])} on rank 0's)")
+            what = f"{where}, PYCOLL_TLS={tls}, {args.steps} ping-pongs x {args.repeats}"
+            with open(args.out, "w") as f:
+                f.write(machine_file(params, what))
+    finally:
+        team.close()
+
+
+def rank_team() -> Any:
+    """This rank's team: from a TCP store where the launch names one (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, as torchrun and the ranks one starts by hand on
+    several hosts have), else from MPI's world."""
+    from pycoll import Team  # noqa: PLC0415
+
+    env = os.environ
+    if all(v in env for v in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        from pycoll.store import TCPStore  # noqa: PLC0415
+
+        rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=rank == 0, timeout=60)
+        return Team.from_store(store, rank, size)
     from mpi4py import MPI  # noqa: PLC0415
 
-    if MPI.COMM_WORLD.rank == 0:
-        tls = os.environ.get("PYCOLL_TLS", "mpi")
-        what = (f"{int(params['ppn'])} ranks on {os.uname().nodename}, PYCOLL_TLS={tls}, "
-                f"{args.steps} ping-pongs x {args.repeats}")
-        with open(args.out, "w") as f:
-            f.write(machine_file(params, what))
+    return Team.from_mpi(MPI.COMM_WORLD)
 
 
 if __name__ == "__main__":
