@@ -151,6 +151,23 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     sending: Dict[int, Tuple[int, int, int, int, float, float]] = {}
     projected: Dict[int, int] = {}  # flow -> the heap entry of its latest projected end
 
+    def deliver(d: int, src: int, step: int, arrival: float) -> None:
+        """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
+        mailbox until one is posted (a send's path below does the same, inline)."""
+        nonlocal seq
+        key = (d, src, step)
+        q = waiting.get(key)
+        if q is not None:
+            j, posted = q.pop(0)
+            if not q:
+                del waiting[key]
+            seq += 1
+            push(heap, (arrival if arrival > posted else posted, seq, d, j))
+        elif key in mailbox:
+            mailbox[key].append(arrival)
+        else:
+            mailbox[key] = [arrival]
+
     began: Dict[Tuple[int, int], float] = {}  # (with a timeline) when each instruction was issued
     counts = [len(p.kinds) for p in programs]
     seq = n
@@ -182,18 +199,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 flows.end(t, i)  # type: ignore[union-attr]
                 r, i, d, step, alpha, _ = sending.pop(i)
                 if t <= dies.get(r, math.inf):
-                    arrival, key = t + alpha, (d, r, step)  # deliver (and the send is done: below)
-                    q = waiting.get(key)
-                    if q is not None:
-                        j, posted = q.pop(0)
-                        if not q:
-                            del waiting[key]
-                        seq += 1
-                        push(heap, (arrival if arrival > posted else posted, seq, d, j))
-                    elif key in mailbox:
-                        mailbox[key].append(arrival)
-                    else:
-                        mailbox[key] = [arrival]
+                    deliver(d, r, step, t + alpha)  # (and the send is done: below)
             # instruction i of rank r is done
             if dies and t > dies.get(r, math.inf):
                 continue  # (the rank died before this completion: its message, if any, is lost)
@@ -246,7 +252,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                     tx_free[r] = rx_free[d] = end
                     push(heap, (end, seq, r, i))
                     if not dies or end <= dies.get(r, math.inf):
-                        arrival, key = end + alpha, (d, r, p.steps[i])  # deliver
+                        arrival, key = end + alpha, (d, r, p.steps[i])  # deliver(), inline
                         q = waiting.get(key)
                         if q is not None:
                             j, posted = q.pop(0)
