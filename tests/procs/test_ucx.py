@@ -85,6 +85,46 @@ def test_dying_rank_is_an_error_not_a_hang(peer_errors, store_ranks):
     assert took < 15, outs[0]
 
 
+def test_a_peer_that_dies_under_a_repeated_native_call_is_an_error_not_a_hang(store_ranks):
+    """A small allreduce repeated in the express lane (one native call per run), then the peer
+    dies: the next run, started in the lane and handed to the engine, raises a pycoll error
+    within its timeout."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import pycoll
+        from pycoll import Team
+        from pycoll.store import TCPStore
+        from pycoll.tl.ucx.executor import UCXProgramTask
+        rank, size, port = map(int, sys.argv[1:4])
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        team = Team.from_store(store, rank, size)
+        x, y = np.ones(2, np.float32), np.empty(2, np.float32)
+        runs = []
+        plain = UCXProgramTask.express_run
+        UCXProgramTask.express_run = lambda task, number: runs.append(number) or plain(task, number)
+        for _ in range(500):
+            team.allreduce(x, y, timeout=3).wait()
+        assert len(runs) > 400 and (y == 2).all(), (len(runs), y)
+        if rank == 1:
+            store.wait(["rank0-done"])
+            os._exit(3)
+        store.set("rank0-done", "1")
+        t0 = time.monotonic()
+        try:
+            for _ in range(100):
+                team.allreduce(x, y, timeout=3).wait()
+        except pycoll.PycollError as exc:
+            print("ERROR", type(exc).__name__, round(time.monotonic() - t0, 1), exc, flush=True)
+            os._exit(0)
+        print("NO ERROR", flush=True)
+    """)
+    codes, outs = store_ranks(script, 2, timeout=60, env={"PYCOLL_TLS": "ucx"})
+    assert codes[1] == 3, outs[1]
+    assert codes[0] == 0 and "ERROR" in outs[0], outs[0]
+    assert float(outs[0].split("ERROR", 1)[1].split()[1]) < 15, outs[0]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_matrix_over_ucx_as_native_programs(n, mpirun):
     """The whole collective matrix (every dtype x op, every algorithm, checked against numpy) on a
