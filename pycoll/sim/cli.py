@@ -86,6 +86,9 @@ def add_parser(sub: Any) -> None:
                    help="train: seconds of forward compute per step (backward: twice as long)")
     p.add_argument("--partition", default="4M",
                    help="train: the parts priority scheduling cuts gradients into")
+    p.add_argument("--credit", default="",
+                   help="train: bytes of parts in flight at once under priority (ByteScheduler's credit; "
+                        "default: one part at a time)")
     p.add_argument("--tune", action="store_true",
                    help="print the PYCOLL_TUNE rules that pick the fastest simulated algorithm per size, and "
                         "where they differ from the default selection")
@@ -107,12 +110,14 @@ def train(args: argparse.Namespace, m: machine.Machine) -> int:
     part = parse_bytes(args.partition)
     layers = training.vgg16(args.forward)
     comm = training.reduce_time(m, args.ranks, alg)
+    credit = parse_bytes(args.credit) if args.credit else 0
     fifo = training.step_time(layers, comm, "fifo")
-    prio = training.step_time(layers, comm, "priority", part)
-    best = training.ideal(layers, comm, part)
+    prio = training.step_time(layers, comm, "priority", part, credit=credit)
+    best = training.ideal(layers, comm, part, credit)
     compute = sum(layer.forward + layer.backward for layer in layers)
     print(f"# pycoll sim train: VGG16 (138.4 M float32 parameters) on {args.ranks} workers; {m.describe()}")
-    print(f"# gradients reduced by allreduce {alg}, one message at a time; compute {compute * 1e3:.0f} ms a "
+    flight = f"priority with a credit of {args.credit}" if credit else "one message at a time"
+    print(f"# gradients reduced by allreduce {alg}, {flight}; compute {compute * 1e3:.0f} ms a "
           f"step (forward {args.forward * 1e3:g} ms, backward twice that)")
     print(f"{'policy':>22} {'step_ms':>10} {'vs_ideal':>9}")
     for name, t in (("fifo", fifo), (f"priority ({args.partition} parts)", prio), ("ideal", best)):
@@ -120,7 +125,8 @@ def train(args: argparse.Namespace, m: machine.Machine) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"workers": args.ranks, "machine": m.describe(), "algorithm": alg, "fifo_s": fifo,
-                       "priority_s": prio, "ideal_s": best, "partition": part}, fh, indent=1)
+                       "priority_s": prio, "ideal_s": best, "partition": part, "credit": credit}, fh,
+                      indent=1)
     return 0
 
 

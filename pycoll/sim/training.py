@@ -4,9 +4,11 @@ priority in partitions (ByteScheduler), against the ideal bound.
 The model (ByteScheduler's, as :mod:`pycoll.scheduling` runs it): each step runs the forward pass
 layer by layer, a layer waiting only for its own parameters' reduced gradients of the previous
 step, then the backward pass from the last layer, each layer's gradient ready for communication as
-its backward ends. Communication is one stream that reduces one message at a time (a credit of one
-message): ``fifo`` sends each gradient whole in the order produced; ``priority`` cuts gradients
-into ``partition``-byte parts and always sends next the ready part of the layer nearest the input.
+its backward ends. Communication is one stream that reduces one message at a time, or with a
+``credit`` as many as fit in its bytes (their fixed costs overlapping, their transfers sharing the
+links: see :func:`stream`): ``fifo`` sends each gradient whole in the order produced; ``priority``
+cuts gradients into ``partition``-byte parts and always sends next the ready part of the layer
+nearest the input.
 A message's time is that of the collective that reduces it, simulated on the machine with the
 real algorithm's programs (:func:`pycoll.sim.engine.run`, one simulation per distinct size). The
 ideal bound is the larger of the compute and the communication of a step (both perfectly
@@ -65,32 +67,51 @@ def reduce_time(machine: Machine, ranks: int, algorithm: str = "ring") -> Callab
 
 
 def stream(jobs: List[Tuple[float, int, int]], comm: Callable[[int], float], by_priority: bool,
-           free: float) -> List[float]:
-    """One communication stream from time ``free``: ``jobs`` are (ready, layer, bytes); one at a
-    time, next the ready one of the lowest layer (``by_priority``) or the earliest ready. Returns
-    when each job is done, in the order given."""
+           free: float, credit: int = 0) -> List[float]:
+    """The communication stream from time ``free``: ``jobs`` are (ready, layer, bytes); next the
+    ready one of the lowest layer (``by_priority``) or the earliest ready. Returns when each job is
+    done, in the order given.
+
+    ``credit`` (bytes; 0: one message at a time): as many messages in flight as their bytes fit
+    (at least one), as ByteScheduler's credit allows. Messages in flight share the links: a
+    message's time ``comm(n)`` is its latency ``comm(1)`` (its steps' fixed costs, which overlap
+    with other messages') and the rest, its transfer, which waits for the transfers before it;
+    so a message started at ``s`` is done at ``max(s, links free) + transfer + latency``."""
     order = sorted(range(len(jobs)), key=lambda j: jobs[j][0])
     done = [0.0] * len(jobs)
     ready: List[Tuple[float, float, int]] = []
-    t, k = free, 0
+    flight: List[Tuple[float, int]] = []  # (done, bytes) of the messages in flight
+    latency = comm(1) if credit else 0.0
+    t, k, held, links = free, 0, 0, free
     while k < len(order) or ready:
-        while k < len(order) and jobs[order[k]][0] <= t:
+        while k < len(order) and jobs[order[k]][0] <= t:  # what is ready by now, by priority
             j = order[k]
             heapq.heappush(ready, ((jobs[j][1] if by_priority else jobs[j][0]), jobs[j][0], j))
             k += 1
-        if not ready:
-            t = jobs[order[k]][0]
+        if ready and (not flight or held + jobs[ready[0][2]][2] <= credit):  # start the next one now
+            _, _, j = heapq.heappop(ready)
+            nbytes = jobs[j][2]
+            links = max(t, links) + comm(nbytes) - latency
+            done[j] = links + latency
+            heapq.heappush(flight, (done[j], nbytes))
+            held += nbytes
             continue
-        _, _, j = heapq.heappop(ready)
-        t += comm(jobs[j][2])
-        done[j] = t
+        # else wait: for the next message in flight to end (its credit back), or the next job
+        arrives = jobs[order[k]][0] if k < len(order) else float("inf")
+        if flight and flight[0][0] <= arrives:
+            end, nbytes = heapq.heappop(flight)
+            held -= nbytes
+            t = max(t, end)
+        else:
+            t = arrives
     return done
 
 
 def step_time(layers: List[Layer], comm: Callable[[int], float], policy: str, partition: int = 0,
-              steps: int = 6) -> float:
+              steps: int = 6, credit: int = 0) -> float:
     """The steady step time of ``layers`` under ``policy`` (``fifo``: whole gradients in the
-    order produced; ``priority``: parts of ``partition`` bytes, the layer nearest the input first)."""
+    order produced; ``priority``: parts of ``partition`` bytes, the layer nearest the input first),
+    with ``credit`` bytes in flight (0: one message at a time; see :func:`stream`)."""
     n = len(layers)
     reduced = [0.0] * n  # when each layer's gradient of the previous step was reduced
     starts: List[float] = []
@@ -107,7 +128,7 @@ def step_time(layers: List[Layer], comm: Callable[[int], float], policy: str, pa
             part = partition if policy == "priority" and partition else size
             for off in range(0, size, part):
                 jobs.append((t, i, min(part, size - off)))
-        done = stream(jobs, comm, policy == "priority", stream_free)
+        done = stream(jobs, comm, policy == "priority", stream_free, credit)
         stream_free = max(done)
         reduced = [0.0] * n
         for (_, i, _), d in zip(jobs, done):
@@ -115,12 +136,14 @@ def step_time(layers: List[Layer], comm: Callable[[int], float], policy: str, pa
     return starts[-1] - starts[-2]
 
 
-def ideal(layers: List[Layer], comm: Callable[[int], float], partition: int = 0) -> float:
-    """The larger of a step's compute and its communication (parts of ``partition`` bytes)."""
+def ideal(layers: List[Layer], comm: Callable[[int], float], partition: int = 0, credit: int = 0) -> float:
+    """The larger of a step's compute and its communication (parts of ``partition`` bytes; with
+    ``credit``, their latencies overlap but one, as in :func:`stream`)."""
     compute = sum(layer.forward + layer.backward for layer in layers)
-    talk = 0.0
+    latency = comm(1) if credit else 0.0
+    talk = latency
     for layer in layers:
         part = partition or layer.nbytes
         whole, rest = divmod(layer.nbytes, part)
-        talk += whole * comm(part) + (comm(rest) if rest else 0.0)
+        talk += whole * (comm(part) - latency) + ((comm(rest) - latency) if rest else 0.0)
     return max(compute, talk)

@@ -33,3 +33,18 @@ def test_the_cli(capsys):
     rows = {line.split()[0]: float(line.split()[-2]) for line in capsys.readouterr().out.splitlines()
             if line.split()[:1] in (["fifo"], ["priority"], ["ideal"])}
     assert rows["fifo"] > rows["priority"] >= rows["ideal"] * 0.999
+
+
+def test_a_credit_overlaps_the_small_parts_latencies():
+    """In parts of 256 KiB one at a time, each part pays its allreduce's fixed costs; with a credit
+    of 4 MiB in flight they overlap (ByteScheduler's credit): the step is shorter, and reaches the
+    ideal bound with overlapped latencies; a credit of one part is about one at a time (a layer's
+    last, smaller part may join the one in flight)."""
+    layers = vgg16(0.25)
+    comm = reduce_time(Machine(alpha=5e-6, bandwidth=1.25e9, ppn=8, reduce_bw=20e9), 64, "rabenseifner")
+    one = step_time(layers, comm, "priority", 256 << 10)
+    assert step_time(layers, comm, "priority", 256 << 10, credit=256 << 10) == pytest.approx(one, rel=1e-3)
+    credited = step_time(layers, comm, "priority", 256 << 10, credit=4 << 20)
+    assert credited < 0.95 * one
+    assert credited == pytest.approx(ideal(layers, comm, 256 << 10, 4 << 20), rel=0.01)
+    assert ideal(layers, comm, 256 << 10, 4 << 20) < ideal(layers, comm, 256 << 10)
