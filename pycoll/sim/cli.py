@@ -86,6 +86,9 @@ def add_parser(sub: Any) -> None:
                    help="train: seconds of forward compute per step (backward: twice as long)")
     p.add_argument("--partition", default="4M",
                    help="train: the parts priority scheduling cuts gradients into")
+    p.add_argument("--servers", type=int, default=0,
+                   help="train: reduce the gradients by BytePS's push-sum-pull through this many summation "
+                        "servers (ranks after the -n workers) instead of allreduce")
     p.add_argument("--credit", default="",
                    help="train: bytes of parts in flight at once under priority (ByteScheduler's credit; "
                         "default: one part at a time)")
@@ -109,7 +112,9 @@ def train(args: argparse.Namespace, m: machine.Machine) -> int:
     alg = "rabenseifner" if args.algorithm == "all" else args.algorithm
     part = parse_bytes(args.partition)
     layers = training.vgg16(args.forward)
-    comm = training.reduce_time(m, args.ranks, alg)
+    servers = args.servers
+    comm = (training.push_pull_time(m, args.ranks, servers) if servers else
+            training.reduce_time(m, args.ranks, alg))
     credit = parse_bytes(args.credit) if args.credit else 0
     fifo = training.step_time(layers, comm, "fifo")
     prio = training.step_time(layers, comm, "priority", part, credit=credit)
@@ -117,7 +122,8 @@ def train(args: argparse.Namespace, m: machine.Machine) -> int:
     compute = sum(layer.forward + layer.backward for layer in layers)
     print(f"# pycoll sim train: VGG16 (138.4 M float32 parameters) on {args.ranks} workers; {m.describe()}")
     flight = f"priority with a credit of {args.credit}" if credit else "one message at a time"
-    print(f"# gradients reduced by allreduce {alg}, {flight}; compute {compute * 1e3:.0f} ms a "
+    how = f"push-sum-pull through {servers} servers" if servers else f"allreduce {alg}"
+    print(f"# gradients reduced by {how}, {flight}; compute {compute * 1e3:.0f} ms a "
           f"step (forward {args.forward * 1e3:g} ms, backward twice that)")
     print(f"{'policy':>22} {'step_ms':>10} {'vs_ideal':>9}")
     for name, t in (("fifo", fifo), (f"priority ({args.partition} parts)", prio), ("ideal", best)):
@@ -125,7 +131,8 @@ def train(args: argparse.Namespace, m: machine.Machine) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"workers": args.ranks, "machine": m.describe(), "algorithm": alg, "fifo_s": fifo,
-                       "priority_s": prio, "ideal_s": best, "partition": part, "credit": credit}, fh,
+                       "priority_s": prio, "ideal_s": best, "partition": part, "credit": credit,
+                       "servers": servers}, fh,
                       indent=1)
     return 0
 

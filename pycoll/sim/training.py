@@ -10,7 +10,8 @@ links: see :func:`stream`): ``fifo`` sends each gradient whole in the order prod
 cuts gradients into ``partition``-byte parts and always sends next the ready part of the layer
 nearest the input.
 A message's time is that of the collective that reduces it, simulated on the machine with the
-real algorithm's programs (:func:`pycoll.sim.engine.run`, one simulation per distinct size). The
+real algorithm's programs (:func:`pycoll.sim.engine.run`, one simulation per distinct size), or
+of BytePS's push-sum-pull through summation servers (:func:`push_pull_programs`). The
 ideal bound is the larger of the compute and the communication of a step (both perfectly
 overlapped). Steps are repeated until the step time settles.
 """
@@ -62,6 +63,49 @@ def reduce_time(machine: Machine, ranks: int, algorithm: str = "ring") -> Callab
     def time_of(nbytes: int) -> float:
         if nbytes not in cache:
             cache[nbytes] = engine.run(programs("allreduce", algorithm, ranks, nbytes), machine).time
+        return cache[nbytes]
+    return time_of
+
+
+def push_pull_programs(workers: int, servers: int, nbytes: int) -> List[engine.Compact]:
+    """BytePS's push-sum-pull of ``nbytes`` as programs: ranks ``0..workers-1`` are workers, the
+    next ``servers`` ranks the summation servers. Each worker pushes a part of the tensor to every
+    server (the parts as even as bytes allow) and pulls the sums back (its receives posted at
+    once); each server receives a worker's part from every worker, sums them as they come, and
+    sends the sum back to every worker."""
+    parts = [nbytes // servers + (1 if k < nbytes % servers else 0) for k in range(servers)]
+    progs = []
+    for _ in range(workers):
+        kinds = [engine.SEND] * servers + [engine.RECV] * servers
+        peers = [workers + k for k in range(servers)] * 2
+        progs.append(engine.Compact.build(kinds, peers, [0] * servers + [1] * servers, parts * 2,
+                                          [[] for _ in kinds]))
+    for k in range(servers):
+        kinds = [engine.RECV] * workers
+        deps: List[List[int]] = [[] for _ in range(workers)]
+        last = 0
+        for w in range(1, workers):  # (each worker's part summed into the running sum as it comes)
+            kinds.append(engine.REDUCE)
+            deps.append([last, w])
+            last = len(kinds) - 1
+        for _ in range(workers):
+            kinds.append(engine.SEND)
+            deps.append([last])
+        n = len(kinds)
+        peers = list(range(workers)) + [-1] * (workers - 1) + list(range(workers))
+        steps = [0] * (n - workers) + [1] * workers
+        progs.append(engine.Compact.build(kinds, peers, steps, [parts[k]] * n, deps))
+    return progs
+
+
+def push_pull_time(machine: Machine, workers: int, servers: int) -> Callable[[int], float]:
+    """The simulated time of a push-sum-pull of ``n`` bytes on ``workers`` workers and ``servers``
+    servers of ``machine`` (:func:`push_pull_programs`; each size simulated once)."""
+    cache: Dict[int, float] = {}
+
+    def time_of(nbytes: int) -> float:
+        if nbytes not in cache:
+            cache[nbytes] = engine.run(push_pull_programs(workers, servers, nbytes), machine).time
         return cache[nbytes]
     return time_of
 

@@ -48,3 +48,25 @@ def test_a_credit_overlaps_the_small_parts_latencies():
     assert credited < 0.95 * one
     assert credited == pytest.approx(ideal(layers, comm, 256 << 10, 4 << 20), rel=0.01)
     assert ideal(layers, comm, 256 << 10, 4 << 20) < ideal(layers, comm, 256 << 10)
+
+
+def test_push_pull_through_few_servers_is_the_servers_bandwidth():
+    """BytePS's push-sum-pull as programs (workers push a part to every server, servers sum and send
+    back): through k servers that are the bottleneck, a 64 MiB tensor of n workers takes the
+    servers' traffic 2nM/k over their link (within 5%; OSDI'20 section 4.1); more servers are never
+    slower; and ``pycoll sim train --servers`` schedules through it."""
+    from pycoll.sim.training import push_pull_time
+
+    m = Machine(alpha=5e-6, bandwidth=1.25e9, ppn=8, reduce_bw=20e9)
+    size, n = 64 << 20, 64
+    times = [push_pull_time(m, n, k)(size) for k in (1, 4, 16, 64)]
+    for k, t in zip((1, 4), times):
+        assert t == pytest.approx(2 * n * size / (k * 1.25e9), rel=0.05), (k, t)
+    assert times == sorted(times, reverse=True)
+    assert times[-1] >= 2 * size / 1.25e9  # (a worker's own traffic: it pushes and pulls the whole)
+
+
+def test_the_cli_with_servers(capsys):
+    assert cli(["sim", "train", "-n", "16", "--ppn", "8", "--bandwidth", "10Gbit/s", "--servers", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "push-sum-pull through 4 servers" in out, out
