@@ -11,7 +11,6 @@ loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,13 +24,10 @@ def rank_main() -> None:
     """One rank (tests.launch.run_hosts sets RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import numpy as np  # noqa: PLC0415
 
-    from pycoll import Team  # noqa: PLC0415
-    from pycoll.store import TCPStore  # noqa: PLC0415
+    from pycoll.sim.calibrate import rank_team  # noqa: PLC0415 - a team from the launch's store
 
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=rank == 0,
-                     timeout=60)
-    team = Team.from_store(store, rank, size)
+    team = rank_team()
+    rank, size = team.rank, team.size
     assert team.topology.n_nodes == 2 and team.transport.name == "ucx", (team.topology, team.transport)
     rows = []
     for nbytes in SIZES:

@@ -202,7 +202,10 @@ class Planner:
         it runs it again on the buffers of its last run while the engine is idle, taking the
         next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
         request returns ``result`` and becomes ``owner.request``. A run of a native program
-        that is due the agreement check goes through ``owner.restart_as``."""
+        that is due the agreement check goes through ``owner.restart_as`` (none is, for a
+        program that runs its check itself: see :meth:`native_check`)."""
+        if getattr(task, "checks_itself", False):
+            return self.ctx.express_lane(task, self._seq, result, owner)
         coll = owner.coll
         return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k))
 

@@ -224,9 +224,8 @@ class Context:
         native program's task (``express_run``) gets a :class:`ProgramLane`: ``due(number)`` says
         whether that run is due the agreement check (then ``owner.restart_as(key)`` runs it)."""
         work = (self._ready, self._free, self._active, self._demand_of)
-        if hasattr(task, "express_run"):  # (a program that runs its own check is due none)
-            due = _never if due is None or getattr(task, "checks_itself", False) else due
-            return ProgramLane(self, work, task, sequence, result, owner, due)
+        if hasattr(task, "express_run"):
+            return ProgramLane(self, work, task, sequence, result, owner, due or _never)
         return ExpressLane(self, work, task, sequence, result, owner)
 
     def inside(self) -> bool:

@@ -153,7 +153,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
 
     def deliver(d: int, src: int, step: int, arrival: float) -> None:
         """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
-        mailbox until one is posted (a send's path below does the same, inline)."""
+        mailbox until one is posted."""
         nonlocal seq
         key = (d, src, step)
         q = waiting.get(key)
@@ -252,18 +252,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                     tx_free[r] = rx_free[d] = end
                     push(heap, (end, seq, r, i))
                     if not dies or end <= dies.get(r, math.inf):
-                        arrival, key = end + alpha, (d, r, p.steps[i])  # deliver(), inline
-                        q = waiting.get(key)
-                        if q is not None:
-                            j, posted = q.pop(0)
-                            if not q:
-                                del waiting[key]
-                            seq += 1
-                            push(heap, (arrival if arrival > posted else posted, seq, d, j))
-                        elif key in mailbox:
-                            mailbox[key].append(arrival)
-                        else:
-                            mailbox[key] = [arrival]
+                        deliver(d, r, p.steps[i], end + alpha)
             elif k == RECV:
                 t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
                 cpu_free[r] = t0
