@@ -7,11 +7,15 @@
 #
 # RANKS: the rank counts of the perf table (default 8,16); STEPS: which parts to run, any of
 # info,perf,forms,bound,torch,ddp (default all of them). Every launch has a wall-clock limit.
+# Environment: SIZES, the perf table's sizes (default 8,4K,16K,64K,256K,1M,4M); BIND=core pins each
+# rank to a core of its own (mpiexec -bind-to core; default none); PYCOLL_MPIEXEC, the mpiexec to use.
 set -u
 out=${1:?usage: node.sh OUT [RANKS] [STEPS]}
 ranks=${2:-8,16}
 steps=${3:-info,perf,forms,bound,torch,ddp}
 top=${ranks##*,}  # the largest rank count
+sizes=${SIZES:-8,4K,16K,64K,256K,1M,4M}
+bind=${BIND:-none}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks fill the cores
@@ -26,9 +30,9 @@ if has info; then
     cat "$out/info.txt"
 fi
 if has perf; then
-    say "pycoll perf all -n $ranks --compare mpi (8 B to 4 MiB)"
-    timeout 420 "$py" -m pycoll perf all -n "$ranks" --compare mpi --max-bytes 4M --timeout 400 \
-        --json "$out/perf.json" --plot "$out/scaling.png" > "$out/perf.txt" 2>&1
+    say "pycoll perf all -n $ranks --compare mpi --sizes $sizes --bind $bind"
+    timeout 420 "$py" -m pycoll perf all -n "$ranks" --compare mpi --sizes "$sizes" --bind "$bind" \
+        --timeout 400 --json "$out/perf.json" --plot "$out/scaling.png" > "$out/perf.txt" 2>&1
     echo "rc $?"
     tail -45 "$out/perf.txt"  # the table of vs_mpi by collective, size and rank count
 fi
@@ -50,7 +54,7 @@ fi
 if has bound; then
     for n in ${ranks//,/ }; do
         say "copy bound, allreduce 16-128 MiB at $n ranks"
-        timeout 180 "$py" -m pycoll run -n "$n" --timeout 170 -- "$py" benchmarks/copy_bound.py \
+        timeout 180 "$py" -m pycoll run -n "$n" --bind "$bind" --timeout 170 -- "$py" benchmarks/copy_bound.py \
             --sizes 16M,64M,128M --iters 5 2>&1 | tee "$out/bound_$n.txt"
     done
 fi

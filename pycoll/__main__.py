@@ -1,6 +1,8 @@
 """``python -m pycoll``: the ``pycoll`` command line."""
 
+import sys
+
 from pycoll.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         print("pycoll run: give a command after --", file=sys.stderr)
         return 2
-    return launch(args.n, cmd, timeout=args.timeout, servers=args.servers)
+    return launch(args.n, cmd, timeout=args.timeout, servers=args.servers, bind=args.bind)
 
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
@@ -156,7 +156,7 @@ def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:
     if (args.n > 1 or args.servers) and not mpi:
         # the servers run python -m pycoll.ps.server; none unless --servers (not even inherited)
         return launch(args.n, [sys.executable, "-m", "pycoll.cli", *argv], timeout=args.timeout,
-                      env={"PYCOLL_NUM_SERVERS": "0"}, servers=args.servers or 0)
+                      env={"PYCOLL_NUM_SERVERS": "0"}, servers=args.servers or 0, bind=args.bind)
     return perf.run(args)  # a server rank serves inside and leaves with SystemExit(0), printing nothing
 
 
@@ -167,7 +167,8 @@ def _perf_sweep(args: argparse.Namespace, argv: List[str], counts: List[int]) ->
 
     def launch_one(n: int, child_argv: List[str]) -> int:
         cmd = [sys.executable, "-m", "pycoll.cli", *child_argv]
-        return launch(n, cmd, timeout=args.timeout, env={"PYCOLL_NUM_SERVERS": "0"}, servers=0)
+        return launch(n, cmd, timeout=args.timeout, env={"PYCOLL_NUM_SERVERS": "0"}, servers=0,
+                      bind=args.bind)
 
     status, rows = scaling.sweep(argv, counts, launch_one)
     print(scaling.table(rows, counts), flush=True)
@@ -258,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="end all ranks after this many seconds (default: no limit)")
     run.add_argument("--servers", type=int, default=0,
                      help="also start K push-pull summation servers (python -m pycoll.ps.server; default 0)")
+    run.add_argument("--bind", choices=["none", "core", "auto"], default="none",
+                     help="core: pin each rank to a core of its own (mpiexec -bind-to core; for as many "
+                          "ranks as cores or fewer); auto: core where the ranks do not outnumber the "
+                          "cores, else none; none (default): the kernel places them")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     run.set_defaults(func=cmd_run)
 
@@ -282,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smallest size (default 8; suffixes K, M, G: 64K, 4M, 1G; sizes double from here)")
     perf.add_argument("--max-bytes", default="128M", metavar="SIZE",
                       help="largest size (default 128M; suffixes as --min-bytes)")
+    perf.add_argument("--sizes", default=None, metavar="LIST",
+                      help="these sizes only, separated by commas (8,4K,64K,1M,4M), instead of doubling "
+                           "from --min-bytes to --max-bytes")
     perf.add_argument("--dtype", default="float32",
                       help="element type (default float32; any numpy name pycoll reduces: int8-64, uint8-64, "
                            "float16, bfloat16, float32, float64, complex64, complex128, bool)")
@@ -301,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     perf.add_argument("--alloc", action="store_true",
                       help="buffers made by team.alloc (memory every rank on the host maps), for "
                            "pycoll and MPI alike")
+    perf.add_argument("--bind", choices=["none", "core", "auto"], default="auto",
+                      help="auto (default): pin each rank it launches to a core of its own (mpiexec "
+                           "-bind-to core) where the ranks do not outnumber the cores, else leave them "
+                           "to the kernel; core: always pin; none: never")
     perf.add_argument("--json", default=None, help="write the results to this file (default: none)")
     perf.add_argument("--plot", default=None, metavar="FILE.png",
                       help="draw time and busbw against size, pycoll next to MPI (one picture per "

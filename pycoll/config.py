@@ -183,6 +183,9 @@ _declare("PYCOLL_TLS", "shm,mpi,tcp", parse_list,
          "API for point to point, for teams from MPI or a store, when listed before mpi/tcp, e.g. "
          "'ucx,shm'; UCX's own UCX_TLS picks its transports; PYCOLL_UCX_LIB names a libucp.so to load "
          "instead of the libucx-cu12 wheel's).")
+_declare("PYCOLL_MPIEXEC", "", str,
+         "The mpiexec that pycoll run and pycoll perf start ranks with (a path); empty: the one the mpich "
+         "wheel puts next to Python, else the first on PATH. For a machine with several MPIs.")
 _declare("PYCOLL_UCX_LIB", "", str,
          "Path of a libucp.so for the ucx transport to load instead of the one MPICH already loaded or the "
          "libucx wheel's.")

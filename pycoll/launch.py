@@ -11,14 +11,21 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import List, Optional, Set
 
+from pycoll import config
 from pycoll.errors import PycollError
 
 
 def find_mpiexec() -> str:
-    """The bundled mpiexec (next to this Python), else one on PATH."""
+    """``PYCOLL_MPIEXEC`` where set, else the bundled mpiexec (next to this Python), else one on PATH."""
+    named = config.get("PYCOLL_MPIEXEC")
+    if named:
+        if not (os.path.isfile(named) and os.access(named, os.X_OK)):
+            raise PycollError(f"PYCOLL_MPIEXEC={named} is not an executable file")
+        return named
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.path.exists(here):
         return here
@@ -28,21 +35,31 @@ def find_mpiexec() -> str:
     raise PycollError("mpiexec not found: install the mpich wheel (pip install mpich)")
 
 
+#: How ``launch`` places ranks on cores (``pycoll run/perf --bind``).
+BIND_CHOICES = ("none", "core", "auto")
+
+
 def under_mpi() -> bool:
     """Whether this process was started by an MPI launcher (so MPI's world has the other ranks)."""
     return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
 
 
 def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optional[dict] = None,
-           servers: int = 0) -> int:
+           servers: int = 0, bind: str = "none") -> int:
     """Run ``cmd`` on ``n`` ranks (and ``servers`` push-pull summation servers after them, running
     ``python -m pycoll.ps.server``, with ``PYCOLL_NUM_SERVERS`` set for all); return the exit
-    status. With ``timeout`` (seconds) every rank is killed when it passes, and the status is 124."""
+    status. With ``timeout`` (seconds) every rank is killed when it passes, and the status is 124.
+    ``bind="core"`` pins each process to a core of its own (mpiexec's ``-bind-to core``); "auto"
+    does where the processes do not outnumber the cores this one may use, else leaves them free."""
     if n < 1:
         raise PycollError(f"-n must be >= 1, got {n}")
     if servers < 0:
         raise PycollError(f"--servers must be >= 0, got {servers}")
-    argv = [find_mpiexec(), "-n", str(n), *cmd]
+    if bind not in BIND_CHOICES:
+        raise PycollError(f"bind={bind!r}: one of {', '.join(BIND_CHOICES)}")
+    if bind == "auto":
+        bind = "core" if n + servers <= len(os.sched_getaffinity(0)) else "none"
+    argv = [find_mpiexec(), *(["-bind-to", "core"] if bind == "core" else []), "-n", str(n), *cmd]
     env = dict(env or {})
     if servers:
         argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
@@ -52,6 +69,10 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     env[JOB_VAR] = job  # every rank carries it, whichever session mpiexec starts it in
     proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
     used: Set[str] = set()  # the /dev/shm files the job's processes used when it was ended
+    # SIGTERM (kill, an outer timeout, a batch system) ends the ranks too: they run in sessions of
+    # their own, so nothing else would reach them
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -61,10 +82,24 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     except KeyboardInterrupt:
         used = end_job(proc, job)
         return 130
+    except Terminated:
+        print("pycoll: terminated; ending the ranks", file=sys.stderr)
+        used = end_job(proc, job)
+        return 143
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
         if proc.poll() is None or job_processes(job):  # (an exception here, or ranks left behind)
             used |= end_job(proc, job)
         remove_left_behind(before, used)
+
+
+class Terminated(Exception):
+    """The launcher received SIGTERM while its ranks ran."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 #: Where MPICH keeps its shared memory (``mpich_shm_*``), and how long ranks may take to end

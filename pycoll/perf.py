@@ -151,9 +151,12 @@ def validate(args: Any, size: Optional[int] = None) -> List[str]:
                              f"(--root applies to {', '.join(rooted)})")
         if not 0 <= root < n:
             raise ValueError(f"--root {root} is not a rank of {n}")
-    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
-    if any(s.factor != "-" for s in specs) and max(lo, dtype.itemsize) > hi:
-        raise ValueError(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}: no sizes")
+    if getattr(args, "sizes", None):
+        listed(args.sizes, dtype.itemsize)
+    else:
+        lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+        if any(s.factor != "-" for s in specs) and max(lo, dtype.itemsize) > hi:
+            raise ValueError(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}: no sizes")
     if args.iters < 0 or (args.warmup is not None and args.warmup < 0):
         raise ValueError("--iters and --warmup must be >= 0")
     for s in specs:
@@ -177,6 +180,21 @@ def sizes(min_bytes: int, max_bytes: int, itemsize: int) -> List[int]:
         out.append(max(1, b // itemsize))
         b *= 2
     return out
+
+
+def listed(text: str, itemsize: int) -> List[int]:
+    """Element counts of the sizes ``text`` lists (``8,4K,64K,1M``: bytes, suffixes K, M, G), in
+    increasing order; ValueError for a size that is not one."""
+    out = set()
+    for part in text.split(","):
+        try:
+            nbytes = parse_bytes(part.strip())
+        except ValueError:
+            raise ValueError(f"--sizes {text}: {part!r} is not a size (8, 4K, 64K, 1M...)") from None
+        if nbytes < 1:
+            raise ValueError(f"--sizes {text}: sizes must be at least 1 byte")
+        out.add(max(1, nbytes // itemsize))
+    return sorted(out)
 
 
 def block_counts(spec: Collective, counts: Sequence[int], n: int) -> List[int]:
@@ -376,7 +394,8 @@ def _run(args: Any, team: Any, comm: Any, MPI: Any) -> int:  # noqa: N803 - mpi4
         from mpi4py.util.dtlib import from_numpy_dtype  # noqa: PLC0415 - imports mpi4py.MPI
 
         mpi_type = from_numpy_dtype(dtype)
-    counts = sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dtype.itemsize)
+    counts = (listed(args.sizes, dtype.itemsize) if getattr(args, "sizes", None) else
+              sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), dtype.itemsize))
     rows: List[Dict[str, Any]] = []
     metas: List[Dict[str, Any]] = []
     status = 0

@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 #: Options of ``pycoll perf`` that the sweep sets itself for each launch (with their values).
 OWN_OPTIONS = ("-n", "--json", "--plot")
+#: The exit statuses of a launch that was interrupted (Ctrl-C, SIGTERM): a sweep stops there.
+INTERRUPTED = (130, 143)
 
 
 def rank_counts(text: str) -> List[int]:
@@ -49,7 +51,8 @@ def without_own_options(argv: Sequence[str]) -> List[str]:
 def sweep(argv: Sequence[str], counts: Sequence[int],
           launch_one: Callable[[int, List[str]], int]) -> Tuple[int, List[Dict[str, Any]]]:
     """Run ``pycoll perf`` once per rank count (``launch_one(n, argv)`` launches one); returns the
-    worst exit status and every row, each with its ``ranks``."""
+    worst exit status and every row, each with its ``ranks``. A launch ended by Ctrl-C or SIGTERM
+    (status 130 or 143) ends the sweep."""
     rows: List[Dict[str, Any]] = []
     status = 0
     base = without_own_options(argv)
@@ -59,6 +62,9 @@ def sweep(argv: Sequence[str], counts: Sequence[int],
             print(f"# pycoll perf: {n} ranks", flush=True)
             rc = launch_one(n, [*base, "-n", str(n), "--json", out])
             status = max(status, rc)
+            if rc in INTERRUPTED:
+                print(f"# pycoll perf: interrupted at {n} ranks", file=sys.stderr, flush=True)
+                break
             if not os.path.exists(out):
                 print(f"# pycoll perf: {n} ranks wrote no results (exit {rc})", file=sys.stderr, flush=True)
                 continue

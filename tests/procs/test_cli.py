@@ -51,6 +51,38 @@ def test_run_launches_ranks_and_returns_their_status(tmp_path, cli):
     assert rc == 124 and "did not finish" in err
 
 
+def test_python_dash_m_pycoll_exits_with_the_commands_status(run_cmd):
+    """``python -m pycoll`` is what scripts call: a failing command must not exit 0."""
+    rc, _, _ = run_cmd([sys.executable, "-m", "pycoll", "run", "-n", "2", "--timeout", "60", "--",
+                        sys.executable, "-c", "raise SystemExit(3)"], timeout=90)
+    assert rc != 0
+    argv = [sys.executable, "-m", "pycoll", "perf", "reduce", "-n", "2", "--root", "5"]
+    rc, _, err = run_cmd(argv, timeout=60)
+    assert rc == 2 and "--root 5 is not a rank of 2" in err
+
+
+def test_run_binds_ranks_to_cores_and_takes_the_mpiexec_named(tmp_path, cli):
+    code = (f"import os; from mpi4py import MPI; cpus = sorted(os.sched_getaffinity(0)); "
+            f"open('{tmp_path}/rank%d' % MPI.COMM_WORLD.rank, 'w').write(repr(cpus))")
+    rc, _, err = cli("run", "-n", "2", "--bind", "core", "--timeout", "60", "--", sys.executable, "-c", code)
+    assert rc == 0, err
+    cpus = [eval(p.read_text()) for p in sorted(tmp_path.iterdir())]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert all(len(c) == 1 for c in cpus) and cpus[0] != cpus[1], cpus
+    # auto: pinned only where the ranks do not outnumber the cores
+    many = len(os.sched_getaffinity(0)) + 1
+    for p in tmp_path.iterdir():
+        p.unlink()
+    rc, _, err = cli("run", "-n", str(many), "--bind", "auto", "--timeout", "60", "--",
+                     sys.executable, "-c", code)
+    assert rc == 0, err
+    free = sorted(os.sched_getaffinity(0))
+    assert [eval(p.read_text()) for p in sorted(tmp_path.iterdir())] == [free] * many
+    env = dict(os.environ, PYCOLL_MPIEXEC=str(tmp_path / "no-such-mpiexec"))
+    rc, _, err = cli("run", "-n", "1", "--", sys.executable, "-c", "pass", env=env)
+    assert rc == 1 and "PYCOLL_MPIEXEC=" in err and "not an executable file" in err
+
+
 def test_perf_compare_mpi_check_and_json(tmp_path, cli):
     out_json = tmp_path / "perf.json"
     rc, out, err = cli("perf", "allreduce", "-n", "2", "--min-bytes", "8", "--max-bytes", "64K",
@@ -66,6 +98,13 @@ def test_perf_compare_mpi_check_and_json(tmp_path, cli):
     assert abs(row["busbw"] - row["algbw"]) < 1e-9  # 2(n-1)/n = 1 for two ranks
 
 
+def test_perf_listed_sizes(cli):
+    rc, out, err = cli("perf", "allgather", "-n", "2", "--sizes", "64K,8,4K", "--iters", "5", "--check")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [int(r[1]) for r in rows] == [8, 4096, 65536] and all(r[-1] == "ok" for r in rows)
+
+
 def test_perf_other_dtype_algorithm_and_ranks(cli):
     rc, out, err = cli("perf", "allreduce", "-n", "3", "--max-bytes", "4K", "--dtype", "bfloat16",
                        "--op", "max", "--algorithm", "knomial", "--iters", "5", "--check")
@@ -75,11 +114,11 @@ def test_perf_other_dtype_algorithm_and_ranks(cli):
     assert rc != 0 and "BAND is not defined for float32" in out + err
 
 
-@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "ctrl-c ignored"])
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "ctrl-c ignored", "sigterm"])
 def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
-    """``pycoll run`` ended by ``--timeout`` or Ctrl-C (SIGINT), with ranks that are inside MPI
-    (MPICH's shared memory mapped) and may ignore SIGINT: every rank ends (SIGINT, then SIGKILL),
-    the status is 124 or 130, and MPICH's files in /dev/shm are removed."""
+    """``pycoll run`` ended by ``--timeout``, Ctrl-C (SIGINT) or SIGTERM (an outer ``timeout``), with
+    ranks that are inside MPI (MPICH's shared memory mapped) and may ignore SIGINT: every rank ends
+    (SIGINT, then SIGKILL), the status is 124, 130 or 143, and MPICH's files in /dev/shm are removed."""
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent(f"""
         import signal, time
@@ -107,9 +146,10 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
                 break
             lines.append(line)
         if how != "timeout":
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == (124 if how == "timeout" else 130), "".join(lines) + out
+        expected = {"timeout": 124, "sigterm": 143}.get(how, 130)
+        assert proc.returncode == expected, "".join(lines) + out
         time.sleep(0.2)
         left = [p for p in launch.tagged(tag[launch.LAUNCH_VAR]) if p != os.getpid()]
         assert not left, f"processes of the job left running: {left}"

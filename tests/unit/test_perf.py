@@ -40,6 +40,11 @@ def test_sizes_of_block_collectives_are_the_n_blocks():
     assert perf.block_counts(perf.COLLS["barrier"], counts, 2) == [0]
 
 
+def test_listed_sizes_are_sorted_counts_without_repeats():
+    assert perf.listed("4K,8,64K,8", 4) == [2, 1024, 16384]
+    assert perf.listed(" 1M , 2", 4) == [1, 262144]  # below one element: one element
+
+
 def test_argument_errors(monkeypatch):
     def error(*argv):
         with pytest.raises(ValueError) as info:
@@ -55,6 +60,8 @@ def test_argument_errors(monkeypatch):
     assert "BXOR is not defined for float32" in error("reduce_scatterv", "--op", "bxor")
     assert "unknown scatter algorithm 'ring'" in error("scatter", "--algorithm", "ring")
     assert "no sizes" in error("alltoall", "--min-bytes", "1M", "--max-bytes", "4K")
+    assert "'4Q' is not a size" in error("allreduce", "--sizes", "8,4Q")
+    assert "at least 1 byte" in error("allreduce", "--sizes", "0,4K")
     # several collectives: --op and --root apply to those that take them
     assert perf.validate(perf_args("all", "--op", "max", "--root", "1")) == list(perf.COLLECTIVES)
     assert perf.validate(perf_args("gather", "bcast", "gather")) == ["gather", "bcast"]

@@ -41,3 +41,15 @@ def test_a_sweep_collects_every_launch_and_tabulates_by_rank_count(tmp_path):
     lines = scaling.table(rows, [2, 4]).splitlines()
     assert lines[2].split() == ["bcast", "auto", "8", "1.00", "2.00"]
     assert lines[3].split() == ["bcast", "auto", "16", "-", "-"]
+
+
+@pytest.mark.parametrize("status", [130, 143])
+def test_an_interrupted_launch_ends_the_sweep(status):
+    seen = []
+
+    def launch_one(n, argv):
+        seen.append(n)
+        return status
+
+    assert scaling.sweep(["bcast"], [2, 4, 8], launch_one) == (status, [])
+    assert seen == [2]
