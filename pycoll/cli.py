@@ -33,6 +33,7 @@ def chosen_by_size(n: int, max_bytes: int = 128 << 20, cma_slow: bool = False) -
     ``cma_slow``: as a team where process_vm_readv costs more than two copies chooses."""
     from pycoll import algorithms
     from pycoll.algorithms.tuning import human_bytes as human
+    from pycoll.collectives import COLLECTIVES
 
     lines = []
     sizes = [1 << k for k in range(max_bytes.bit_length())]
@@ -42,7 +43,9 @@ def chosen_by_size(n: int, max_bytes: int = 128 << 20, cma_slow: bool = False) -
             lines.append(f"{coll:<15} {algorithms.select(coll, n, 0, shared=n > 1, cma=n > 1, default='-')}")
             continue
         for nbytes in sizes:
-            name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, cma_slow=cma_slow, default="-")
+            fallback = COLLECTIVES[coll].default if coll in COLLECTIVES else None  # (as the planner)
+            name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, cma_slow=cma_slow,
+                                     default=fallback or "-")
             if runs and runs[-1][2] == name:
                 runs[-1][1] = nbytes
             else:

@@ -81,7 +81,8 @@ DEFAULT_RULES: List[Rule] = [
     # rd for small messages, ring for large.
     Rule("allreduce", "cma", msg=(256 << 10, 16 << 20), team=(4, INF), cma_speed="fast"),
     Rule("allreduce", "shm", team=(2, INF)),
-    Rule("allreduce", "rd", msg=(0, 8 << 20), team=(1, 2)),
+    Rule("allreduce", "rd", team=(1, 1)),  # (a copy, at any size)
+    Rule("allreduce", "rd", msg=(0, 8 << 20), team=(2, 2)),
     Rule("allreduce", "ring", msg=(8 << 20, INF), team=(2, 2)),
     Rule("allreduce", "rd", msg=(0, 256 << 10), team=(3, INF)),
     Rule("allreduce", "ring", msg=(256 << 10, INF), team=(3, INF)),

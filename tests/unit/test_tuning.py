@@ -33,6 +33,21 @@ def test_defaults():
     assert algorithms.select("bcast", 2, 256 << 10, shared=False, cma=True) == "knomial"
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 16, 64])
+def test_every_collective_has_an_algorithm_at_every_size_and_team(n):
+    """No call a user may make falls through the table (a 1-rank team's 16 MiB allreduce did)."""
+    from pycoll.collectives import COLLECTIVES
+
+    for coll in algorithms.ALGORITHMS:
+        default = COLLECTIVES[coll].default if coll in COLLECTIVES else None
+        for nbytes in [0] + [1 << k for k in range(31)]:
+            for shared, cma, hier in ((False, False, False), (n > 1, n > 1, False), (False, False, n > 1)):
+                for slow in (False, True):
+                    name = algorithms.select(coll, n, nbytes, shared=shared, cma=cma, hier=hier,
+                                             cma_slow=slow, default=default)
+                    assert name, (coll, n, nbytes, shared, hier)
+
+
 @pytest.mark.parametrize("coll,nbytes,fast,slow", [
     ("scatter", 64 << 10, "cma", "shm"), ("scatter", 2 << 20, "cma", "shm"),
     ("gather", 256 << 10, "cma", "shm"), ("alltoall", 64 << 10, "cma", "shm"),
