@@ -481,7 +481,11 @@ _BLOCKING = """
 def {name}(self, {params}**kw):
     try:
         entry = self.recent.get(({name!r}, {first}))
-        if entry is not None and not kw and {same}True:
+        if entry is not None and not ({same}True):
+            entry = entry.other  # (the call before, with other arguments)
+            if entry is not None and not ({same}True):
+                entry = None
+        if entry is not None and not kw:
             lane = entry.lane
             req = lane.run() if lane is not None else None
             if req is None:
@@ -497,7 +501,11 @@ _NONBLOCKING = """
 def {name}(self, {params}**kw):
     try:
         entry = self.recent.get(({name!r}, {first}))
-        if entry is not None and not kw and {same}True:
+        if entry is not None and not ({same}True):
+            entry = entry.other  # (the call before, with other arguments)
+            if entry is not None and not ({same}True):
+                entry = None
+        if entry is not None and not kw:
             lane = entry.lane
             req = lane.run() if lane is not None else None
             if req is None:

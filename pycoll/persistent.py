@@ -179,7 +179,8 @@ class Repeated:
     :class:`Persistent` made of it (``make(*made_of)``): one start, the engine's express lane when
     it is idle."""
 
-    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane", "nbytes")
+    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane", "nbytes",
+                 "other")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
                  timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
@@ -191,6 +192,9 @@ class Repeated:
         self.made_of = made_of
         self.persistent: Optional[Persistent] = None
         self.nbytes = 0  # what its buffers hold (see RecentCalls)
+        #: The call remembered before this one under the same key, with other arguments (a program
+        #: that alternates two output arrays repeats both): the caller looks there second.
+        self.other: Optional[Repeated] = None
         #: The express lane of its persistent form, once made: a caller that finds the same
         #: arguments runs ``lane.run()`` first (the hot path), and :meth:`again` when it is closed.
         self.lane: Optional[Union[ExpressLane, ProgramLane]] = None
@@ -251,6 +255,10 @@ def held_bytes(args: tuple) -> int:
     return total
 
 
+def _same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
 def repeat_key(name: str, args: tuple) -> tuple:
     """Where a call is remembered: its collective (or method) and the identity of its first
     argument, so that calls on different buffers (a model's gradients) are remembered side by side."""
@@ -259,8 +267,9 @@ def repeat_key(name: str, args: tuple) -> tuple:
 
 class RecentCalls(Dict[tuple, Repeated]):
     """The calls a team (or Comm) remembers, by :func:`repeat_key` (a dict: the hot path looks
-    calls up with ``get``). A call posted as a new one asks :meth:`admits` first and, if admitted,
-    is kept by :meth:`add` (the caller computes its dtypes only then)."""
+    calls up with ``get``), the last two with different arguments under each key (the entry and
+    its :attr:`Repeated.other`). A call posted as a new one asks :meth:`admits` first and, if
+    admitted, is kept by :meth:`add` (the caller computes its dtypes only then)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -268,15 +277,14 @@ class RecentCalls(Dict[tuple, Repeated]):
         self.nbytes = 0  # what the remembered calls' buffers hold (MAX_REPEATED_BYTES)
 
     def admits(self, key: tuple, args: tuple) -> bool:
-        """Whether to remember a call with ``args`` just posted as a new one: not when it is the
-        call remembered there already (its persistent run was busy), nor, when the table is full,
-        unless it is the :data:`ADMIT_EVERY`-th such call (it then takes the oldest's place)."""
+        """Whether to remember a call with ``args`` just posted as a new one: not when it is one of
+        the calls remembered there already (its persistent run was busy), nor, when the table is
+        full, unless it is the :data:`ADMIT_EVERY`-th such call (it then takes the oldest's place)."""
         entry = self.get(key)
         if entry is not None:
-            if len(entry.args) == len(args) and all(a is b for a, b in zip(entry.args, args)):
-                return False
-            self.forget(key)
-            return True
+            other = entry.other
+            return not (_same_objects(entry.args, args) or
+                        (other is not None and _same_objects(other.args, args)))
         if len(self) < MAX_REPEATED:
             return True
         self.turned_away += 1
@@ -288,13 +296,18 @@ class RecentCalls(Dict[tuple, Repeated]):
     def clear(self) -> None:
         """Forget every call (the team closes) and release their persistent collectives."""
         for entry in self.values():
+            if entry.other is not None:
+                entry.other.free()
             entry.free()
         super().clear()
         self.nbytes = 0
 
     def forget(self, key: tuple) -> None:
-        """Forget the call remembered at ``key`` and release its persistent collective."""
+        """Forget the calls remembered at ``key`` and release their persistent collectives."""
         entry = self.pop(key)
+        if entry.other is not None:
+            self.nbytes -= entry.other.nbytes
+            entry.other.free()
         self.nbytes -= entry.nbytes
         entry.free()
 
@@ -303,7 +316,8 @@ class RecentCalls(Dict[tuple, Repeated]):
         """Remember a call (after :meth:`admits`): ``dtypes`` are :func:`buffer_dtype` of each
         buffer argument and None for the others (a call with an :data:`UNSTABLE` one is not kept);
         ``make(*made_of)`` makes its persistent form when it repeats; ``timeout``: the call's
-        timeout keyword and ``algorithm`` its algorithm keyword (a repeat gives the same)."""
+        timeout keyword and ``algorithm`` its algorithm keyword (a repeat gives the same). The call
+        remembered at ``key`` before becomes its :attr:`~Repeated.other`; the one before that goes."""
         for d in dtypes:
             if d is UNSTABLE:  # (not ``in``: a dtype compared with another object is slow to say no)
                 return
@@ -312,6 +326,13 @@ class RecentCalls(Dict[tuple, Repeated]):
             return
         while self and self.nbytes + nbytes > MAX_REPEATED_BYTES:
             self.forget(next(iter(self)))
+        last = self.pop(key, None)  # (and the key moves to the end: the oldest are forgotten first)
         entry = self[key] = Repeated(args, dtypes, make, made_of, timeout, algorithm)
+        if last is not None:
+            if last.other is not None:
+                self.nbytes -= last.other.nbytes
+                last.other.free()
+                last.other = None
+            entry.other = last
         entry.nbytes = nbytes
         self.nbytes += nbytes

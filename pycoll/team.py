@@ -324,7 +324,11 @@ class Team:
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
     entry = self.recent.get(({name!r}, {first}))
-    if (entry is not None and {same}tag is None and algorithm == entry.algorithm and timeout == entry.timeout
+    if entry is not None and not ({same}True):
+        entry = entry.other  # (the call before, with other arguments)
+        if entry is not None and not ({same}True):
+            entry = None
+    if (entry is not None and tag is None and algorithm == entry.algorithm and timeout == entry.timeout
             and not options):
         lane = entry.lane  # the same call as the last: its persistent form, run again at once ...
         if lane is not None:

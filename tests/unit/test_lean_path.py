@@ -308,13 +308,12 @@ def test_repeated_calls_become_one_persistent_collective_in_process():
     recent = teams[0].planner.recent
     entry = recent[("allreduce", id(x[0]))]
     assert entry.persistent is not None and entry.persistent.task is reqs[0].task
-    # another call with the same first buffer replaces the entry (its persistent form freed)
+    # another call with the same first buffer is remembered in its place, the last one beside it
     pycoll.wait_all([t.allreduce(a, None) for t, a in zip(teams, x)])
-    assert recent[("allreduce", id(x[0]))] is not entry and entry.persistent is None
-    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
-    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, y)])
-    entry = recent[("allreduce", id(x[0]))]
-    assert entry.persistent is not None
+    assert recent[("allreduce", id(x[0]))] is not entry and recent[("allreduce", id(x[0]))].other is entry
+    reqs = [t.allreduce(a, b) for t, a, b in zip(teams, x, y)]  # (found there: run again)
+    pycoll.wait_all(reqs)
+    assert entry.persistent is not None and reqs[0].task is entry.persistent.task
     # calls on other buffers are remembered beside it, up to MAX_REPEATED ...
     full, every = persistent.MAX_REPEATED, persistent.ADMIT_EVERY
     others = [[np.ones(4, np.float32) for _ in teams] for _ in range(full - 1 + every)]
@@ -399,12 +398,44 @@ def test_a_remembered_call_replaced_while_its_run_is_in_flight_still_finishes():
     task = entry.persistent.task
     running = teams[0].allreduce(x[0], y[0])  # waits for rank 1, which has not called yet
     assert running.task is task and task.state is pycoll.tasks.task.IN_PROGRESS
-    other = teams[0].allreduce(x[0], z[0])  # the same first buffer: replaces the entry
-    assert teams[0].recent[("allreduce", id(x[0]))] is not entry and entry.persistent is None
+    other = teams[0].allreduce(x[0], z[0])  # the same first buffer: remembered in its place
+    assert teams[0].recent[("allreduce", id(x[0]))].other is entry and entry.persistent.task is task
+    w = [np.zeros(4) for _ in range(n)]
+    third = teams[0].allreduce(x[0], w[0])  # one more: the first is forgotten, its run goes on
+    assert entry.persistent is None and teams[0].recent[("allreduce", id(x[0]))].other.args[1] is z[0]
     assert task.state is pycoll.tasks.task.IN_PROGRESS
-    late = [teams[1].allreduce(x[1], y[1]), teams[1].allreduce(x[1], z[1])]
-    pycoll.wait_all([running, other] + late)
-    assert all((b == 3.0).all() for b in y) and all((c == 3.0).all() for c in z)
+    late = [teams[1].allreduce(x[1], y[1]), teams[1].allreduce(x[1], z[1]), teams[1].allreduce(x[1], w[1])]
+    pycoll.wait_all([running, other, third] + late)
+    assert all((b == 3.0).all() for out in (y, z, w) for b in out)
+
+
+def test_calls_that_alternate_two_output_arrays_both_repeat():
+    """A program that writes into two arrays by turns (double buffering) repeats both calls; a
+    third array pushes the oldest out."""
+    n = 2
+    teams = pycoll.local_teams(n)
+    x = [np.zeros(4, np.float32) for _ in range(n)]
+    y = [np.zeros(4, np.float32) for _ in range(n)]
+    z = [np.zeros(4, np.float32) for _ in range(n)]
+    for i in range(6):
+        out = z if i % 2 == 0 else y
+        for r in range(n):
+            x[r][:] = r + i
+        reqs = [t.allreduce(a, b) for t, a, b in zip(teams, x, out)]
+        pycoll.wait_all(reqs)
+        assert all((b == 2 * i + 1).all() for b in out), (i, out)
+    recent = teams[0].recent
+    head = recent[("allreduce", id(x[0]))]
+    assert head.args[1] is y[0] and head.other.args[1] is z[0] and head.other.other is None
+    assert reqs[0].task is head.persistent.task and head.other.persistent is not None
+    w = [np.zeros(4, np.float32) for _ in range(n)]
+    dropped = head.other
+    pycoll.wait_all([t.allreduce(a, b) for t, a, b in zip(teams, x, w)])
+    head = recent[("allreduce", id(x[0]))]
+    assert head.args[1] is w[0] and head.other.args[1] is y[0] and dropped.persistent is None
+    for t in teams:
+        t.close()
+    assert recent.nbytes == 0 and not recent
 
 
 def test_remembered_calls_hold_at_most_max_repeated_bytes_of_buffers(monkeypatch):

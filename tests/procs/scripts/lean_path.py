@@ -170,6 +170,16 @@ def repeated(team: Team) -> None:
         assert (y == i).all()
     assert comm.recent[("Allreduce", id(x))].lane is not None  # mpi4py's calls take the lane too
     assert comm.recent[("Iallreduce", id(MPI.IN_PLACE))].persistent is not None
+    # two output arrays by turns: both calls repeat (the second is the first entry's other)
+    z = np.zeros_like(y)
+    for i in range(20):
+        out = y if i % 2 else z
+        x[:] = r + i
+        comm.Allreduce(x, out)
+        assert (out == n * i + n * (n - 1) / 2).all(), i
+    head = comm.recent[("Allreduce", id(x))]
+    assert {id(head.args[1]), id(head.other.args[1])} == {id(y), id(z)}, (head.args, head.other.args)
+    assert head.lane is not None and head.other.lane is not None
     comm.team.close()
 
 
