@@ -7,15 +7,16 @@
 #
 # RANKS: the rank counts of the perf table (default 8,16); STEPS: which parts to run, any of
 # info,perf,forms,bound,torch,ddp (default all of them). Every launch has a wall-clock limit.
-# Environment: SIZES, the perf table's sizes (default 8,4K,16K,64K,256K,1M,4M); BIND=core pins each
-# rank to a core of its own (mpiexec -bind-to core; default none); PYCOLL_MPIEXEC, the mpiexec to use.
+# Environment: SIZES, the perf table's sizes (default 8,4K,16K,64K,256K,1M,4M); BIND: how ranks are
+# placed (--bind of pycoll perf/run: auto, the default, pins each rank to a core of its own where
+# they fit; core; none); PYCOLL_MPIEXEC, the mpiexec to use.
 set -u
 out=${1:?usage: node.sh OUT [RANKS] [STEPS]}
 ranks=${2:-8,16}
 steps=${3:-info,perf,forms,bound,torch,ddp}
 top=${ranks##*,}  # the largest rank count
 sizes=${SIZES:-8,4K,16K,64K,256K,1M,4M}
-bind=${BIND:-none}
+bind=${BIND:-auto}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per rank: ranks fill the cores
@@ -60,12 +61,12 @@ if has bound; then
 fi
 if has torch; then
     say "torch all_reduce, pycoll vs gloo, $top ranks"
-    timeout 240 "$py" -m pycoll run -n "$top" --timeout 230 -- "$py" benchmarks/torch_allreduce.py \
+    timeout 240 "$py" -m pycoll run -n "$top" --bind "$bind" --timeout 230 -- "$py" benchmarks/torch_allreduce.py \
         --sizes 4,4K,64K,1M,4M,16M,64M 2>&1 | tee "$out/torch.txt"
 fi
 if has ddp; then
     say "DDP step, pycoll vs gloo, 8 ranks"
-    timeout 240 "$py" -m pycoll run -n 8 --timeout 230 -- "$py" benchmarks/torch_ddp.py 2>&1 \
+    timeout 240 "$py" -m pycoll run -n 8 --bind "$bind" --timeout 230 -- "$py" benchmarks/torch_ddp.py 2>&1 \
         | tee "$out/ddp.txt"
 fi
 say "done"

@@ -39,13 +39,14 @@ def chosen_by_size(n: int, max_bytes: int = 128 << 20, cma_slow: bool = False) -
     sizes = [1 << k for k in range(max_bytes.bit_length())]
     for coll in algorithms.ALGORITHMS:
         runs: List[List] = []  # [first size, last size, algorithm]
+        fallback = (COLLECTIVES[coll].default if coll in COLLECTIVES else None) or "-"  # (as the planner)
         if coll == "barrier":  # moves no data
-            lines.append(f"{coll:<15} {algorithms.select(coll, n, 0, shared=n > 1, cma=n > 1, default='-')}")
+            name = algorithms.select(coll, n, 0, shared=n > 1, cma=n > 1, default=fallback)
+            lines.append(f"{coll:<15} {name}")
             continue
         for nbytes in sizes:
-            fallback = COLLECTIVES[coll].default if coll in COLLECTIVES else None  # (as the planner)
             name = algorithms.select(coll, n, nbytes, shared=n > 1, cma=n > 1, cma_slow=cma_slow,
-                                     default=fallback or "-")
+                                     default=fallback)
             if runs and runs[-1][2] == name:
                 runs[-1][1] = nbytes
             else:

@@ -39,6 +39,25 @@ def find_mpiexec() -> str:
 BIND_CHOICES = ("none", "core", "auto")
 
 
+def pinnable_cores() -> int:
+    """How many ranks ``bind="auto"`` pins: the physical cores of this machine (hardware threads of
+    one core counted once: ``-bind-to core`` gives each rank a whole core), or 0 when this process
+    may not use every CPU (a ``taskset`` or a batch system's share: mpiexec would pin ranks to
+    cores outside it, perhaps another job's)."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < (os.cpu_count() or 0):
+        return 0
+    cores = set()
+    for cpu in allowed:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topo}/physical_package_id") as f, open(f"{topo}/core_id") as g:
+                cores.add((f.read().strip(), g.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # (no topology: each CPU a core)
+    return len(cores)
+
+
 def under_mpi() -> bool:
     """Whether this process was started by an MPI launcher (so MPI's world has the other ranks)."""
     return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
@@ -50,7 +69,9 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     ``python -m pycoll.ps.server``, with ``PYCOLL_NUM_SERVERS`` set for all); return the exit
     status. With ``timeout`` (seconds) every rank is killed when it passes, and the status is 124.
     ``bind="core"`` pins each process to a core of its own (mpiexec's ``-bind-to core``); "auto"
-    does where the processes do not outnumber the cores this one may use, else leaves them free."""
+    does where :func:`pinnable_cores` has room for them all, else leaves them free. SIGTERM to this
+    process ends the ranks too (status 143) when ``launch`` runs in the main thread (Python takes
+    signals there only); a SIGTERM handler of the caller's is set again afterwards, not called."""
     if n < 1:
         raise PycollError(f"-n must be >= 1, got {n}")
     if servers < 0:
@@ -58,7 +79,7 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     if bind not in BIND_CHOICES:
         raise PycollError(f"bind={bind!r}: one of {', '.join(BIND_CHOICES)}")
     if bind == "auto":
-        bind = "core" if n + servers <= len(os.sched_getaffinity(0)) else "none"
+        bind = "core" if n + servers <= pinnable_cores() else "none"
     argv = [find_mpiexec(), *(["-bind-to", "core"] if bind == "core" else []), "-n", str(n), *cmd]
     env = dict(env or {})
     if servers:
@@ -71,7 +92,9 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     used: Set[str] = set()  # the /dev/shm files the job's processes used when it was ended
     # SIGTERM (kill, an outer timeout, a batch system) ends the ranks too: they run in sessions of
     # their own, so nothing else would reach them
+    # (not where a handler set from C is there: Python could not set it again afterwards)
     main = threading.current_thread() is threading.main_thread()
+    main = main and signal.getsignal(signal.SIGTERM) is not None
     old = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         return proc.wait(timeout=timeout)
@@ -83,6 +106,7 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
         used = end_job(proc, job)
         return 130
     except Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a second one while the ranks end: ignored)
         print("pycoll: terminated; ending the ranks", file=sys.stderr)
         used = end_job(proc, job)
         return 143

@@ -233,7 +233,7 @@ def persistent_of(planner: Planner, call: Call, timeout: Optional[float],
     return Persistent(planner, call, 0, None, algorithm, timeout, {})
 
 
-#: Calls remembered per team (or Comm).
+#: First arguments remembered per team (or Comm), each with its last two calls.
 MAX_REPEATED = 64
 #: When as many are remembered, one new call in this many takes the place of the oldest: a loop
 #: over more buffers than that gains nothing from remembering them, and pays for it rarely.
@@ -324,15 +324,18 @@ class RecentCalls(Dict[tuple, Repeated]):
         nbytes = held_bytes(args)
         if nbytes > MAX_REPEATED_BYTES:
             return
-        while self and self.nbytes + nbytes > MAX_REPEATED_BYTES:
-            self.forget(next(iter(self)))
         last = self.pop(key, None)  # (and the key moves to the end: the oldest are forgotten first)
+        if last is not None and last.other is not None:  # (first: its room is the new call's)
+            self.nbytes -= last.other.nbytes
+            last.other.free()
+            last.other = None
+        while self and self.nbytes + nbytes > MAX_REPEATED_BYTES:  # (the oldest keys: not this one)
+            self.forget(next(iter(self)))
+        if last is not None and self.nbytes + nbytes > MAX_REPEATED_BYTES:
+            self.nbytes -= last.nbytes  # (no room for both: the new call alone)
+            last.free()
+            last = None
         entry = self[key] = Repeated(args, dtypes, make, made_of, timeout, algorithm)
-        if last is not None:
-            if last.other is not None:
-                self.nbytes -= last.other.nbytes
-                last.other.free()
-                last.other = None
-            entry.other = last
+        entry.other = last
         entry.nbytes = nbytes
         self.nbytes += nbytes

@@ -147,6 +147,9 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
             lines.append(line)
         if how != "timeout":
             proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+        if how == "sigterm":  # a second one while the ranks end is ignored
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         expected = {"timeout": 124, "sigterm": 143}.get(how, 130)
         assert proc.returncode == expected, "".join(lines) + out

@@ -438,6 +438,24 @@ def test_calls_that_alternate_two_output_arrays_both_repeat():
     assert recent.nbytes == 0 and not recent
 
 
+def test_a_new_call_under_a_key_makes_room_by_dropping_that_keys_oldest_first(monkeypatch):
+    """Under a key the new call replaces the oldest of its two (whose bytes are then free) before any
+    other key's calls are forgotten for room."""
+    monkeypatch.setattr(persistent, "MAX_REPEATED_BYTES", 8 << 20)
+    recent = persistent.RecentCalls()
+    x = np.ones(1 << 17)  # 1 MiB
+    outs = [np.ones(3 << 17) for _ in range(3)]  # 3 MiB each
+    key = ("allreduce", id(x))
+    for out in outs:
+        assert recent.admits(key, (x, out))
+        recent.add(key, (x, out), (x.dtype, out.dtype), lambda: None)
+    head = recent[key]
+    assert head.args[1] is outs[2] and head.other.args[1] is outs[1] and recent.nbytes == 8 << 20
+    big = np.ones(1 << 19)  # 4 MiB under another key: the oldest key goes, both its calls
+    recent.add(("bcast", id(big)), (big,), (big.dtype,), lambda: None)
+    assert key not in recent and recent.nbytes == 4 << 20
+
+
 def test_remembered_calls_hold_at_most_max_repeated_bytes_of_buffers(monkeypatch):
     """A remembered call keeps its buffers alive: the table holds at most MAX_REPEATED_BYTES of
     them (whole bases of views counted), the oldest making room, and a call whose buffers alone

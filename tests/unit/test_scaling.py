@@ -53,3 +53,24 @@ def test_an_interrupted_launch_ends_the_sweep(status):
 
     assert scaling.sweep(["bcast"], [2, 4, 8], launch_one) == (status, [])
     assert seen == [2]
+
+
+def test_auto_binding_counts_whole_cores_and_only_with_every_cpu():
+    """bind=auto pins ranks to cores only where this process may use every CPU (mpiexec would pin
+    outside a taskset's share) and counts a core's hardware threads once."""
+    import os
+    import subprocess
+    import sys
+
+    from pycoll.launch import pinnable_cores
+
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < (os.cpu_count() or 0):
+        assert pinnable_cores() == 0
+        return
+    assert 1 <= pinnable_cores() <= len(cpus)
+    if len(cpus) >= 2:
+        code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+                "from pycoll.launch import pinnable_cores; print(pinnable_cores())")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "0", out.stderr
