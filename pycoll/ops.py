@@ -206,6 +206,25 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, src)
 
 
+def take_rows(out: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
+    """``out[i] = src[rows[i]]`` for 2-D arrays (a gather of whole rows), as one numpy call; row
+    by row through :func:`copy_into` while :data:`observer` is set, so a recording sees each copy."""
+    if observer is not None:
+        for i, j in enumerate(rows.tolist()):
+            copy_into(out[i], src[j])
+        return
+    src.take(rows, 0, out, "clip")  # (mode "raise" would copy through a temporary)
+
+
+def put_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+    """``dst[rows[i]] = src[i]`` for 2-D arrays (a scatter of whole rows), as :func:`take_rows`."""
+    if observer is not None:
+        for i, j in enumerate(rows.tolist()):
+            copy_into(dst[j], src[i])
+        return
+    dst[rows] = src
+
+
 def finish_avg(buf: np.ndarray, n: int) -> None:
     """Divide a SUM by ``n`` in place (integers round toward zero, as C and NCCL do)."""
     if n == 1 or buf.size == 0:

@@ -12,7 +12,7 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.algorithms.options import Option, options
-from pycoll.ops import copy_into
+from pycoll.ops import copy_into, put_rows, take_rows
 from pycoll.tasks.task import Task
 
 NAME = "bruck"
@@ -72,12 +72,11 @@ class BruckAlltoall(StepTask):
         # rotation: position j holds the block for rank (rank + j) % n
         copy_into(work[:n - rank], src[rank:])
         copy_into(work[n - rank:], src[:rank])
-        take = work.take
         for step, (to, frm, pos, packed, send_wire, recv_wire, got) in enumerate(steps):
-            take(pos, 0, packed, "clip")  # mode "raise" would copy through a temporary
+            take_rows(packed, work, pos)
             yield (ch.isend(send_wire, to, step), ch.irecv(recv_wire, frm, step))
-            work[pos] = got
-        work.take(self.final, 0, dst, "clip")
+            put_rows(work, pos, got)
+        take_rows(dst, work, self.final)
 
 
 def build(args: CollArgs) -> Task:

@@ -55,8 +55,9 @@ NATIVE = frozenset({
     ("allreduce", "rd"), ("allreduce", "knomial"), ("reduce", "knomial"), ("reduce", "rs_gather"),
     ("bcast", "knomial"), ("bcast", "scatter_allgather"), ("allgather", "bruck"), ("allgather", "rd"),
     ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
-    ("alltoall", "pairwise"), ("gather", "knomial"), ("gather", "linear"), ("scatter", "knomial"),
-    ("scatter", "linear"), ("barrier", "dissemination"), ("allgatherv", "bruck"), ("allgatherv", "rd"),
+    ("alltoall", "pairwise"), ("alltoall", "bruck"), ("gather", "knomial"), ("gather", "linear"),
+    ("scatter", "knomial"), ("scatter", "linear"), ("barrier", "dissemination"), ("allgatherv", "bruck"),
+    ("allgatherv", "rd"),
     ("allgatherv", "ring"), ("reduce_scatterv", "rhalving"), ("reduce_scatterv", "ring"),
     ("alltoallv", "pairwise"), ("gatherv", "knomial"), ("gatherv", "linear"), ("scatterv", "knomial"),
     ("scatterv", "linear"), ("scan", "rd"), ("exscan", "rd")})

@@ -14,8 +14,7 @@ from pycoll.lower import NotLowerable, ProgramError, check_set, from_json, loads
 from pycoll.lower.record import LOWERED, NATIVE
 
 #: What does not lower, and why (a schedule of tasks, or numpy calls the recording does not see).
-NOT_LOWERED = {("allreduce", "ring"), ("allreduce", "rab"), ("allreduce", "split_rail"),
-               ("alltoall", "bruck")}
+NOT_LOWERED = {("allreduce", "ring"), ("allreduce", "rab"), ("allreduce", "split_rail")}
 SEGMENT = {"shm", "cma", "mapped", "hier"}
 
 
