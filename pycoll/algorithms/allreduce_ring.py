@@ -15,7 +15,7 @@ of ``n - 1``::
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from pycoll.algorithms.options import Option, options
 from pycoll.algorithms.patterns import fragment_count, fragment_elems
 from pycoll.buffers import scratch_array
 from pycoll.ops import ReduceOp, finish_avg, reduce_into
-from pycoll.tasks import FunctionTask, PipelinedSchedule, PipelineOrder, Schedule, Task
+from pycoll.tasks import CopyTask, FunctionTask, PipelinedSchedule, PipelineOrder, ReduceTask, Schedule, Task
 from pycoll.tasks.p2p import RecvTask, SendTask
 
 NAME = "ring"
@@ -107,7 +107,8 @@ class RingAllreduce(PipelinedSchedule):
         # keeps it, so it must not outgrow the buffer it serves)
         self.frag_elems = min(fragment_elems(fragment_bytes, n * args.dst.itemsize), max(1, longest))
         self._slots: dict = {}
-        super().__init__(fragment_count(longest, self.frag_elems), self._make, self._setup, depth=depth,
+        self.nfrags = fragment_count(longest, self.frag_elems)
+        super().__init__(self.nfrags, self._make, self._setup, depth=depth,
                          order=PipelineOrder.PARALLEL, name=args.name)
         # the fragments' sizes are set when they start: the collective as a whole moves the
         # buffer, and takes that much credit as one unit (every rank's first move is a send)
@@ -120,13 +121,14 @@ class RingAllreduce(PipelinedSchedule):
         self._slots[state.schedule] = state
         return state.schedule
 
-    def _view(self, arr: np.ndarray, block: int, frag: int) -> np.ndarray:
+    def fragment_view(self, arr: np.ndarray, block: int, frag: int) -> np.ndarray:
+        """Fragment ``frag`` of block ``block`` of ``arr`` (empty past the block's end)."""
         lo = self.bounds[block] + frag * self.frag_elems
         hi = min(self.bounds[block + 1], lo + self.frag_elems)
         return arr[lo:max(lo, hi)]
 
     def _setup(self, schedule: Task, frag: int) -> None:
-        st, a, view = self._slots[schedule], self.args, self._view
+        st, a, view = self._slots[schedule], self.args, self.fragment_view
         n, rank, src, dst, fe = a.size, a.rank, a.src, a.dst, self.frag_elems
         base = frag * 2 * (n - 1)
         for s in range(n - 1):
@@ -184,6 +186,49 @@ class _Trivial(Task):
 
     def unbind(self) -> None:
         self.args.src = self.args.dst = UNBOUND
+
+
+def lowered(args: CollArgs) -> Task:
+    """The same ring as a :class:`~pycoll.tasks.Schedule` of primitive tasks, for lowering
+    (:mod:`pycoll.lower`): every fragment's DAG of :class:`_Slot` on its views, with the same
+    steps, so that a rank running the program and one running :class:`RingAllreduce` exchange the
+    same messages, and the reductions as :class:`~pycoll.tasks.ReduceTask` (the same operands,
+    AVG's division on the last one). Fragment ``f`` uses the scratch of slot ``f % depth``: its
+    receives wait for the reductions of the fragment before it in that slot."""
+    opts = options(args, OPTIONS)
+    sched = Schedule(name=f"{args.name}/lowered")
+    n, rank, src, dst = args.size, args.rank, args.src, args.dst
+    if n == 1 or args.count == 0:
+        if src is not dst and dst.size:
+            sched.add(CopyTask(dst, src))
+        return sched
+    ring = RingAllreduce(args, opts["fragment_bytes"], opts["depth"])  # (its fragments' geometry)
+    fe, depth, ch = ring.frag_elems, max(1, opts["depth"]), args.channel
+    left, right = (rank - 1) % n, (rank + 1) % n
+    scratch = [scratch_array((n - 1) * fe, dst.dtype) for _ in range(min(depth, ring.nfrags))]
+    last_reduce: Dict[tuple, Task] = {}  # (slot, step) -> the reduction that last read that scratch
+    view, add = ring.fragment_view, sched.add
+    for f in range(ring.nfrags):
+        base, slot = f * 2 * (n - 1), f % len(scratch)
+        rs_send: List[Task] = []
+        red: Optional[Task] = None
+        for s in range(n - 1):
+            b_send, b_recv = (rank - s) % n, (rank - s - 1) % n
+            out = view(dst, b_recv, f)
+            received = scratch[slot][s * fe: s * fe + out.size]
+            recv = add(RecvTask(ch, as_wire(received), left, base + s), after=last_reduce.get((slot, s)))
+            sent = view(src if s == 0 else dst, b_send, f)
+            rs_send.append(add(SendTask(ch, as_wire(sent), right, base + s), after=red))
+            divide = n if (s == n - 2 and args.op is ReduceOp.AVG) else 0
+            red = last_reduce[(slot, s)] = add(ReduceTask(out, received, view(src, b_recv, f), args.op,
+                                                          divide_by=divide), after=recv)
+        ag_recv: Optional[Task] = None
+        for s in range(n - 1):
+            step = base + n - 1 + s
+            passed = view(dst, (rank + 1 - s) % n, f)
+            add(SendTask(ch, as_wire(passed), right, step), after=ag_recv if s else red)
+            ag_recv = add(RecvTask(ch, as_wire(view(dst, (rank - s) % n, f)), left, step), after=rs_send[s])
+    return sched
 
 
 def build(args: CollArgs) -> Task:

@@ -25,7 +25,8 @@ A :class:`~pycoll.tasks.Schedule` of primitive tasks (sends and receives on the 
 channel, copies, reductions: a user's own algorithm, written as in the UCC slides) is recorded task
 by task instead (:func:`lower_schedule`), each instruction depending on those of the tasks it waits
 for. Other schedules (pipelined, hierarchical, tasks of Python code) and the shared segment's
-native collectives are not lowered.
+native collectives are not lowered, unless the algorithm's module gives a ``lowered(args)`` form
+of primitive tasks with the same messages and arithmetic (the ring allreduce's pipeline).
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ LOWERED = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "allto
 #: The algorithms whose every program the tests check against the algorithm: the planner runs them
 #: as native programs where the team's transport has an executor (PYCOLL_NATIVE_PROGRAMS).
 NATIVE = frozenset({
-    ("allreduce", "rd"), ("allreduce", "knomial"), ("reduce", "knomial"), ("reduce", "rs_gather"),
-    ("bcast", "knomial"), ("bcast", "scatter_allgather"), ("allgather", "bruck"), ("allgather", "rd"),
-    ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
+    ("allreduce", "rd"), ("allreduce", "knomial"), ("allreduce", "ring"), ("reduce", "knomial"),
+    ("reduce", "rs_gather"), ("bcast", "knomial"), ("bcast", "scatter_allgather"), ("allgather", "bruck"),
+    ("allgather", "rd"), ("allgather", "ring"), ("reduce_scatter", "rhalving"), ("reduce_scatter", "ring"),
     ("alltoall", "pairwise"), ("alltoall", "bruck"), ("gather", "knomial"), ("gather", "linear"),
     ("scatter", "knomial"), ("scatter", "linear"), ("barrier", "dissemination"), ("allgatherv", "bruck"),
     ("allgatherv", "rd"),
@@ -281,7 +282,11 @@ def lower_schedule(rec: Recorder, sched: Task, channel: Channel) -> None:
         if kind is ReduceTask:
             op = "sum" if t.op is ReduceOp.AVG else t.op.name.lower()
             slices = {"a": rec.slice_of(t.a), "b": rec.slice_of(t.b), "out": rec.slice_of(t.out)}
-            return emit(Instr("reduce", slices, op=op, dtype=str(t.out.dtype)), deps)
+            done = emit(Instr("reduce", slices, op=op, dtype=str(t.out.dtype)), deps)
+            if t.divide_by > 1 and t.out.size:  # (as finish_avg: nothing to divide by 1 or in nothing)
+                done = emit(Instr("avg", {"buf": rec.slice_of(t.out)}, dtype=str(t.out.dtype), n=t.divide_by),
+                            done)
+            return done
         raise NotLowerable(f"{t.name} is a {kind.__name__}, not a primitive task (send, receive, copy, "
                            "reduce)")
 
@@ -318,8 +323,11 @@ def record(team: Any, call: Any, name: str, compute: bool = True) -> Program:
         args = team.planner.args(call, ("c", 0), name, {})
         args.channel = RecordingChannel(rec)
         observer.rec = rec
+        # an algorithm whose task cannot be recorded may give the form its programs are recorded
+        # from: ``lowered(args)``, the same messages and arithmetic as primitive tasks
+        form = getattr(algorithms.MODULES.get(call.coll, {}).get(name), "lowered", None)
         try:
-            task = algorithms.get(call.coll, name)(args)
+            task = (form or algorithms.get(call.coll, name))(args)
         except (ValueError, TypeError) as exc:  # (the segment's forms need a shared segment, ...)
             raise NotLowerable(f"{call.coll}:{name} cannot be built on an in-process team: {exc}") from None
         if isinstance(task, Schedule):

@@ -63,6 +63,26 @@ def every_collective(team, counts=(1, 100, 3000)):
                 assert_same([out], expected(ins, op), f"allreduce {alg} {dtype} {op.name} {count}")
 
 
+def ring_in_fragments(team):
+    """A large allreduce on 3+ ranks takes the ring, run as a native program of several fragments
+    (2.4 MB: 3 of float32, 5 of float64), the same arrays again and then AVG in place."""
+    n, r = team.size, team.rank
+    if n < 3:
+        return
+    count = 600_000
+    x = np.arange(count, dtype=np.float32) % 97 + r
+    out = np.empty_like(x)
+    want = (np.arange(count, dtype=np.float64) % 97) * n + n * (n - 1) / 2
+    for _ in range(2):
+        req = team.allreduce(x, out)
+        assert isinstance(req.task, UCXProgramTask) and req.task.program.algorithm == "ring", req.task
+        req.wait()
+        assert (out == want).all()
+    y = np.arange(count, dtype=np.float64) % 89 * (r + 1)
+    team.allreduce(y, op=ReduceOp.AVG).wait()
+    assert np.allclose(y, np.arange(count) % 89 * (n + 1) / 2)
+
+
 def same_and_new_buffers(team):
     """A native program's task run again on the same arrays points at them as before, and at new
     ones when the call brings new ones: the results are right either way (repeated calls rerun the
@@ -226,6 +246,7 @@ def main():
         assert team.transport.team_id != steam.transport.team_id
     for t in (team, steam):
         every_collective(t, counts=(1, 3000) if t is steam else (1, 100, 3000))
+        ring_in_fragments(t)
         same_and_new_buffers(t)
         views_and_arrays(t)
         express_lane(t)
