@@ -59,6 +59,17 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
                     uint64_t *out);
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                         uint32_t slot);
+
+typedef struct {
+    double alpha, per_byte, node_alpha, node_per_byte, overhead, reduce_bw, copy_bw, rendezvous;
+    int64_t rendezvous_bytes;
+    int32_t ppn;
+} pc_sim_machine_t;
+int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const int32_t *peers,
+                   const int32_t *steps, const int64_t *nbytes, const int32_t *ndeps, const int64_t *foff,
+                   const int32_t *first, const int64_t *doff, const int32_t *dependents,
+                   const pc_sim_machine_t *m, const double *starts, const double *factor, double *finish,
+                   int64_t *left, int64_t *stats);
 """
 
 ffibuilder = FFI()
@@ -66,7 +77,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "pycoll._native",
     '#include "pycoll_native.h"',
-    sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd()) for f in ("reduce.c", "shm.c")],
+    sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd()) for f in ("reduce.c", "shm.c", "sim.c")],
     include_dirs=[os.path.relpath(HERE, os.getcwd())],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function"],
 )

@@ -105,7 +105,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         slow: Optional[Dict[int, float]] = None,
         fail: Optional[Dict[int, Tuple[float, float]]] = None,
         timeline: Optional[List[Tuple[int, int, int, int, float, float]]] = None,
-        payload: Any = None) -> Result:
+        payload: Any = None, native: bool = True) -> Result:
     """Simulate ``programs`` (rank ``r``'s at index ``r``) on ``machine``. ``start``: ranks that
     start late (rank -> seconds); ``slow``: ranks whose every cost is multiplied (rank -> factor);
     ``fail``: ranks that die (rank -> (the time, the time their peers take to know)): a dead rank
@@ -113,7 +113,9 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     finish raises PeerLostError when it is stuck and knows of a death (``Result.errors``).
     ``timeline``: a list that gets each instruction run, as (rank, kind, peer, bytes, issued, done);
     ``payload``: the data (:class:`pycoll.sim.payload.Payload`), moved and reduced as the
-    instructions run."""
+    instructions run. Without contention, deaths, a timeline or a payload the loop runs in C
+    (``pycoll._native``: the same events in the same order, so the same times), unless ``native``
+    is False or the native module is missing."""
     wall0 = time.perf_counter()
     n = len(programs)
     starts = [0.0] * n
@@ -122,6 +124,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         starts[r] = t
     for r, f in (slow or {}).items():
         factor[r] = f
+    if native and not fail and timeline is None and payload is None and not machine.contention:
+        done = _run_native(programs, machine, starts, factor, wall0)
+        if done is not None:
+            return done
     dies = {r: t for r, (t, _) in (fail or {}).items()}
     known = min((t + d for t, d in (fail or {}).values()), default=math.inf)  # the first death known
     remaining = [list(p.ndeps) for p in programs]
@@ -283,3 +289,47 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     end = max([finish[r] for r in range(n) if r not in dies] + list(errors.values()), default=0.0)
     return Result(end, finish, events + messages, time.perf_counter() - wall0, messages, sent, unmatched,
                   dies, errors)
+
+
+def _run_native(programs: Sequence[Compact], machine: Machine, starts: List[float], factor: List[float],
+                wall0: float) -> Optional[Result]:
+    """:func:`run`'s loop in C (``native/sim.c``), on the programs' arrays laid end to end; None
+    where the native module is missing or cannot take them (a step or rank past its key's bits)."""
+    try:
+        from pycoll._native import ffi, lib  # noqa: PLC0415 - built at install; the Python loop otherwise
+    except ImportError:
+        return None
+    n = len(programs)
+    ioff, foff, doff = array("q", [0]), array("q", [0]), array("q", [0])
+    for p in programs:
+        ioff.append(ioff[-1] + len(p.kinds))
+        foff.append(foff[-1] + len(p.first))
+        doff.append(doff[-1] + len(p.dependents))
+
+    ctype = {"b": "int8_t[]", "i": "int32_t[]", "q": "int64_t[]"}
+
+    def flat(name: str) -> Any:
+        """Every program's array ``name``, end to end, as a C array."""
+        arrays = [getattr(p, name) for p in programs]
+        data = b"".join(a.tobytes() for a in arrays) or bytes(8)
+        return ffi.from_buffer(ctype[arrays[0].typecode], data)
+
+    m = ffi.new("pc_sim_machine_t *")
+    m.alpha, m.per_byte = machine.alpha, 1.0 / machine.bandwidth
+    m.node_alpha, m.node_per_byte = machine.node_alpha, 1.0 / machine.node_bandwidth
+    m.overhead, m.reduce_bw, m.copy_bw = machine.overhead, machine.reduce_bw, machine.copy_bw
+    m.rendezvous, m.rendezvous_bytes, m.ppn = machine.rendezvous, machine.rendezvous_bytes or 0, machine.ppn
+    finish = ffi.new("double[]", n)
+    left = ffi.new("int64_t[]", n)
+    stats = ffi.new("int64_t[3]")
+    offsets = [ffi.from_buffer("int64_t[]", a) for a in (ioff, foff, doff)]
+    rc = lib.pycoll_sim_run(n, offsets[0], flat("kinds"), flat("peers"), flat("steps"), flat("nbytes"),
+                            flat("ndeps"), offsets[1], flat("first"), offsets[2], flat("dependents"), m,
+                            ffi.new("double[]", starts), ffi.new("double[]", factor), finish, left, stats)
+    if rc != 0:
+        return None
+    fin, lft = list(finish), list(left)
+    unmatched = [f"rank {r}: {lft[r]} instructions never ran" for r in range(n) if lft[r]]
+    events, messages, sent = stats[0], stats[1], stats[2]
+    return Result(max(fin, default=0.0), fin, events + messages, time.perf_counter() - wall0, messages, sent,
+                  unmatched)

@@ -106,3 +106,32 @@ def test_tune_writes_rules_pycoll_reads(capsys):
     assert rules[0].msg[0] == 0 and rules[-1].msg[1] == math.inf and rules[0].team == (64, 64)
     # latency first (k-nomial: log_4 p steps), then bandwidth (ring)
     assert [r.algorithm for r in rules] == ["knomial", "rd", "ring"], line
+
+
+@pytest.mark.parametrize("coll,alg,n,nbytes", [
+    ("allreduce", "rd", 64, 8), ("allreduce", "ring", 16, 1 << 20),
+    ("allreduce", "rabenseifner", 33, 1 << 16), ("bcast", "scatter_allgather", 16, 1 << 20),
+    ("allgather", "bruck", 13, 1 << 12), ("alltoall", "pairwise", 9, 9 * 64),
+    ("reduce_scatter", "rhalving", 12, 12 * 1024)])
+def test_the_native_loop_gives_the_python_loops_times_to_the_bit(coll, alg, n, nbytes):
+    """Without contention, deaths, timeline or payload the loop runs in C: the same events in the
+    same order, so every time, count and finish is the Python loop's exactly (late and slow ranks,
+    nodes, overhead and rendezvous included)."""
+    progs = programs(coll, alg, n, nbytes)
+    machines = [Machine(), Machine(ppn=4, overhead=1e-6, rendezvous_bytes=8192, rendezvous=3e-6,
+                                   reduce_bw=math.inf)]
+    for m in machines:
+        for kw in ({}, {"start": {1: 3e-6}, "slow": {2: 1.5}}):
+            a, b = run(progs, m, native=False, **kw), run(progs, m, **kw)
+            assert (a.time, a.finish, a.events, a.messages, a.bytes_sent, a.unmatched) == \
+                   (b.time, b.finish, b.events, b.messages, b.bytes_sent, b.unmatched), (m, kw)
+
+
+def test_the_native_loop_reports_what_never_ran():
+    from pycoll.sim.engine import RECV, SEND, Compact
+
+    waits = Compact.build([RECV, SEND], [1, 1], [0, 5], [8, 8], [[], [0]])  # its peer never sends
+    idle = Compact.build([], [], [], [], [])
+    for native in (False, True):
+        res = run([waits, idle], Machine(), native=native)
+        assert res.unmatched == ["rank 0: 2 instructions never ran"], (native, res.unmatched)
