@@ -9,6 +9,7 @@
  * Every array is the caller's (checked by it: pycoll.sim.engine.Compact); instructions of rank r
  * are [ioff[r], ioff[r + 1]) of the flat arrays, its dependents' index list first[foff[r] + i]..,
  * into dependents[doff[r] + ...] (instruction indices local to the rank). */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -191,15 +192,22 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
     int rc = PC_ENOMEM;
     if (!rem || !nxt || !tx_free || !rx_free || !cpu_free || box_grow(&box)) goto out;
     memcpy(rem, ndeps, (size_t)total * sizeof(int32_t));
-    for (int32_t r = 0; r < n; r++) {
+    for (int32_t r = 0; r < n; r++) { /* everything indexed below, checked first */
         finish[r] = cpu_free[r] = starts[r];
-        left[r] = ioff[r + 1] - ioff[r];
-        for (int64_t k = ioff[r]; k < ioff[r + 1]; k++) /* every step must fit its key's bits */
-            if ((kinds[k] == K_SEND || kinds[k] == K_RECV) &&
-                (steps[k] < 0 || steps[k] >= (1 << 21) || peers[k] < 0 || peers[k] >= n)) {
-                rc = PC_EINVAL;
-                goto out;
-            }
+        int64_t count = ioff[r + 1] - ioff[r], ndep = doff[r + 1] - doff[r];
+        left[r] = count;
+        if (count < 0 || count >= INT32_MAX || ndep < 0 || foff[r + 1] - foff[r] != count + 1) goto bad;
+        const int32_t *fr = first + foff[r], *dep = dependents + doff[r];
+        if (fr[0] != 0 || fr[count] != ndep) goto bad;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t k = ioff[r] + i;
+            if (kinds[k] < K_SEND || kinds[k] > K_AVG || fr[i + 1] < fr[i] || ndeps[k] < 0 || nbytes[k] < 0) goto bad;
+            if ((kinds[k] == K_SEND || kinds[k] == K_RECV) && /* every step must fit its key's bits */
+                (steps[k] < 0 || steps[k] >= (1 << 21) || peers[k] < 0 || peers[k] >= n))
+                goto bad;
+        }
+        for (int64_t j = 0; j < ndep; j++)
+            if (dep[j] < 0 || dep[j] >= count) goto bad;
     }
     int64_t seq = n, events = 0, messages = 0, sent = 0;
     const double o = m->overhead;
@@ -290,6 +298,9 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
     }
     stats[0] = events, stats[1] = messages, stats[2] = sent;
     rc = PC_OK;
+    goto out;
+bad:
+    rc = PC_EINVAL;
 out:
     free(rem), free(nxt), free(tx_free), free(rx_free), free(cpu_free), free(heap.a), free(box.s), free(box.items);
     return rc;

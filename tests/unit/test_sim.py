@@ -135,3 +135,19 @@ def test_the_native_loop_reports_what_never_ran():
     for native in (False, True):
         res = run([waits, idle], Machine(), native=native)
         assert res.unmatched == ["rank 0: 2 instructions never ran"], (native, res.unmatched)
+
+
+def test_the_native_loop_checks_the_arrays_it_reads():
+    """A dependent past its program, a peer past the ranks or a bad kind: the C loop reads
+    nothing and declines (None: the Python loop runs instead)."""
+    from array import array
+
+    from pycoll.sim.engine import RECV, SEND, Compact, _run_native
+
+    good = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
+    assert _run_native([good, good], Machine(), [0.0, 0.0], [1.0, 1.0], 0.0) is not None
+    for field, bad in (("dependents", array("i", [7])), ("peers", array("i", [5, 1])),
+                       ("kinds", array("b", [9, RECV]))):
+        broken = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
+        setattr(broken, field, bad)
+        assert _run_native([broken, good], Machine(), [0.0, 0.0], [1.0, 1.0], 0.0) is None, field
