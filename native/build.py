@@ -79,7 +79,8 @@ ffibuilder.set_source(
     '#include "pycoll_native.h"',
     sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd()) for f in ("reduce.c", "shm.c", "sim.c")],
     include_dirs=[os.path.relpath(HERE, os.getcwd())],
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function"],
+    # (no fused multiply-adds: the simulator's C loop must round as Python does, on every CPU)
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function", "-ffp-contract=off"],
 )
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ static int item_append(box_t *b, slot_t *slot, double v, int32_t instr) {
         b->free = b->items[it].next;
     } else {
         if (b->nitems == b->capitems) {
+            if (b->capitems > INT32_MAX / 2) return -1;
             int32_t cap = b->capitems ? 2 * b->capitems : 1024;
             item_t *items = realloc(b->items, (size_t)cap * sizeof(item_t));
             if (!items) return -1;

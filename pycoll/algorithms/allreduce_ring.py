@@ -194,7 +194,10 @@ def lowered(args: CollArgs) -> Task:
     steps, so that a rank running the program and one running :class:`RingAllreduce` exchange the
     same messages, and the reductions as :class:`~pycoll.tasks.ReduceTask` (the same operands,
     AVG's division on the last one). Fragment ``f`` uses the scratch of slot ``f % depth``: its
-    receives wait for the reductions of the fragment before it in that slot."""
+    receives wait for the reductions of the fragment before it in that slot. The tasks are added
+    step by step across the fragments (every fragment's first receive, then every fragment's first
+    send, ...), so that a program, whose instructions an executor issues in order, has the
+    fragments' transfers in flight together while it reduces, as the pipeline does."""
     opts = options(args, OPTIONS)
     sched = Schedule(name=f"{args.name}/lowered")
     n, rank, src, dst = args.size, args.rank, args.src, args.dst
@@ -207,27 +210,39 @@ def lowered(args: CollArgs) -> Task:
     left, right = (rank - 1) % n, (rank + 1) % n
     scratch = [scratch_array((n - 1) * fe, dst.dtype) for _ in range(min(depth, ring.nfrags))]
     last_reduce: Dict[tuple, Task] = {}  # (slot, step) -> the reduction that last read that scratch
-    view, add = ring.fragment_view, sched.add
+    view = ring.fragment_view
+    fragments: List[List[Task]] = []  # each fragment's tasks, in the order of its DAG
+
+    def task(made: Task, after: Optional[Task], tasks: List[Task]) -> Task:
+        if after is not None:
+            made.depends_on(after)
+        tasks.append(made)
+        return made
+
     for f in range(ring.nfrags):
-        base, slot = f * 2 * (n - 1), f % len(scratch)
+        base, slot, tasks = f * 2 * (n - 1), f % len(scratch), []
         rs_send: List[Task] = []
         red: Optional[Task] = None
         for s in range(n - 1):
             b_send, b_recv = (rank - s) % n, (rank - s - 1) % n
             out = view(dst, b_recv, f)
             received = scratch[slot][s * fe: s * fe + out.size]
-            recv = add(RecvTask(ch, as_wire(received), left, base + s), after=last_reduce.get((slot, s)))
+            recv = task(RecvTask(ch, as_wire(received), left, base + s), last_reduce.get((slot, s)), tasks)
             sent = view(src if s == 0 else dst, b_send, f)
-            rs_send.append(add(SendTask(ch, as_wire(sent), right, base + s), after=red))
+            rs_send.append(task(SendTask(ch, as_wire(sent), right, base + s), red, tasks))
             divide = n if (s == n - 2 and args.op is ReduceOp.AVG) else 0
-            red = last_reduce[(slot, s)] = add(ReduceTask(out, received, view(src, b_recv, f), args.op,
-                                                          divide_by=divide), after=recv)
+            red = last_reduce[(slot, s)] = task(ReduceTask(out, received, view(src, b_recv, f), args.op,
+                                                           divide_by=divide), recv, tasks)
         ag_recv: Optional[Task] = None
         for s in range(n - 1):
             step = base + n - 1 + s
             passed = view(dst, (rank + 1 - s) % n, f)
-            add(SendTask(ch, as_wire(passed), right, step), after=ag_recv if s else red)
-            ag_recv = add(RecvTask(ch, as_wire(view(dst, (rank - s) % n, f)), left, step), after=rs_send[s])
+            task(SendTask(ch, as_wire(passed), right, step), ag_recv if s else red, tasks)
+            ag_recv = task(RecvTask(ch, as_wire(view(dst, (rank - s) % n, f)), left, step), rs_send[s], tasks)
+        fragments.append(tasks)
+    for position in range(len(fragments[0])):  # (every fragment has as many)
+        for tasks in fragments:
+            sched.add(tasks[position])
     return sched
 
 

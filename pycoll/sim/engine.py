@@ -300,6 +300,18 @@ def _run_native(programs: Sequence[Compact], machine: Machine, starts: List[floa
     except ImportError:
         return None
     n = len(programs)
+    if n == 0:
+        return None
+    codes = {"kinds": "b", "peers": "i", "steps": "i", "nbytes": "q", "ndeps": "i", "first": "i",
+             "dependents": "i"}
+    for p in programs:  # (the C loop reads them as these types, kinds' length each, first one more)
+        if any(getattr(p, name).typecode != code for name, code in codes.items()):
+            return None
+        count = len(p.kinds)
+        if not len(p.peers) == len(p.steps) == len(p.nbytes) == len(p.ndeps) == count:
+            return None
+        if len(p.first) != count + 1:
+            return None
     ioff, foff, doff = array("q", [0]), array("q", [0]), array("q", [0])
     for p in programs:
         ioff.append(ioff[-1] + len(p.kinds))

@@ -151,3 +151,18 @@ def test_the_native_loop_checks_the_arrays_it_reads():
         broken = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
         setattr(broken, field, bad)
         assert _run_native([broken, good], Machine(), [0.0, 0.0], [1.0, 1.0], 0.0) is None, field
+
+
+def test_no_ranks_and_programs_of_other_shapes_run_in_python():
+    from array import array
+
+    from pycoll.sim.engine import RECV, SEND, Compact, _run_native
+
+    assert run([], Machine()).time == 0.0 and _run_native([], Machine(), [], [], 0.0) is None
+    short = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
+    short.peers = array("i", [1])  # (one peer for two instructions)
+    wide = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
+    wide.peers = array("l", [1, 1])
+    good = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
+    for broken in (short, wide):
+        assert _run_native([broken, good], Machine(), [0.0, 0.0], [1.0, 1.0], 0.0) is None
