@@ -204,6 +204,39 @@ def test_kept_plans_span_at_most_max_plan_bytes(monkeypatch):
     assert all(h <= 1000 for h in held) and kept, kept
 
 
+@pytest.mark.usefixtures("no_agreement_check")
+def test_a_large_call_repeated_keeps_its_collective_outside_the_pool(monkeypatch):
+    """A collective holding more than the whole pool is kept alone, outside it, once its call
+    repeats (its scratch is not mapped and faulted in again on every call); a large call made once
+    is not kept, a large call of another shape replaces it, and closing releases it."""
+    import pycoll.planner as planner
+
+    monkeypatch.setattr(planner, "MAX_PLAN_BYTES", 1000)
+    teams = pycoll.local_teams(2)
+    p = teams[0].planner
+
+    def call(count):
+        reqs = [t.allreduce(np.ones(count), algorithm="rd") for t in teams]
+        task = reqs[0].task
+        out = pycoll.wait_all(reqs)
+        assert all((o == 2).all() for o in out)
+        return task
+
+    call(500)  # 4000 B, scratch 4000: more than the pool
+    assert p._large is None and p._plan_bytes == 0
+    first = call(500)
+    assert p._large is not None and p._large[1] is first and p._plan_bytes == 0
+    assert call(500) is first and p._large[1] is first  # reused: the same task and scratch
+    call(700)  # another large shape: the kept one goes, this one (made once) is not kept
+    assert p._large is None and first.scratch_bytes == 0
+    call(700)
+    assert p._large is not None
+    kept = p._large[1]
+    for t in teams:
+        t.close()
+    assert p._large is None and kept.scratch_bytes == 0
+
+
 def test_a_kept_collective_counts_only_what_it_holds(monkeypatch):
     """A kept collective that let go of its caller's buffers (they are of UNBIND_BYTES or more)
     holds only its scratch: a call whose buffers and scratch together exceed MAX_PLAN_BYTES, but
