@@ -100,8 +100,11 @@ def _addr(arr: np.ndarray) -> int:
 class Recorder:
     """The instructions of one rank, and where its buffers are."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, sizes_only: bool = False) -> None:
         self.rank = rank
+        #: Record each slice as ``("", 0, bytes)``, without finding its buffer (the simulator
+        #: reads only the sizes; a program recorded so names no buffers and cannot run).
+        self.sizes_only = sizes_only
         self.instrs: List[Instr] = []
         self.buffers: Dict[str, int] = {}
         self._ranges: List[Tuple[int, int, str, np.ndarray]] = []  # (start, end, name, the array: kept)
@@ -119,6 +122,8 @@ class Recorder:
     def slice_of(self, arr: np.ndarray) -> Slice:
         if arr.size and not arr.flags.c_contiguous:
             raise NotLowerable("a buffer that is not contiguous")
+        if self.sizes_only:
+            return ("", 0, arr.nbytes)
         start = _addr(arr)
         end = start + arr.nbytes
         for lo, hi, name, _ in self._ranges:
@@ -318,13 +323,14 @@ def lower_schedule(rec: Recorder, sched: Task, channel: Channel) -> None:
     walk(sched, [])
 
 
-def record(team: Any, call: Any, name: str, compute: bool = True) -> Program:
+def record(team: Any, call: Any, name: str, compute: bool = True, sizes_only: bool = False) -> Program:
     """The program of ``team``'s rank for ``call`` (a :class:`pycoll.collectives.Call`) with
     algorithm ``name``, not yet checked against the algorithm (see :func:`lower`). ``compute=False``
     skips the reductions and copies the algorithm makes through pycoll's kernels (only the steps
-    are wanted: the simulator's recording of thousands of ranks)."""
+    are wanted: the simulator's recording of thousands of ranks); ``sizes_only`` records each
+    slice's size alone (:attr:`Recorder.sizes_only`: what the simulator reads)."""
     call = _own_buffers(call)  # (the recording computes on what no message brought: not the caller's)
-    rec = Recorder(team.rank)
+    rec = Recorder(team.rank, sizes_only)
     rec.name(call.dst, "dst")
     if call.src is not call.dst:
         rec.name(call.src, "src")

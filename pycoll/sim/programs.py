@@ -97,7 +97,7 @@ def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "fl
     try:
         for team in teams:
             call = _call(team, coll, count, dt, op, root)
-            out.append(Compact.of(record(team, call, algorithm, compute=False)))
+            out.append(Compact.of(record(team, call, algorithm, compute=False, sizes_only=True)))
             if progress is not None:
                 progress(team.rank)
     finally:

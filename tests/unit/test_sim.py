@@ -166,3 +166,32 @@ def test_no_ranks_and_programs_of_other_shapes_run_in_python():
     good = Compact.build([SEND, RECV], [1, 1], [0, 0], [8, 8], [[], [0]])
     for broken in (short, wide):
         assert _run_native([broken, good], Machine(), [0.0, 0.0], [1.0, 1.0], 0.0) is None
+
+
+def test_recording_sizes_only_gives_the_same_compact_programs():
+    """The simulator records each slice's size alone (no buffer lookup): the same instructions,
+    peers, steps, sizes and dependencies as the full recording, for every algorithm it simulates."""
+    from pycoll.lower.record import record
+    from pycoll.sim.cli import ALL
+    from pycoll.sim.engine import Compact
+    from pycoll.sim.programs import COMPOSITES, SIMULATED, _call, elements
+    from pycoll.team import local_teams
+
+    fields = ("kinds", "peers", "steps", "nbytes", "ndeps", "first", "dependents")
+    for coll, algs in ALL.items():
+        if coll not in SIMULATED:
+            continue
+        for alg in algs:
+            if (coll, alg) in COMPOSITES:
+                continue
+            for n, nbytes in ((5, 4096), (8, 1 << 16)):
+                teams = local_teams(n)
+                try:
+                    for t in teams:
+                        call = _call(t, coll, elements(coll, nbytes, n, 4), "float32", "sum", 0)
+                        full = Compact.of(record(t, call, alg, compute=False))
+                        lean = Compact.of(record(t, call, alg, compute=False, sizes_only=True))
+                        assert all(getattr(full, f) == getattr(lean, f) for f in fields), (coll, alg, n)
+                finally:
+                    for t in teams:
+                        t.close()
