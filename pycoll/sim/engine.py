@@ -14,11 +14,14 @@ the next (a heap of completion times).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from pycoll.lower.program import Program
 from pycoll.sim.flows import Flows
@@ -30,6 +33,15 @@ SEND, RECV, REDUCE, COPY, AVG = range(5)
 _RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -3, -2, -1
 _KINDS = {"send": SEND, "recv": RECV, "reduce": REDUCE, "copy": COPY, "avg": AVG}
 _SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg": "buf"}
+
+
+def edges_csr(waited: np.ndarray, waiting: np.ndarray, n: int) -> Tuple[array, array]:
+    """``(first, dependents)`` of the edges ``waited[k] -> waiting[k]`` (instruction ``waiting[k]``
+    waits for ``waited[k]``) among ``n`` instructions: each one's dependents in increasing order."""
+    order = np.lexsort((waiting, waited))
+    first = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(waited, minlength=n), out=first[1:])
+    return array("i", first.tobytes()), array("i", waiting[order].astype(np.int32).tobytes())
 
 
 @dataclass
@@ -51,17 +63,12 @@ class Compact:
     def build(cls, kinds: List[int], peers: List[int], steps: List[int], nbytes: List[int],
               deps: List[List[int]]) -> Compact:
         """From per-instruction lists, ``deps[i]`` the instructions ``i`` waits for."""
-        after: List[List[int]] = [[] for _ in kinds]
-        for i, ds in enumerate(deps):
-            for d in ds:
-                after[d].append(i)
-        first = array("i", [0])
-        flat = array("i")
-        for a in after:
-            flat.extend(a)
-            first.append(len(flat))
+        n = len(kinds)
+        counts = [len(d) for d in deps]
+        waited = np.fromiter(itertools.chain.from_iterable(deps), np.int32, count=sum(counts))
+        waiting = np.repeat(np.arange(n, dtype=np.int32), counts)
         return cls(array("b", kinds), array("i", peers), array("i", steps), array("q", nbytes),
-                   array("i", [len(d) for d in deps]), first, flat)
+                   array("i", counts), *edges_csr(waited, waiting, n))
 
     @classmethod
     def of(cls, program: Program) -> Compact:

@@ -10,12 +10,13 @@ simulated yet: :class:`~pycoll.lower.record.NotLowerable` says why.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 
 from pycoll.lower.record import NotLowerable, record
-from pycoll.sim.engine import Compact
+from pycoll.sim.engine import Compact, edges_csr
 from pycoll.team import local_teams
 
 #: The collectives a simulation runs (the lowered ones of equal blocks: not yet the v-forms, scan).
@@ -74,12 +75,22 @@ def _call(team: Any, coll: str, count: int, dtype: Any, op: str, root: int) -> A
 def chain(a: Compact, b: Compact) -> Compact:
     """``a`` then ``b`` on one rank: ``b``'s first instructions wait for ``a``'s last; ``b``'s
     steps are numbered after ``a``'s (their messages never match each other's)."""
-    n = len(a.kinds)
+    n, m = len(a.kinds), len(b.kinds)
     offset = max(a.steps, default=-1) + 1
-    sinks = [i for i in range(n) if a.first[i] == a.first[i + 1]]
-    deps = a.deps() + [[n + d for d in ds] or sinks for ds in b.deps()]
-    return Compact.build(list(a.kinds) + list(b.kinds), list(a.peers) + list(b.peers),
-                         list(a.steps) + [s + offset for s in b.steps], list(a.nbytes) + list(b.nbytes), deps)
+    af, ad = np.frombuffer(a.first, np.int32), np.frombuffer(a.dependents, np.int32)
+    bf, bd = np.frombuffer(b.first, np.int32), np.frombuffer(b.dependents, np.int32)
+    sinks = np.flatnonzero(af[1:] == af[:-1]).astype(np.int32)  # (what nothing of a waits for)
+    b_ndeps = np.frombuffer(b.ndeps, np.int32).copy()
+    roots = np.flatnonzero(b_ndeps == 0).astype(np.int32)  # (what waits for nothing in b)
+    b_ndeps[roots] = len(sinks)
+    waited = np.concatenate([np.repeat(np.arange(n, dtype=np.int32), np.diff(af)),
+                             np.repeat(sinks, len(roots)),
+                             np.repeat(np.arange(m, dtype=np.int32), np.diff(bf)) + n])
+    waiting = np.concatenate([ad, np.tile(roots + n, len(sinks)), bd + n]).astype(np.int32)
+    first, dependents = edges_csr(waited, waiting, n + m)
+    steps = array("i", (np.frombuffer(b.steps, np.int32) + offset).astype(np.int32).tobytes())
+    return Compact(a.kinds + b.kinds, a.peers + b.peers, a.steps + steps, a.nbytes + b.nbytes,
+                   a.ndeps + array("i", b_ndeps.tobytes()), first, dependents)
 
 
 def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "float32", op: str = "sum",

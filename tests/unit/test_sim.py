@@ -195,3 +195,53 @@ def test_recording_sizes_only_gives_the_same_compact_programs():
                 finally:
                     for t in teams:
                         t.close()
+
+
+def test_compact_forms_and_chains_match_their_plain_definitions():
+    """Compact.build and chain (numpy) against the plain loops they replaced, on random DAGs and on
+    the programs the composites chain."""
+    import random
+
+    from pycoll.sim.engine import Compact
+    from pycoll.sim.programs import chain
+
+    def plain_build(deps):
+        after = [[] for _ in deps]
+        for i, ds in enumerate(deps):
+            for d in ds:
+                after[d].append(i)
+        first, flat = [0], []
+        for a in after:
+            flat.extend(a)
+            first.append(len(flat))
+        return first, flat
+
+    def plain_chain(a, b):
+        n = len(a.kinds)
+        offset = max(a.steps, default=-1) + 1
+        sinks = [i for i in range(n) if a.first[i] == a.first[i + 1]]
+        deps = a.deps() + [[n + d for d in ds] or sinks for ds in b.deps()]
+        steps = list(a.steps) + [s + offset for s in b.steps]
+        return Compact.build(list(a.kinds) + list(b.kinds), list(a.peers) + list(b.peers), steps,
+                             list(a.nbytes) + list(b.nbytes), deps)
+
+    rng = random.Random(7)
+    fields = ("kinds", "peers", "steps", "nbytes", "ndeps", "first", "dependents")
+    for _ in range(50):
+        made = []
+        for _ in range(2):
+            n = rng.randint(0, 12)
+            deps = [sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))) for i in range(n)]
+            kinds, peers = [rng.randint(0, 4) for _ in range(n)], [rng.randint(0, 3) for _ in range(n)]
+            steps, sizes = [rng.randint(0, 9) for _ in range(n)], [rng.randint(0, 99) for _ in range(n)]
+            c = Compact.build(kinds, peers, steps, sizes, deps)
+            first, flat = plain_build(deps)
+            assert list(c.first) == first and list(c.dependents) == flat and c.deps() == deps
+            made.append(c)
+        a, b = made
+        fast, slow = chain(a, b), plain_chain(a, b)
+        assert all(list(getattr(fast, f)) == list(getattr(slow, f)) for f in fields)
+    a, b = programs("reduce_scatter", "ring", 5, 5 * 1024), programs("allgather", "ring", 5, 5 * 1024)
+    for x, y in zip(a, b):
+        fast, slow = chain(x, y), plain_chain(x, y)
+        assert all(list(getattr(fast, f)) == list(getattr(slow, f)) for f in fields)
