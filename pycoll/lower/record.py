@@ -203,12 +203,15 @@ class _Observer:
         if self._mine() is None:
             return fn
         name = ("sum" if op is ReduceOp.AVG else op.name.lower())
+        dt = np.dtype(dtype)
+        kind = str(dt)  # (the kernel's dtype, its outputs': named once, not per call)
 
         def recorded(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             rec = self._mine()
             if rec is not None and out.size:
                 slices = {"a": rec.slice_of(a), "b": rec.slice_of(b), "out": rec.slice_of(out)}
-                rec.add(Instr("reduce", slices, op=name, dtype=str(out.dtype)), False)
+                named = kind if out.dtype is dt else str(out.dtype)
+                rec.add(Instr("reduce", slices, op=name, dtype=named), False)
                 if not self.compute:
                     return
             fn(a, b, out)
