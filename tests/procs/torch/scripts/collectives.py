@@ -425,6 +425,12 @@ def test_mismatch(r, n):
     else:
         raise AssertionError(f"rank {r}: all_reduce of ranks that disagree returned {t[:3]}")
     print(f"RANK {r} OK", flush=True)
+    # rank 0 hosts the store: it stays until every rank has raised (a rank still joining the group
+    # when the others have seen the mismatch would lose the store under it)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"mismatch-raised-{r}", "1")
+    if r == 0:
+        store.wait([f"mismatch-raised-{q}" for q in range(n)], datetime.timedelta(seconds=50))
     os._exit(0)  # the group's segment is unusable after a mismatch
 
 
