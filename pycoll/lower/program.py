@@ -48,7 +48,7 @@ class ProgramError(PycollError, ValueError):
     """A program that cannot run: malformed, out of bounds, cyclic, or (in a set) unmatched."""
 
 
-@dataclass
+@dataclass(slots=True)  # (thousands of ranks record millions of them: slots make each cheaper)
 class Instr:
     """One instruction (see the module doc); ``slices`` by field name."""
 
@@ -77,6 +77,24 @@ class Instr:
         return out
 
 
+#: The slice whose size is an instruction's bytes, as a simulation reads it.
+SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg": "buf"}
+
+
+@dataclass
+class Sizes:
+    """A program's instructions as a simulation reads them, in lists side by side: each one's kind,
+    peer (-1: a computation), step, bytes (of its :data:`SIZE_SLICE`) and the instructions it waits
+    for. What a recording of sizes alone gives (``Recorder.sizes_only``): no buffers, so it cannot
+    run, but a thousand ranks' programs are recorded without making millions of :class:`Instr`."""
+
+    kinds: List[str] = field(default_factory=list)
+    peers: List[int] = field(default_factory=list)
+    steps: List[int] = field(default_factory=list)
+    nbytes: List[int] = field(default_factory=list)
+    deps: List[List[int]] = field(default_factory=list)
+
+
 @dataclass
 class Program:
     """One rank's program for one call shape."""
@@ -96,6 +114,8 @@ class Program:
     #: (``rlayout``: alltoallv's receive buffer) the program was made for; None for the others.
     layout: Optional[List[Tuple[int, int]]] = None
     rlayout: Optional[List[Tuple[int, int]]] = None
+    #: A recording of sizes alone: its instructions are here, not in :attr:`instrs`.
+    sizes: Optional[Sizes] = None
 
     def to_json(self) -> Dict[str, Any]:
         d = {"format": FORMAT, "version": VERSION, "coll": self.coll, "algorithm": self.algorithm,

@@ -40,7 +40,7 @@ from pycoll import algorithms, ops
 from pycoll.algorithms.base import StepTask
 from pycoll.errors import PycollError
 from pycoll.events.manager import Event
-from pycoll.lower.program import MAX_STEP, Instr, Program, Slice
+from pycoll.lower.program import MAX_STEP, SIZE_SLICE, Instr, Program, Sizes, Slice
 from pycoll.ops import ReduceOp
 from pycoll.tasks import CopyTask, RecvTask, ReduceTask, Schedule, SendTask, Task
 from pycoll.tl.base import Channel, TransportRequest
@@ -90,6 +90,13 @@ except ImportError:  # pragma: no cover - the native module is built at install
     _ffi = None
 
 
+def _size_of(arr: np.ndarray) -> int:
+    """The bytes of ``arr``, a buffer an instruction names (contiguous, as a slice must be)."""
+    if arr.size and not arr.flags.c_contiguous:
+        raise NotLowerable("a buffer that is not contiguous")
+    return arr.nbytes
+
+
 def _addr(arr: np.ndarray) -> int:
     """Where ``arr``'s first element is in memory."""
     if _ffi is not None and arr.flags.c_contiguous:
@@ -102,9 +109,11 @@ class Recorder:
 
     def __init__(self, rank: int, sizes_only: bool = False) -> None:
         self.rank = rank
-        #: Record each slice as ``("", 0, bytes)``, without finding its buffer (the simulator
-        #: reads only the sizes; a program recorded so names no buffers and cannot run).
+        #: Record each instruction's kind, peer, step and size alone, into :attr:`sizes` (what the
+        #: simulator reads: no buffer is looked up, no :class:`Instr` made; a program recorded so
+        #: names no buffers and cannot run).
         self.sizes_only = sizes_only
+        self.sizes: Optional[Sizes] = Sizes() if sizes_only else None
         self.instrs: List[Instr] = []
         self.buffers: Dict[str, int] = {}
         self._ranges: List[Tuple[int, int, str, np.ndarray]] = []  # (start, end, name, the array: kept)
@@ -122,8 +131,6 @@ class Recorder:
     def slice_of(self, arr: np.ndarray) -> Slice:
         if arr.size and not arr.flags.c_contiguous:
             raise NotLowerable("a buffer that is not contiguous")
-        if self.sizes_only:
-            return ("", 0, arr.nbytes)
         start = _addr(arr)
         end = start + arr.nbytes
         for lo, hi, name, _ in self._ranges:
@@ -134,14 +141,60 @@ class Recorder:
         self.name(root, name)
         return (name, start - _addr(root), arr.nbytes)
 
+    def message(self, kind: str, buf: np.ndarray, peer: int, step: int) -> None:
+        """Record a send or receive (``kind``) of ``buf`` with ``peer`` on ``step``: a request,
+        which what follows the algorithm's next yield waits for."""
+        if self.sizes is None:
+            self.add(Instr(kind, {"buf": self.slice_of(buf)}, peer=peer, step=step), True)
+        else:
+            self._add_size(kind, peer, step, _size_of(buf), True)
+
+    def computation(self, kind: str, arrays: Dict[str, np.ndarray], **fields: Any) -> None:
+        """Record a computation (``reduce``, ``copy``, ``avg``) on ``arrays`` by slice name, with
+        the instruction's other ``fields`` (op, dtype, n)."""
+        if self.sizes is None:
+            self.add(Instr(kind, {name: self.slice_of(a) for name, a in arrays.items()}, **fields), False)
+        else:
+            nbytes = 0
+            for name, a in arrays.items():
+                size = _size_of(a)  # (every one checked, as the full recording does)
+                if name == SIZE_SLICE[kind]:
+                    nbytes = size
+            self._add_size(kind, -1, 0, nbytes, False)
+
     def add(self, ins: Instr, request: bool) -> int:
-        group, since = self._group, self._since
-        # (each list holds distinct numbers in order already: a union is needed only of both)
-        ins.deps = (sorted(set(group) | set(since)) if group and since else list(group or since))
+        """Add ``ins`` after what the algorithm did so far (see :meth:`waited`): its number."""
+        # (every number in the group is below every one since the yield, which came after them:
+        # both lists are in order, and so is the one after the other)
+        ins.deps = self._group + self._since
         n = len(self.instrs)
         self.instrs.append(ins)
         (self._pending if request else self._since).append(n)
         return n
+
+    def _add_size(self, kind: str, peer: int, step: int, nbytes: int, request: bool) -> None:
+        s = self.sizes
+        n = len(s.kinds)
+        s.kinds.append(kind)
+        s.peers.append(peer)
+        s.steps.append(step)
+        s.nbytes.append(nbytes)
+        s.deps.append(self._group + self._since)
+        (self._pending if request else self._since).append(n)
+
+    def append(self, ins: Instr) -> int:
+        """Add ``ins`` with the dependencies it has (a schedule's task, see :func:`lower_schedule`):
+        its number."""
+        s = self.sizes
+        if s is None:
+            self.instrs.append(ins)
+            return len(self.instrs) - 1
+        s.kinds.append(ins.kind)
+        s.peers.append(ins.peer)
+        s.steps.append(ins.step)
+        s.nbytes.append(ins.slices[SIZE_SLICE[ins.kind]][2])
+        s.deps.append(ins.deps)
+        return len(s.kinds) - 1
 
     def waited(self) -> None:
         """The algorithm yielded: what follows waits for the requests posted so far."""
@@ -175,11 +228,11 @@ class RecordingChannel(Channel):
         return req
 
     def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        self.rec.add(Instr("send", {"buf": self.rec.slice_of(buf)}, peer=peer, step=step), True)
+        self.rec.message("send", buf, peer, step)
         return self._req("send", peer, step, buf.nbytes)
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        self.rec.add(Instr("recv", {"buf": self.rec.slice_of(buf)}, peer=peer, step=step), True)
+        self.rec.message("recv", buf, peer, step)
         return self._req("recv", peer, step, buf.nbytes)
 
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
@@ -209,9 +262,8 @@ class _Observer:
         def recorded(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             rec = self._mine()
             if rec is not None and out.size:
-                slices = {"a": rec.slice_of(a), "b": rec.slice_of(b), "out": rec.slice_of(out)}
                 named = kind if out.dtype is dt else str(out.dtype)
-                rec.add(Instr("reduce", slices, op=name, dtype=named), False)
+                rec.computation("reduce", {"a": a, "b": b, "out": out}, op=name, dtype=named)
                 if not self.compute:
                     return
             fn(a, b, out)
@@ -225,7 +277,7 @@ class _Observer:
         if dst.size:
             if src.dtype != dst.dtype or src.shape != dst.shape:
                 raise NotLowerable("a copy between arrays of different shapes")
-            rec.add(Instr("copy", {"src": rec.slice_of(src), "dst": rec.slice_of(dst)}), False)
+            rec.computation("copy", {"src": src, "dst": dst})
         return self.compute
 
     def avg(self, buf: np.ndarray, n: int) -> bool:
@@ -233,7 +285,7 @@ class _Observer:
         rec = self._mine()
         if rec is None:
             return True
-        rec.add(Instr("avg", {"buf": rec.slice_of(buf)}, dtype=str(buf.dtype), n=n), False)
+        rec.computation("avg", {"buf": buf}, dtype=str(buf.dtype), n=n)
         return self.compute
 
 
@@ -284,8 +336,7 @@ def lower_schedule(rec: Recorder, sched: Task, channel: Channel) -> None:
 
     def emit(ins: Instr, deps: List[int]) -> List[int]:
         ins.deps = sorted(set(deps))
-        rec.instrs.append(ins)
-        return [len(rec.instrs) - 1]
+        return [rec.append(ins)]
 
     def leaf(t: Task, deps: List[int]) -> List[int]:
         kind = type(t)
@@ -364,4 +415,4 @@ def record(team: Any, call: Any, name: str, compute: bool = True, sizes_only: bo
     return Program(call.coll, name, team.rank, team.size, call.dst.size, str(call.dst.dtype),
                    call.op.name.lower(), call.root, call.src is call.dst, dict(rec.buffers), rec.instrs,
                    None if call.layout is None else list(call.layout),
-                   None if call.rlayout is None else list(call.rlayout))
+                   None if call.rlayout is None else list(call.rlayout), rec.sizes)

@@ -78,6 +78,9 @@ def add_parser(sub: Any) -> None:
                    help="write each row's simulated timeline (Perfetto/Chrome trace; several rows: "
                         "JSON_<algorithm>_<bytes>.json)")
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes that record the ranks' programs side by side, from 256 ranks (default: "
+                        "the cores this process may use; 1: this process alone)")
     p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
     p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
     p.add_argument("--repeats", type=int, default=5, help="calibrate: measurements (the median is kept)")
@@ -253,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
                     data = Payload(args.coll, alg, n, nominal, args.dtype)
                     progs = data.compacts
                 else:
-                    progs = rank_programs(args.coll, alg, n, nbytes, args.dtype)
+                    progs = rank_programs(args.coll, alg, n, nbytes, args.dtype, jobs=args.jobs)
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break

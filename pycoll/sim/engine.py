@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from pycoll.lower.program import Program
+from pycoll.lower.program import SIZE_SLICE, Program
 from pycoll.sim.flows import Flows
 from pycoll.sim.machine import Machine
 
@@ -32,7 +32,6 @@ SEND, RECV, REDUCE, COPY, AVG = range(5)
 #: rank, >= 0): rank ``i`` starts (seq ``i``: below every other's), flow ``i`` starts, or may end.
 _RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -3, -2, -1
 _KINDS = {"send": SEND, "recv": RECV, "reduce": REDUCE, "copy": COPY, "avg": AVG}
-_SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg": "buf"}
 
 
 def edges_csr(waited: np.ndarray, waiting: np.ndarray, n: int) -> Tuple[array, array]:
@@ -73,9 +72,12 @@ class Compact:
     @classmethod
     def of(cls, program: Program) -> Compact:
         """The compact form of ``program``."""
+        s = program.sizes
+        if s is not None:
+            return cls.build([_KINDS[k] for k in s.kinds], s.peers, s.steps, s.nbytes, s.deps)
         ins = program.instrs
         return cls.build([_KINDS[x.kind] for x in ins], [x.peer for x in ins], [x.step for x in ins],
-                         [x.slices[_SIZE_SLICE[x.kind]][2] for x in ins], [x.deps for x in ins])
+                         [x.slices[SIZE_SLICE[x.kind]][2] for x in ins], [x.deps for x in ins])
 
     def deps(self) -> List[List[int]]:
         """What each instruction waits for (lists)."""

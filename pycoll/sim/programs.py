@@ -10,6 +10,9 @@ simulated yet: :class:`~pycoll.lower.record.NotLowerable` says why.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
 from array import array
 from typing import Any, Callable, List, Optional
 
@@ -93,20 +96,68 @@ def chain(a: Compact, b: Compact) -> Compact:
                    a.ndeps + array("i", b_ndeps.tobytes()), first, dependents)
 
 
+#: The fewest ranks whose programs are recorded by several processes (below, one process is quicker).
+PARALLEL_FROM = 256
+
+
+def default_jobs() -> int:
+    """The processes that record programs side by side: the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - (not Linux)
+        return os.cpu_count() or 1
+
+
 def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "float32", op: str = "sum",
-             root: int = 0, progress: Optional[Callable[[int], None]] = None) -> List[Compact]:
+             root: int = 0, progress: Optional[Callable[[int], None]] = None,
+             jobs: Optional[int] = None) -> List[Compact]:
     """Every rank's program of ``coll`` by ``algorithm`` on ``size`` ranks for a call of ``nbytes``
-    (see the module doc), rank 0 first, in the simulator's compact form."""
+    (see the module doc), rank 0 first, in the simulator's compact form. From
+    :data:`PARALLEL_FROM` ranks, ``jobs`` processes (default: :func:`default_jobs`) record them side
+    by side, each its own share of the ranks (the same programs: only the wall time changes; not
+    from a process that runs threads);
+    ``progress(rank)`` is called as each rank's program is in."""
+    jobs = default_jobs() if jobs is None else jobs
+    # (fork: the workers start at once, with pycoll imported; not from a process with threads,
+    # which a fork copies in whatever state they are)
+    if (jobs <= 1 or size < PARALLEL_FROM or "fork" not in multiprocessing.get_all_start_methods()
+            or threading.active_count() > 1):
+        return _record_ranks(coll, algorithm, size, nbytes, dtype, op, root, 0, size, progress)
+    # a share of the ranks per process, in order (each process makes the in-process team anew)
+    cuts = [size * k // jobs for k in range(jobs + 1)]
+    out: List[Compact] = []
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        shares = [(coll, algorithm, size, nbytes, dtype, op, root, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+        for lo, part in zip(cuts, pool.imap(_record_share, shares)):
+            out += part
+            if progress is not None:
+                for rank in range(lo, lo + len(part)):
+                    progress(rank)
+    return out
+
+
+def _record_share(share: tuple) -> List[Compact]:
+    """The programs of ranks ``lo``-``hi`` (a worker's share: see :func:`programs`)."""
+    return _record_ranks(*share)
+
+
+def _record_ranks(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any, op: str, root: int,
+                  lo: int, hi: int, progress: Optional[Callable[[int], None]] = None) -> List[Compact]:
+    """The compact programs of ranks ``lo`` to ``hi - 1`` (of ``size``), recorded in this process."""
     parts = COMPOSITES.get((coll, algorithm))
     if parts is not None:
-        first, second = (programs(c, a, size, nbytes, dtype, op, root, progress) for c, a in parts)
-        return [chain(x, y) for x, y in zip(first, second)]
+        first, second = (_record_ranks(c, a, size, nbytes, dtype, op, root, lo, hi) for c, a in parts)
+        out = [chain(x, y) for x, y in zip(first, second)]
+        if progress is not None:
+            for rank in range(lo, hi):
+                progress(rank)
+        return out
     dt = np.dtype(dtype)
     count = elements(coll, nbytes, size, dt.itemsize)
     teams = local_teams(size)
-    out: List[Compact] = []
+    out = []
     try:
-        for team in teams:
+        for team in teams[lo:hi]:
             call = _call(team, coll, count, dt, op, root)
             out.append(Compact.of(record(team, call, algorithm, compute=False, sizes_only=True)))
             if progress is not None:

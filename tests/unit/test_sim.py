@@ -245,3 +245,37 @@ def test_compact_forms_and_chains_match_their_plain_definitions():
     for x, y in zip(a, b):
         fast, slow = chain(x, y), plain_chain(x, y)
         assert all(list(getattr(fast, f)) == list(getattr(slow, f)) for f in fields)
+
+
+def test_programs_recorded_by_several_processes_are_the_same(monkeypatch):
+    """From PARALLEL_FROM ranks the programs are recorded by processes side by side: the same
+    programs, in rank order, with every rank's progress told once, whatever the number of jobs."""
+    import multiprocessing
+    import sys
+
+    from pycoll.sim.programs import PARALLEL_FROM, programs
+
+    module = sys.modules["pycoll.sim.programs"]  # (pycoll.sim.programs is also the function's name)
+
+    pools = []
+    real = multiprocessing.get_context
+
+    def counted(method=None):
+        pools.append(method)
+        return real(method)
+
+    monkeypatch.setattr(module.multiprocessing, "get_context", counted)
+    monkeypatch.setattr(module.threading, "active_count", lambda: 1)  # (pytest may run threads)
+
+    fields = ("kinds", "peers", "steps", "nbytes", "ndeps", "first", "dependents")
+    n = PARALLEL_FROM
+    cases = (("allreduce", "rd", 4096), ("allreduce", "ring", 1 << 16), ("bcast", "knomial", 64))
+    for coll, alg, nbytes in cases:
+        alone = programs(coll, alg, n, nbytes, jobs=1)
+        told: list = []
+        shared = programs(coll, alg, n, nbytes, progress=told.append, jobs=3)
+        assert sorted(told) == list(range(n)), (coll, alg)
+        assert len(alone) == len(shared) == n
+        for a, b in zip(alone, shared):
+            assert all(getattr(a, f) == getattr(b, f) for f in fields), (coll, alg)
+    assert pools == ["fork"] * len(cases)  # (one pool per recording with jobs: not the one alone)
