@@ -85,7 +85,7 @@ SIZE_SLICE = {"send": "buf", "recv": "buf", "reduce": "out", "copy": "dst", "avg
 class Sizes:
     """A program's instructions as a simulation reads them, in lists side by side: each one's kind,
     peer (-1: a computation), step, bytes (of its :data:`SIZE_SLICE`) and the instructions it waits
-    for. What a recording of sizes alone gives (``Recorder.sizes_only``): no buffers, so it cannot
+    for. What a recording of sizes alone gives (``record(..., sizes_only=True)``): no buffers, so it cannot
     run, but a thousand ranks' programs are recorded without making millions of :class:`Instr`."""
 
     kinds: List[str] = field(default_factory=list)

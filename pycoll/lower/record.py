@@ -109,10 +109,9 @@ class Recorder:
 
     def __init__(self, rank: int, sizes_only: bool = False) -> None:
         self.rank = rank
-        #: Record each instruction's kind, peer, step and size alone, into :attr:`sizes` (what the
-        #: simulator reads: no buffer is looked up, no :class:`Instr` made; a program recorded so
-        #: names no buffers and cannot run).
-        self.sizes_only = sizes_only
+        #: ``sizes_only``: each instruction's kind, peer, step and size alone are recorded, here
+        #: (what the simulator reads: no buffer is looked up, no :class:`Instr` made; a program
+        #: recorded so names no buffers and cannot run); else None and :attr:`instrs` hold them.
         self.sizes: Optional[Sizes] = Sizes() if sizes_only else None
         self.instrs: List[Instr] = []
         self.buffers: Dict[str, int] = {}
@@ -382,7 +381,8 @@ def record(team: Any, call: Any, name: str, compute: bool = True, sizes_only: bo
     algorithm ``name``, not yet checked against the algorithm (see :func:`lower`). ``compute=False``
     skips the reductions and copies the algorithm makes through pycoll's kernels (only the steps
     are wanted: the simulator's recording of thousands of ranks); ``sizes_only`` records each
-    slice's size alone (:attr:`Recorder.sizes_only`: what the simulator reads)."""
+    instruction's size alone (:attr:`Recorder.sizes`, the program's ``sizes``: what the simulator
+    reads)."""
     call = _own_buffers(call)  # (the recording computes on what no message brought: not the caller's)
     rec = Recorder(team.rank, sizes_only)
     rec.name(call.dst, "dst")

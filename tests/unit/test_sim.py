@@ -195,6 +195,17 @@ def test_recording_sizes_only_gives_the_same_compact_programs():
                 finally:
                     for t in teams:
                         t.close()
+    # a schedule of primitive tasks (the ring allreduce's lowered form) is recorded task by task
+    teams = local_teams(5)
+    try:
+        for t in teams:
+            call = _call(t, "allreduce", 3000, "float32", "sum", 0)
+            full = Compact.of(record(t, call, "ring", compute=False))
+            lean = Compact.of(record(t, call, "ring", compute=False, sizes_only=True))
+            assert len(full.kinds) >= 20 and all(getattr(full, f) == getattr(lean, f) for f in fields)
+    finally:
+        for t in teams:
+            t.close()
 
 
 def test_compact_forms_and_chains_match_their_plain_definitions():
