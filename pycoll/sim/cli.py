@@ -80,7 +80,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stats", action="store_true", help="events processed and their rate, per row")
     p.add_argument("--jobs", type=int, default=None,
                    help="processes that record the ranks' programs side by side, from 256 ranks (default: "
-                        "the cores this process may use; 1: this process alone)")
+                        "the cores this process may use, at most 8; 1: this process alone)")
     p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
     p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
     p.add_argument("--repeats", type=int, default=5, help="calibrate: measurements (the median is kept)")
@@ -222,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
     if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow) + list(fail)):
         print("pycoll sim: -n must be at least 1, and --late/--slow/--kill ranks (--kill-node nodes) "
               "within it", file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print("pycoll sim: --jobs must be at least 1", file=sys.stderr)
         return 2
     if m.nics < 1 or m.nodes_per_leaf < 0 or m.oversubscription <= 0:
         print("pycoll sim: --nics must be at least 1, --nodes-per-leaf at least 0 and --oversubscription "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from array import array
 from typing import Any, Callable, List, Optional
@@ -98,14 +99,21 @@ def chain(a: Compact, b: Compact) -> Compact:
 
 #: The fewest ranks whose programs are recorded by several processes (below, one process is quicker).
 PARALLEL_FROM = 256
+#: The fewest ranks a recording process takes (fewer ranks: fewer processes).
+SHARE_MIN = 64
+#: The most recording processes by default: each holds an in-process team of all the ranks (0.14 GB
+#: at 65,536) beside its share of the programs.
+MAX_DEFAULT_JOBS = 8
 
 
 def default_jobs() -> int:
-    """The processes that record programs side by side: the cores this process may run on."""
+    """The processes that record programs side by side by default: the cores this process may
+    run on, at most :data:`MAX_DEFAULT_JOBS`."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - (not Linux)
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return min(cores, MAX_DEFAULT_JOBS)
 
 
 def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "float32", op: str = "sum",
@@ -113,32 +121,77 @@ def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "fl
              jobs: Optional[int] = None) -> List[Compact]:
     """Every rank's program of ``coll`` by ``algorithm`` on ``size`` ranks for a call of ``nbytes``
     (see the module doc), rank 0 first, in the simulator's compact form. From
-    :data:`PARALLEL_FROM` ranks, ``jobs`` processes (default: :func:`default_jobs`) record them side
-    by side, each its own share of the ranks (the same programs: only the wall time changes; not
-    from a process that runs threads);
-    ``progress(rank)`` is called as each rank's program is in."""
+    :data:`PARALLEL_FROM` ranks, up to ``jobs`` processes (default: :func:`default_jobs`; each
+    takes :data:`SHARE_MIN` ranks or more) record them side by side, each its own share of the
+    ranks: the same programs, only sooner (:func:`may_fork` says where they cannot).
+    ``progress(rank)`` is called for each rank once its program is in (a share at a time)."""
     jobs = default_jobs() if jobs is None else jobs
-    # (fork: the workers start at once, with pycoll imported; not from a process with threads,
-    # which a fork copies in whatever state they are)
-    if (jobs <= 1 or size < PARALLEL_FROM or "fork" not in multiprocessing.get_all_start_methods()
-            or threading.active_count() > 1):
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    jobs = min(jobs, size // SHARE_MIN)
+    if jobs <= 1 or size < PARALLEL_FROM or not may_fork():
         return _record_ranks(coll, algorithm, size, nbytes, dtype, op, root, 0, size, progress)
-    # a share of the ranks per process, in order (each process makes the in-process team anew)
     cuts = [size * k // jobs for k in range(jobs + 1)]
-    out: List[Compact] = []
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        shares = [(coll, algorithm, size, nbytes, dtype, op, root, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
-        for lo, part in zip(cuts, pool.imap(_record_share, shares)):
-            out += part
+    shares = [(coll, algorithm, size, nbytes, dtype, op, root, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+    return _record_in_processes(shares, progress)
+
+
+def may_fork() -> bool:
+    """Whether programs may be recorded in child processes here: the platform forks, no other
+    thread runs (a fork copies them in whatever state they are in) and this process is not a
+    daemonic worker of ``multiprocessing`` (which may start none)."""
+    return ("fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+            and not multiprocessing.current_process().daemon)
+
+
+def _record_in_processes(shares: List[tuple], progress: Optional[Callable[[int], None]]) -> List[Compact]:
+    """The programs of every share (``_record_ranks``' arguments but progress), each recorded by a
+    forked process of its own that sends them back through a pipe, in order. A process that fails
+    sends its exception, raised here; one that ends without sending raises RuntimeError; whatever
+    interrupts this (Ctrl-C: the processes ignore it) ends the processes still running."""
+    fork = multiprocessing.get_context("fork")
+    workers = []
+    try:
+        for share in shares:
+            receive, send = fork.Pipe(duplex=False)
+            worker = fork.Process(target=_record_share, args=(send, share), daemon=True)
+            worker.start()
+            send.close()  # (the child's end alone stays open: its exit ends the pipe)
+            workers.append((worker, receive, share))
+        out: List[Compact] = []
+        for worker, receive, share in workers:
+            lo, hi = share[-2:]
+            try:
+                ok, got = receive.recv()
+            except EOFError:
+                worker.join()
+                raise RuntimeError(f"pycoll.sim: the process recording ranks {lo}-{hi - 1} ended "
+                                   f"(exit code {worker.exitcode}) without their programs") from None
+            if not ok:
+                raise got
+            out += got
             if progress is not None:
-                for rank in range(lo, lo + len(part)):
+                for rank in range(lo, hi):
                     progress(rank)
-    return out
+        return out
+    finally:
+        for worker, receive, _ in workers:
+            if worker.is_alive():
+                worker.terminate()
+            worker.join()
+            receive.close()
 
 
-def _record_share(share: tuple) -> List[Compact]:
-    """The programs of ranks ``lo``-``hi`` (a worker's share: see :func:`programs`)."""
-    return _record_ranks(*share)
+def _record_share(send: Any, share: tuple) -> None:
+    """A recording process: the programs of its share of the ranks (or the exception that stopped
+    it) into ``send``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C: the parent ends its processes)
+    try:
+        result: tuple = (True, _record_ranks(*share))
+    except Exception as exc:  # (sent to the parent, which raises it)
+        result = (False, exc)
+    send.send(result)
+    send.close()
 
 
 def _record_ranks(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any, op: str, root: int,

@@ -189,7 +189,10 @@ def test_recording_sizes_only_gives_the_same_compact_programs():
                 try:
                     for t in teams:
                         call = _call(t, coll, elements(coll, nbytes, n, 4), "float32", "sum", 0)
-                        full = Compact.of(record(t, call, alg, compute=False))
+                        program = record(t, call, alg, compute=False)
+                        # (each instruction's dependencies in order, none twice: Recorder.add's)
+                        assert all(i.deps == sorted(set(i.deps)) for i in program.instrs), (coll, alg, n)
+                        full = Compact.of(program)
                         lean = Compact.of(record(t, call, alg, compute=False, sizes_only=True))
                         assert all(getattr(full, f) == getattr(lean, f) for f in fields), (coll, alg, n)
                 finally:
@@ -258,35 +261,68 @@ def test_compact_forms_and_chains_match_their_plain_definitions():
         assert all(list(getattr(fast, f)) == list(getattr(slow, f)) for f in fields)
 
 
-def test_programs_recorded_by_several_processes_are_the_same(monkeypatch):
+#: Run in a process of its own (test_programs_recorded_by_several_processes_are_the_same): forking
+#: from pytest, whose other tests may leave threads running, is what the recording refuses to do.
+_PARALLEL = """
+import os, sys
+from pycoll.lower.record import NotLowerable
+from pycoll.sim.programs import PARALLEL_FROM, programs
+module = sys.modules["pycoll.sim.programs"]
+forked = []
+real = module._record_in_processes
+module._record_in_processes = lambda shares, progress: forked.append(len(shares)) or real(shares, progress)
+fields = ("kinds", "peers", "steps", "nbytes", "ndeps", "first", "dependents")
+n = PARALLEL_FROM
+cases = (("allreduce", "rd", 4096), ("allreduce", "ring", 1 << 16), ("bcast", "knomial", 64))
+for coll, alg, nbytes in cases:
+    alone = programs(coll, alg, n, nbytes, jobs=1)
+    told = []
+    shared = programs(coll, alg, n, nbytes, progress=told.append, jobs=3)
+    assert sorted(told) == list(range(n)), (coll, alg)
+    assert len(alone) == len(shared) == n
+    for a, b in zip(alone, shared):
+        assert all(getattr(a, f) == getattr(b, f) for f in fields), (coll, alg)
+assert forked == [3, 3, 3], forked  # (jobs=1 records here; jobs=3 in three processes)
+try:  # a worker's error reaches the caller
+    programs("allreduce", "shm", n, 1 << 20, jobs=2)
+    raise SystemExit("no NotLowerable")
+except NotLowerable as exc:
+    assert "cannot be built on an in-process team" in str(exc), exc
+module._record_ranks = lambda *share, **kw: os._exit(3)  # (a worker that dies: an error, not a wait)
+try:
+    programs("allreduce", "rd", n, 8, jobs=2)
+    raise SystemExit("no RuntimeError")
+except RuntimeError as exc:
+    assert "ranks 0-127 ended (exit code 3)" in str(exc), exc
+print("OK")
+"""
+
+
+def test_programs_recorded_by_several_processes_are_the_same():
     """From PARALLEL_FROM ranks the programs are recorded by processes side by side: the same
-    programs, in rank order, with every rank's progress told once, whatever the number of jobs."""
-    import multiprocessing
+    programs, in rank order, with every rank's progress told once; a worker's error is raised in
+    the caller, and a worker that dies is an error, not a wait."""
+    import subprocess
     import sys
 
-    from pycoll.sim.programs import PARALLEL_FROM, programs
+    done = subprocess.run([sys.executable, "-c", _PARALLEL], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr
 
-    module = sys.modules["pycoll.sim.programs"]  # (pycoll.sim.programs is also the function's name)
 
-    pools = []
-    real = multiprocessing.get_context
+def test_a_recording_of_sizes_refuses_what_the_full_one_refuses():
+    """A buffer that is not contiguous cannot be an instruction's slice, however it is recorded;
+    jobs below 1 are refused."""
+    import numpy as np
 
-    def counted(method=None):
-        pools.append(method)
-        return real(method)
+    from pycoll.lower.record import NotLowerable, Recorder
 
-    monkeypatch.setattr(module.multiprocessing, "get_context", counted)
-    monkeypatch.setattr(module.threading, "active_count", lambda: 1)  # (pytest may run threads)
-
-    fields = ("kinds", "peers", "steps", "nbytes", "ndeps", "first", "dependents")
-    n = PARALLEL_FROM
-    cases = (("allreduce", "rd", 4096), ("allreduce", "ring", 1 << 16), ("bcast", "knomial", 64))
-    for coll, alg, nbytes in cases:
-        alone = programs(coll, alg, n, nbytes, jobs=1)
-        told: list = []
-        shared = programs(coll, alg, n, nbytes, progress=told.append, jobs=3)
-        assert sorted(told) == list(range(n)), (coll, alg)
-        assert len(alone) == len(shared) == n
-        for a, b in zip(alone, shared):
-            assert all(getattr(a, f) == getattr(b, f) for f in fields), (coll, alg)
-    assert pools == ["fork"] * len(cases)  # (one pool per recording with jobs: not the one alone)
+    strided = np.zeros(16, np.float32)[::2]
+    for sizes_only in (False, True):
+        rec = Recorder(0, sizes_only)
+        rec.name(np.zeros(16, np.float32), "dst")
+        with pytest.raises(NotLowerable, match="not contiguous"):
+            rec.message("send", strided, 1, 0)
+        with pytest.raises(NotLowerable, match="not contiguous"):
+            rec.computation("copy", {"src": strided, "dst": strided})
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        programs("allreduce", "rd", 4, 8, jobs=0)
