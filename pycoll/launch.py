@@ -1,7 +1,8 @@
 """Launching ranks with the mpiexec that the ``mpich`` wheel installs next to Python, and ending
 them cleanly: on a timeout or Ctrl-C the ranks are interrupted, given a moment, then killed, and
-the shared-memory files MPICH left in ``/dev/shm`` are removed (pycoll's own segments are memfds,
-which never appear there)."""
+the shared-memory files MPICH left in ``/dev/shm`` (and the topology file its launcher's proxy
+keeps in the temporary directory) are removed (pycoll's own segments are memfds, which never
+appear there)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import List, Optional, Set
@@ -130,6 +132,9 @@ def _terminated(signum: int, frame: object) -> None:
 #: themselves after SIGINT (their ``finally`` blocks and atexit handlers run) before SIGKILL.
 MPICH_SHM = "/dev/shm/mpich_shm_*"
 GRACE_S = 2.0
+#: The machine's topology that MPICH's launcher (Hydra's proxy) writes for ranks that start MPI and
+#: removes when it ends itself: left behind where it is killed.
+HYDRA_TOPOLOGY = os.path.join(tempfile.gettempdir(), "hydra_hwloc_xmlfile_")
 #: The environment variable that marks a job's processes (mpiexec starts its proxies and ranks in
 #: sessions of their own: the launcher's process group does not hold them).
 JOB_VAR = "PYCOLL_JOB"
@@ -190,10 +195,11 @@ def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> Set[str
 
 
 def mpich_files() -> Set[str]:
-    """MPICH's shared-memory files in /dev/shm that belong to this user."""
+    """MPICH's shared-memory files in /dev/shm, and its launcher's topology files, that belong to
+    this user."""
     uid = os.getuid()
     found = set()
-    for path in glob.glob(MPICH_SHM):
+    for path in glob.glob(MPICH_SHM) + glob.glob(HYDRA_TOPOLOGY + "*"):
         try:
             if os.stat(path).st_uid == uid:
                 found.add(path)
@@ -203,7 +209,8 @@ def mpich_files() -> Set[str]:
 
 
 def shm_used_by(pids: Optional[List[int]] = None) -> Set[str]:
-    """The /dev/shm files the processes ``pids`` (None: every process) map or hold open."""
+    """The /dev/shm files (and MPICH's launcher's topology files) the processes ``pids`` (None:
+    every process) map or hold open."""
     if pids is None:
         procs = [entry.split("/")[2] for entry in glob.glob("/proc/[0-9]*")]
     else:
@@ -223,15 +230,15 @@ def shm_used_by(pids: Optional[List[int]] = None) -> Set[str]:
                 target = os.readlink(fd)
             except OSError:
                 continue
-            if target.startswith("/dev/shm/"):
+            if target.startswith("/dev/shm/") or target.startswith(HYDRA_TOPOLOGY):
                 used.add(target)
     return used
 
 
 def remove_left_behind(before: Set[str], used: Set[str]) -> List[str]:
-    """Remove the MPICH shared-memory files of an ended job: those its processes ``used`` (read
-    before they were ended), that appeared since ``before`` and that no live process uses any
-    more (another job's files are never among them); returns their paths."""
+    """Remove the MPICH shared-memory (and topology) files of an ended job: those its processes
+    ``used`` (read before they were ended), that appeared since ``before`` and that no live process
+    uses any more (another job's files are never among them); returns their paths."""
     new = (mpich_files() - before) & used
     if not new:
         return []

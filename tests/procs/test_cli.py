@@ -1,5 +1,6 @@
 """The command line: info, run and perf (launching real ranks)."""
 
+import glob
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from pycoll.launch import HYDRA_TOPOLOGY
 from tests import launch
 from tests.launch import ROOT, child_env, launched, shm_entries
 
@@ -133,6 +135,7 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
         time.sleep(120)
     """))
     before = set(shm_entries("mpich"))
+    topology = set(glob.glob(HYDRA_TOPOLOGY + "*"))  # (the launcher's, held by its proxy)
     with launched(f"pycoll run ({how})") as tag:
         argv = [sys.executable, "-m", "pycoll.cli", "run", "-n", "2",
                 "--timeout", "4" if how == "timeout" else "100", "--", sys.executable, str(script)]
@@ -157,3 +160,4 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
         left = [p for p in launch.tagged(tag[launch.LAUNCH_VAR]) if p != os.getpid()]
         assert not left, f"processes of the job left running: {left}"
         assert set(shm_entries("mpich")) <= before, "MPICH's shared memory left in /dev/shm"
+        assert set(glob.glob(HYDRA_TOPOLOGY + "*")) <= topology, "Hydra's topology file left"
