@@ -18,11 +18,12 @@ def test_hierarchical_mpiexec(mode, rpn, quick, mpirun):
 
 @pytest.mark.parametrize("mode,rpn,ucx_tls", [("mpi", "4", None), ("store", "3", None)])
 def test_hierarchical_ucx(mode, rpn, ucx_tls, mpirun):
-    """Every team on UCX, the node level on each node's shared segment. (UCX forced onto TCP,
+    """Every team on UCX, the node level on each node's shared segment, the level between nodes
+    as native programs for untagged collectives (in Python for tagged ones). (UCX forced onto TCP,
     UCX_TLS=tcp, took 25 s of the suite here: tests/procs/test_multihost.py runs UCX over TCP
     between two network namespaces.)"""
     need_ucx()
-    env = {"PYCOLL_RANKS_PER_NODE": rpn, "PYCOLL_TLS": "ucx,shm"}
+    env = {"PYCOLL_RANKS_PER_NODE": rpn, "PYCOLL_TLS": "ucx,shm", "EXPECT_NATIVE_LEVELS": "1"}
     if ucx_tls:
         env["UCX_TLS"] = ucx_tls
     mpirun(8, "tests/procs/scripts/hierarchical.py", mode, "quick", timeout=150, env=env)

@@ -114,9 +114,39 @@ def check_tagged_orders(team):
         assert (bufs[name] == want).all(), (name, bufs[name][:4], want)
 
 
+def level_tasks(task):
+    """Every task of a (hierarchical) schedule, its sub-schedules' too."""
+    for t in getattr(task, "tasks", ()):
+        yield t
+        yield from level_tasks(t)
+
+
+def check_native_levels(team):
+    """Over UCX the untagged collectives of the level between nodes run as native programs: the
+    rail allreduce of split_rail (its sub-team records the program once per shape; with uneven
+    nodes the local ranks past the smallest node's size sit out the rails); a tagged collective's
+    levels are tagged and run in Python. Both give numpy's answer."""
+    from pycoll.tl.ucx.executor import UCXProgramTask
+
+    on_rail = team.levels.node.rank < min(team.topology.ppn) and team.levels.rail.size > 1
+
+    for tag in (None, "native-levels"):
+        for _ in range(2):
+            x = np.arange(6000, dtype=np.float32) + team.rank
+            out = np.empty_like(x)
+            req = team.allreduce(x, out, algorithm="split_rail", tag=tag, fragment_bytes=8192)
+            req.wait()
+            kinds = {type(t).__name__ for t in level_tasks(req.task)}  # (built once its check is done)
+            want = np.arange(6000, dtype=np.float32) * team.size + sum(range(team.size))
+            assert np.array_equal(out, want), tag
+            assert (UCXProgramTask.__name__ in kinds) == (tag is None and on_rail), (tag, on_rail, kinds)
+
+
 def main(mode, quick):
     team = make_team(mode)
     check_topology(team)
+    if os.environ.get("EXPECT_NATIVE_LEVELS"):
+        check_native_levels(team)
     dtypes = ("float32", "int64", "bfloat16") if quick else ALL_DTYPES
     sizes = (0, 4099) if quick else (1, 4099)
     for alg in ("rab", "split_rail"):
