@@ -18,6 +18,7 @@ conftest.py hands these out as fixtures (``mpirun``, ``torchrun``, ``hosts``, ``
 from __future__ import annotations
 
 import contextlib
+import glob
 import itertools
 import os
 import re
@@ -58,6 +59,14 @@ def shm_entries(word: str = "pycoll") -> List[str]:
         return sorted(e for e in os.listdir("/dev/shm") if word in e.lower())
     except FileNotFoundError:
         return []
+
+
+def _topology_files() -> set:
+    """MPICH's launcher's topology files (``pycoll.launch.HYDRA_TOPOLOGY``): an mpiexec whose job
+    aborted (MPI_Abort) or was killed leaves its own behind."""
+    from pycoll.launch import HYDRA_TOPOLOGY
+
+    return set(glob.glob(HYDRA_TOPOLOGY + "*"))
 
 
 def _mapped(names: set) -> set:
@@ -105,11 +114,14 @@ def kill_tagged(tag: str, wait: float = 5.0) -> None:
 def launched(what: str) -> Iterator[Dict[str, str]]:
     """Around a launch: yields ``{LAUNCH_VAR: tag}`` for the children's environment. Afterwards
     every process carrying the tag is killed, /dev/shm pycoll entries that appeared are removed and
-    fail the test, and MPICH segments a killed or aborted job left (new, mapped by no process) are
-    removed."""
+    fail the test, and MPICH segments and launcher topology files a killed or aborted job left
+    (new, held by no process) are removed."""
+    from pycoll.launch import shm_used_by
+
     tag = f"{os.getpid()}.{next(_launches)}"
     before = set(shm_entries())
     mpich_before = set(shm_entries("mpich_shm"))
+    topology_before = _topology_files()
     try:
         yield {LAUNCH_VAR: tag}
     finally:  # even when the launch failed; leftovers are reported only when it did not
@@ -120,6 +132,10 @@ def launched(what: str) -> Iterator[Dict[str, str]]:
         for name in [*left, *stale]:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join("/dev/shm", name))
+        topology = _topology_files() - topology_before
+        for path in topology - shm_used_by() if topology else ():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     if left:
         pytest.fail(f"{what} left /dev/shm entries behind (now removed): {left}")
 
