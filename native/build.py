@@ -60,19 +60,12 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                         uint32_t slot);
 
-typedef struct {
-    double alpha, per_byte, node_alpha, node_per_byte, overhead, reduce_bw, copy_bw, rendezvous;
-    int64_t rendezvous_bytes;
-    int32_t ppn;
-} pc_sim_machine_t;
-int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const int32_t *peers,
-                   const int32_t *steps, const int64_t *nbytes, const int32_t *ndeps, const int64_t *foff,
-                   const int32_t *first, const int64_t *doff, const int32_t *dependents,
-                   const pc_sim_machine_t *m, const double *starts, const double *factor, double *finish,
-                   int64_t *left, int64_t *stats);
 """
 
 ffibuilder = FFI()
+with open(os.path.join(HERE, "sim.h")) as _header:  # the simulator's records, shared with sim.c
+    CDEF += "".join(line for line in _header if not line.startswith("#"))
+
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "pycoll._native",

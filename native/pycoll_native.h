@@ -235,19 +235,6 @@ int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
 int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64_t n);
 
 /* ------------------------------------------------------------------ the simulator's event loop */
-/* The machine of pycoll.sim.engine.run's common case (sim.c): per-byte costs as the Python loop
- * computes them (1 / bandwidth), bandwidths of reductions and copies (inf: free). */
-typedef struct {
-    double alpha, per_byte, node_alpha, node_per_byte, overhead, reduce_bw, copy_bw, rendezvous;
-    int64_t rendezvous_bytes;
-    int32_t ppn;
-} pc_sim_machine_t;
-/* Simulate n ranks' programs (flat arrays: see sim.c); finish[r], left[r] (instructions never run)
- * and stats (events, messages, bytes sent) out. PC_OK, PC_EINVAL or PC_ENOMEM. */
-int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const int32_t *peers,
-                   const int32_t *steps, const int64_t *nbytes, const int32_t *ndeps, const int64_t *foff,
-                   const int32_t *first, const int64_t *doff, const int32_t *dependents,
-                   const pc_sim_machine_t *m, const double *starts, const double *factor, double *finish,
-                   int64_t *left, int64_t *stats);
+#include "sim.h"
 
 #endif
