@@ -172,13 +172,7 @@ class Planner:
         lock.acquire()  # (not ``with``: this is the hot path of every collective)
         try:
             shape = self.shape(call, tag, algorithm, options)
-            pool = self._plans.get(shape)
-            task = None
-            if pool:
-                task = pool.pop()
-                self._plan_bytes -= held_bytes(task)
-            elif self._large is not None and self._large[0] == shape:
-                task, self._large = self._large[1], None
+            task = self._kept(shape)
             if task is not None:
                 key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
                 task.rebind(call.src, call.dst, key)
@@ -311,13 +305,7 @@ class Planner:
         name = shape[1]
         if options and algorithm is None:  # options go to the algorithms that declare them
             options = dict(shape[-1])
-        pool = self._plans.get(shape) if reuse else None
-        task = None
-        if pool:  # a finished collective of this shape: reuse its schedule and scratch
-            task = pool.pop()
-            self._plan_bytes -= held_bytes(task)
-        elif reuse and self._large is not None and self._large[0] == shape:
-            task, self._large = self._large[1], None
+        task = self._kept(shape) if reuse else None  # (its schedule and scratch, reused)
         if task is not None:
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
             task.rebind(src, dst, key)
@@ -560,6 +548,19 @@ class Planner:
                 task.unbind()
         else:
             task.finalize()
+
+    def _kept(self, shape: tuple) -> Optional[Task]:
+        """A finished collective of ``shape`` taken out of the pool (or the large one kept outside
+        it, see :meth:`_keep_large`) to be rebound, or None."""
+        pool = self._plans.get(shape)
+        if pool:
+            task = pool.pop()
+            self._plan_bytes -= held_bytes(task)
+            return task
+        if self._large is not None and self._large[0] == shape:
+            task, self._large = self._large[1], None
+            return task
+        return None
 
     def _keep_large(self, task: Task, shape: tuple) -> None:
         """A finished collective that holds more than the whole pool may: kept alone, outside the
