@@ -57,20 +57,25 @@ int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_
 int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                     uint64_t *out);
+int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
+                        uint32_t slot, int64_t pid, void *to, uint64_t addr, uint64_t nbytes);
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                         uint32_t slot);
 
 """
 
 ffibuilder = FFI()
-with open(os.path.join(HERE, "sim.h")) as _header:  # the simulator's records, shared with sim.c
-    CDEF += "".join(line for line in _header if not line.startswith("#"))
+# the simulator's records (shared with sim.c), the shared-memory program executor's (exec_shm.c)
+for _name in ("sim.h", "exec.h", "exec_shm.h"):
+    with open(os.path.join(HERE, _name)) as _header:
+        CDEF += "".join(line for line in _header if not line.startswith("#"))
 
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "pycoll._native",
     '#include "pycoll_native.h"',
-    sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd()) for f in ("reduce.c", "shm.c", "sim.c")],
+    sources=[os.path.relpath(os.path.join(HERE, f), os.getcwd())
+             for f in ("reduce.c", "shm.c", "sim.c", "exec_shm.c")],
     include_dirs=[os.path.relpath(HERE, os.getcwd())],
     # (no fused multiply-adds: the simulator's C loop must round as Python does, on every CPU)
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function", "-ffp-contract=off"],

@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "exec_agree.h"
 #include "exec_ucx.h"
 
 static char *pc_exec_at(pc_exec_t *e, const pc_instr_t *in, int k)
@@ -26,22 +27,6 @@ static int pc_exec_fail(pc_exec_t *e, int i, int status)
     e->failed = i;
     e->status = status;
     return PC_EXEC_FAILED;
-}
-
-/* Whether the n fingerprints (rows of PC_FP_WORDS) gathered in recs agree: the first PC_FP_FLOWS
- * words the same in every row, and the sums (mod 2**64) of the two flows columns equal (see
- * pycoll.agreement.disagreement, which then says how they differ). */
-static int pc_exec_agree(const uint64_t *recs, int n)
-{
-    uint64_t sent = 0, received = 0;
-    for (int r = 0; r < n; r++) {
-        const uint64_t *row = recs + (size_t)r * PC_FP_WORDS;
-        if (r && memcmp(row, recs, PC_FP_FLOWS * sizeof(uint64_t)) != 0)
-            return 0;
-        sent += row[PC_FP_FLOWS];
-        received += row[PC_FP_FLOWS + 1];
-    }
-    return sent == received;
 }
 
 /* Start (or reset for a new call) with base tag base: nothing posted, nothing done. */

@@ -35,9 +35,19 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 7
+#define PC_SHM_VERSION 8
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
+
+/* A spinning wait's pause between polls: a hyperthread sibling (or the vCPU beside it) keeps the
+ * core's resources for its work. */
+static inline void pc_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 typedef struct {
     uint64_t magic;
@@ -61,6 +71,8 @@ typedef struct {
     uint64_t khash, step, nbytes, addr, seq;
     uint64_t pad[2];
 } pc_desc_t;
+/* a payload of at most this many bytes is in the descriptor, from addr on (over seq and pad) */
+#define PC_DESC_INLINE 32
 
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                     uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
@@ -69,6 +81,10 @@ int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_
 int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                     uint64_t *out); /* copies khash, step, nbytes, addr, seq of a POSTED descriptor */
+int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                        int64_t pid, void *to, uint64_t addr, uint64_t nbytes);
+    /* copies the payload of a POSTED descriptor of nbytes into to (from the descriptor, or out of
+     * process pid's memory at addr); nbytes, or a PC_E* code (PC_ECMA: errno says why) */
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
 #define PC_CTRL_BYTES 576
@@ -236,5 +252,8 @@ int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64
 
 /* ------------------------------------------------------------------ the simulator's event loop */
 #include "sim.h"
+
+/* ------------------------------------------------------------------ programs over shared memory */
+#include "exec_shm.h"
 
 #endif

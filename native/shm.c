@@ -101,14 +101,6 @@ uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which) {
     return atomic_load_explicit((_Atomic uint64_t *)p, memory_order_acquire);
 }
 
-static inline void relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 static uint32_t *low_word(uint64_t *flag) {
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     return (uint32_t *)flag + 1;
@@ -181,7 +173,7 @@ static int pause_poll(pc_shm_coll_t *c, uint64_t *polls, uint64_t max_polls) {
     if (c->yield_every && *polls % c->yield_every == 0)
         sched_yield();
     else
-        relax();
+        pc_relax();
     return 1;
 }
 
@@ -1467,8 +1459,12 @@ int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
     d->khash = khash;
     d->step = step;
     d->nbytes = nbytes;
-    d->addr = addr;
-    d->seq = seq;
+    if (nbytes <= PC_DESC_INLINE) { /* the payload in the descriptor: its reader makes no system call */
+        memcpy(&d->addr, (const void *)(uintptr_t)addr, nbytes);
+    } else {
+        d->addr = addr;
+        d->seq = seq;
+    }
     atomic_store_explicit((_Atomic uint64_t *)&d->state, PC_DESC_POSTED, memory_order_release);
     return 1;
 }
@@ -1503,6 +1499,26 @@ int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
     out[3] = d->addr;
     out[4] = d->seq;
     return 1;
+}
+
+int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
+                        int64_t pid, void *to, uint64_t addr, uint64_t nbytes) {
+    int rc;
+    pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
+    if (!d) return rc;
+    if (atomic_load_explicit((_Atomic uint64_t *)&d->state, memory_order_acquire) != PC_DESC_POSTED ||
+        d->nbytes != nbytes)
+        return PC_ESTATE;
+    if (nbytes <= PC_DESC_INLINE) {
+        memcpy(to, &d->addr, nbytes);
+        return (int64_t)nbytes;
+    }
+    int64_t got = pycoll_cma_read(pid, to, addr, nbytes);
+    if (got < 0) {
+        errno = (int)-got;
+        return PC_ECMA;
+    }
+    return got;
 }
 
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot) {

@@ -62,8 +62,9 @@ unsigned pc_ucx_progress(ucp_worker_h worker, int max);
 int pc_ucx_print_info(ucp_context_h ctx, ucp_worker_h worker, const char *path);
 
 """
-with open(os.path.join(HERE, "exec_ucx.h")) as _header:  # the executor's records, shared with exec_ucx.c
-    CDEF += "".join(line for line in _header if not line.startswith("#"))
+for _name in ("exec.h", "exec_ucx.h"):  # the executor's records, shared with exec_ucx.c
+    with open(os.path.join(HERE, _name)) as _header:
+        CDEF += "".join(line for line in _header if not line.startswith("#"))
 CDEF += """
 void pc_exec_start(pc_exec_t *e, uint64_t base);
 void pc_exec_did(pc_exec_t *e, int i);

@@ -55,14 +55,35 @@ _HASHES: Dict[Any, int] = {}
 _HASHES_KEPT = 4096
 
 
+#: The key hash of an untagged collective ``("c", seq)`` is this bit with ``seq`` below it (its
+#: agreement exchange's, ``("c", seq, "agree")``, has :data:`AGREE_HASH` too): computed without
+#: hashing, the same in native code (the program executor over shared memory takes it as a
+#: number). Every other key's hash has both bits clear.
+UNTAGGED_HASH = 1 << 63
+AGREE_HASH = 1 << 62
+_SEQ_BITS = AGREE_HASH - 1
+
+
+def untagged_hash(seq: int, agree: bool = False) -> int:
+    """The key hash of untagged collective number ``seq`` (of its agreement exchange if ``agree``)."""
+    return UNTAGGED_HASH | (AGREE_HASH if agree else 0) | (seq & _SEQ_BITS)
+
+
 def key_hash(prefix: Hashable) -> int:
     """A 64-bit hash of a message key (prefix), equal on every rank: computed from its ``repr``,
-    so user tags must be built from strings, numbers and tuples."""
+    so user tags must be built from strings, numbers and tuples; an untagged collective's is
+    :func:`untagged_hash` of its number."""
+    if type(prefix) is tuple and len(prefix) in (2, 3) and prefix[0] == "c" and type(prefix[1]) is int:
+        if len(prefix) == 2:
+            return UNTAGGED_HASH | (prefix[1] & _SEQ_BITS)
+        if prefix[2] == "agree":
+            return UNTAGGED_HASH | AGREE_HASH | (prefix[1] & _SEQ_BITS)
     h = _HASHES.get(prefix)
     if h is None:
         if len(_HASHES) >= _HASHES_KEPT:
             _HASHES.clear()
-        h = int.from_bytes(hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest(), "little")
+        digest = hashlib.blake2b(repr(prefix).encode(), digest_size=8).digest()
+        h = int.from_bytes(digest, "little") & _SEQ_BITS
         _HASHES[prefix] = h
     return h
 

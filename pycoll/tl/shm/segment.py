@@ -115,6 +115,13 @@ def _zombie(pid: int) -> bool:
     return end >= 0 and stat[end + 2:end + 3] in (b"Z", b"X")
 
 
+def cause_order(left: int) -> int:
+    """Where a peer that left in way ``left`` (LEFT_*, 0: its process died) comes among the causes
+    of a failure: one that died or raised first, then one that failed (maybe because of it), then
+    one that exited or closed its team (maybe after failing)."""
+    return 0 if left in (0, LEFT_RAISED) else 1 if left in (LEFT_FAILED, LEFT_REVOKED) else 2
+
+
 class ShmSegment:
     """rank ``rank`` of ``size``'s mapping of the team's segment.
 
@@ -431,8 +438,7 @@ class ShmSegment:
                 continue  # it did its part of what this rank waits for
             # a rank that died or raised comes first, then one that failed (maybe because of it),
             # then one that exited or closed its team (maybe after failing)
-            lost.append((0 if left in (0, LEFT_RAISED) else 1 if left in (LEFT_FAILED, LEFT_REVOKED) else 2,
-                         r, pid, how, left))
+            lost.append((cause_order(left), r, pid, how, left))
         if not lost:
             return
         lost.sort()

@@ -13,6 +13,13 @@ address is a ``TransportError``, not a crash. Teams whose kernel forbids CMA bet
 keep their network transport for point-to-point (the segment collectives copy through the segment
 and work anyway).
 
+Lowered programs run natively on this path (:mod:`pycoll.tl.shm.executor`, ``native/exec_shm.c``):
+the executor posts and reads descriptors on the same rings, through the cursors this transport
+keeps in C arrays. Each side takes the heads of a ring that are its own: the executor those of
+the collectives it runs (their key hashes are registered while they run), this transport every
+other (see :meth:`ShmTransport._read`); a message of a program that arrived before the program
+started is handed to it when it starts.
+
 Traffic (``transport.traffic``): a send counts in :meth:`ShmTransport.isend` (even while it waits
 for a free descriptor), a receive when its payload has been copied: in :meth:`ShmTransport._read`,
 or in ``irecv`` for a message copied before it was posted. The segment collectives (allreduce_shm
@@ -25,17 +32,21 @@ import mmap
 import os
 import time
 from collections import defaultdict, deque
-from typing import Callable, Dict, Hashable, List, Tuple
+from errno import ESRCH
+from typing import Any, Callable, Dict, Hashable, List, Optional, Set, Tuple
 
 import numpy as np
 
-from pycoll.errors import TransportError
+from pycoll.errors import PeerLostError, TransportError
 from pycoll.native import address, ffi, lib
 from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
-from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment
+from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment, cause_order
 
 RING = 64  # PC_RING
 POSTED, CONSUMED = 1, 2
+ECMA = -6  # (PC_ECMA: reading a peer's memory failed; errno says why)
+#: How long a failed read of a peer's memory waits for the peer to show as gone (see read_error).
+LEAVING_S = 0.5
 MAX_MESSAGE = 1 << 40
 
 
@@ -113,17 +124,24 @@ class ShmTransport(Transport):
         self.ffi, self.lib, self.seg = ffi, lib, seg
         self.rank, self.size = seg.rank, seg.size
         self._base, self._mapped = seg.base, seg.total
-        self._send_slot = [0] * self.size
+        # the rings' cursors, shared with the program executor (native/exec_shm.c)
+        self._send_slot = ffi.new("uint32_t[]", self.size)
         self._outstanding: List[deque] = [deque() for _ in range(self.size)]  # posted, not consumed
         self._queued: List[deque] = [deque() for _ in range(self.size)]  # waiting for a free slot
-        self._recv_slot = [0] * self.size
+        self._recv_slot = ffi.new("uint32_t[]", self.size)
+        self._errflags = ffi.new("int32_t[]", self.size)  # nonzero: that peer is lost (for the executor)
+        self._pids = ffi.new("int64_t[]", list(seg.pids))
+        self._native: Dict[int, Any] = {}  # key hash -> the native program task running that collective
+        self._held: List[Tuple[Any, Callable[[], bool]]] = []  # given-up programs peers may still read
         self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         self._desc = ffi.new("uint64_t[5]")
         self._seq = 0
         self._busy_since = 0.0
         self._dead: Dict[int, TransportError] = {}
-        limit_sends(self)
+        self._vanished: Set[int] = set()  # peers whose memory could not be read: no such process
+        self._programs: Dict[int, Any] = {}  # id(program) -> (program, its NativeProgram)
+        self.limited = limit_sends(self) is not None
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
@@ -187,7 +205,10 @@ class ShmTransport(Transport):
                 if rc < 0:
                     self._lose(src, TransportError(f"shm: bad descriptor from rank {src} (error {rc})"))
                 return moved
-            khash, step, nbytes, addr = int(out[0]), int(out[1]), int(out[2]), int(out[3])
+            khash = int(out[0])
+            if khash in self._native:
+                return moved  # (a message of a program running natively: the executor takes it)
+            step, nbytes, addr = int(out[1]), int(out[2]), int(out[3])
             k = (src, khash, step)
             queue = self._posted.get(k)
             recv = queue.popleft() if queue else None
@@ -203,10 +224,13 @@ class ShmTransport(Transport):
             target = recv.buf if recv is not None else np.empty(nbytes, np.uint8)
             if nbytes:
                 local = self.ffi.from_buffer(target)
-                got = lib.pycoll_cma_read(self.seg.pids[src], local, addr, nbytes)
+                got = lib.pycoll_p2p_read(self._base, self._mapped, self.size, src, self.rank, slot,
+                                          self.seg.pids[src], local, addr, nbytes)
                 if got != nbytes:
-                    self._lose(src, TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory "
-                                                   f"(error {-got})"))
+                    err = self.read_error(src, nbytes, self.ffi.errno if got == ECMA else 0, got)
+                    if recv is not None:  # (taken off the posted ones already: fail it too)
+                        recv.error = err
+                    self._lose(src, err)
                     return moved
             lib.pycoll_p2p_consumed(self._base, self._mapped, self.size, src, self.rank, slot)
             self._recv_slot[src] = (slot + 1) % RING
@@ -243,7 +267,9 @@ class ShmTransport(Transport):
                 queued.popleft()
             moved += self._read(peer)
             busy = busy or bool(outstanding or queued)
-        if busy or self._posted:
+        if self._held:
+            self._held = [h for h in self._held if not h[1]()]
+        if busy or self._posted or self._native:
             now = time.monotonic()
             if not self._busy_since:
                 self._busy_since = now
@@ -254,19 +280,46 @@ class ShmTransport(Transport):
             self._busy_since = 0.0
         return moved
 
+    def read_error(self, src: int, nbytes: int, errno: int, code: int = ECMA) -> TransportError:
+        """The error of a failed read of ``nbytes`` from rank ``src``'s memory (``errno`` of a
+        failed process_vm_readv, else the segment's error ``code``): a PeerLostError naming every
+        peer that left if ``src`` left, or does within ``LEAVING_S``."""
+        if errno == ESRCH:  # (its memory is gone: it is exiting, before /proc says so)
+            self._vanished.add(src)
+        # A live peer keeps what it posted until it is read: memory that cannot be read is a peer
+        # on its way out (a failed rank exiting frees its buffers), which /proc shows a moment later.
+        until = time.monotonic() + LEAVING_S
+        while not (src in self._dead or src in self._vanished or self.seg.whereabouts(src)[1] is not None):
+            if time.monotonic() > until:
+                why = os.strerror(errno) if errno else f"segment error {code}"
+                return TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory ({why})")
+            time.sleep(0.005)
+        self._check_liveness()  # (it left: lose it, and every other peer that did, naming them all)
+        return self._dead[src]
+
     def _check_liveness(self) -> None:
+        """Lose every peer that left: its process is gone or a zombie, or it said it left (see
+        :meth:`ShmSegment.whereabouts`). Each one's error names them all, the first cause first
+        (:func:`cause_order`: a rank that exited may have done so after failing on one that died)."""
+        lost = []
         for r, pid in enumerate(self.seg.pids):
-            if r != self.rank and r not in self._dead:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    self._lose(r, TransportError(f"shm: rank {r} (pid {pid}) has died"))
-                except PermissionError:
-                    pass
+            if r != self.rank:
+                left, how = (0, "has died") if r in self._vanished else self.seg.whereabouts(r)
+                if how is not None:
+                    lost.append((cause_order(left), r, pid, how))
+        if all(r in self._dead for _, r, _, _ in lost):
+            return
+        lost.sort()
+        text = "; ".join(f"rank {r} (pid {pid}) {how}" for _, r, pid, how in lost)
+        _, first, pid, how = lost[0]
+        for _, r, _, _ in lost:
+            if r not in self._dead:
+                self._lose(r, PeerLostError(f"shm: {text}", rank=first, pid=pid, how=how))
 
     def _lose(self, peer: int, err: TransportError) -> None:
         """Fail every operation with ``peer``; later ones fail at once."""
         self._dead[peer] = err
+        self._errflags[peer] = 1
         for req in list(self._outstanding[peer]) + list(self._queued[peer]):
             req.error = err
         self._outstanding[peer].clear()
@@ -283,3 +336,66 @@ class ShmTransport(Transport):
 
     def poll_unexpected(self) -> None:
         self.progress()
+
+    # ------------------------------------------------------------------ native programs
+    def native(self) -> Tuple[Any, Any]:
+        """pycoll._native's cffi ``(ffi, lib)`` (the program executor is in it)."""
+        return self.ffi, self.lib
+
+    def bind_executor(self, e: Any) -> None:
+        """Point the executor state ``e`` (``pc_sx_t``) at this transport's segment, rings' cursors
+        and lost peers."""
+        e.base, e.mapped = self.ffi.cast("void *", self._base), self._mapped
+        e.pids, e.errflags = self._pids, self._errflags
+        e.send_slot, e.recv_slot = self._send_slot, self._recv_slot
+
+    def native_started(self, task: Any, keys: Tuple[int, int]) -> None:
+        """Native program ``task`` started on collective key hashes ``keys`` (the collective's and
+        its agreement exchange's): until :meth:`native_ended`, :meth:`_read` leaves their messages
+        to its executor. Messages of them this transport already took are handed to it
+        (``task.early(src, key hash, step, payload)``)."""
+        for khash in keys:
+            self._native[khash] = task
+        if self._stash:
+            for k in [k for k in self._stash if k[1] in keys]:
+                src, khash, step = k
+                for data in self._stash.pop(k):
+                    self.unexpected_taken(khash)
+                    task.early(src, khash, step, data)
+
+    def native_ended(self, keys: Tuple[int, int]) -> None:
+        """The native program running on key hashes ``keys`` ended, failed or was cancelled."""
+        for khash in keys:
+            self._native.pop(khash, None)
+
+    def has_stash(self) -> bool:
+        """Whether messages that arrived before their receives wait here."""
+        return bool(self._stash)
+
+    def keep_until_done(self, owner: Any, done: Callable[[], bool]) -> None:
+        """Keep ``owner`` (and so the buffers its posted descriptors name) until ``done()``, asked as
+        the transport progresses."""
+        self._held.append((owner, done))
+
+    def lost(self, peer: int) -> Optional[TransportError]:
+        """The error that lost ``peer`` (None while it is not lost)."""
+        return self._dead.get(peer)
+
+    def program_task(self, args: Any, program: Any, credit_bytes: int, check: Optional[tuple] = None) -> Any:
+        """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.shm.executor`), or
+        None where it must run in Python: under a credit limit (``credit_bytes``), a bandwidth
+        limit, or for a tagged key. ``check``: the agreement check the program runs first
+        (:class:`pycoll.tl.program_task.Check`)."""
+        if credit_bytes or self.limited or args.channel.key[0] not in ("c", "unkeyed"):
+            return None
+        from pycoll.tl.shm.executor import Check, NativeProgram, ShmProgramTask  # noqa: PLC0415
+
+        if check is not None:  # (its fingerprint is its call's: one table per task)
+            return ShmProgramTask(args, NativeProgram(self, program, Check(*check)))
+        entry = self._programs.get(id(program))
+        if entry is None or entry[0] is not program:
+            if len(self._programs) >= 64:
+                self._programs.clear()
+            entry = self._programs[id(program)] = (program, NativeProgram(self, program))
+        return ShmProgramTask(args, entry[1])
+

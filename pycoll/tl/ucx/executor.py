@@ -1,12 +1,11 @@
 """Lowered programs run by native code over UCX: no Python per step.
 
-:class:`NativeProgram` turns a :class:`pycoll.lower.Program` into the C executor's instruction
-table once (``native/exec_ucx.c``); :class:`UCXProgramTask` runs it for one call as one engine
-task: ``post`` points the executor at the call's buffers and the collective's wire tag, and each
-``progress`` (the engine's poll) lets the C code progress the UCP worker, test what is posted and
-start what may start, in the program's order. Reductions run in pycoll's native kernels, copies
-are ``memmove``; an AVG division comes back to Python (numpy's rounding rules). A failed request,
-or a peer whose endpoint failed, raises a TransportError naming the instruction and the peer.
+:class:`UCXProgramTask` is :class:`pycoll.tl.program_task.NativeProgramTask` over UCX's executor
+(``native/exec_ucx.c``): sends and receives are UCP tag messages on the collective's wire tag
+(``base | sender << 32 | step``), receives posted into their slice; each ``progress`` (the
+engine's poll) lets the C code progress the UCP worker, test what is posted and start what may
+start, in the program's order. A failed request, or a peer whose endpoint failed, raises a
+TransportError naming the instruction and the peer.
 
 Only untagged collectives (``("c", seq)``, whose wire tags are exact) on an engine without a
 credit limit run here: under a credit limit the transport takes early messages into its own stash
@@ -16,269 +15,47 @@ Python (:class:`pycoll.lower.execute.ProgramTask`).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any
 
-import numpy as np
+from pycoll.errors import PeerLostError, PycollError, TransportError
+from pycoll.tl.program_task import Check, NativeProgram, NativeProgramTask
 
-from pycoll.buffers import scratch_array
-from pycoll.dtypes import DTYPE_CODES
-from pycoll.errors import MismatchError, PeerLostError, PycollError, TransportError
-from pycoll.lower.execute import call_bytes
-from pycoll.lower.program import SLICES, Instr, Program, ProgramError
-from pycoll.ops import OP_CODES, ReduceOp, finish_avg
-from pycoll.tasks.task import IN_PROGRESS, Task
-
-_KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4, "check": 5}
-_SLICES = {**SLICES, "check": ("buf",)}  # (a check: the fingerprints gathered, one row per rank)
-_AGREE_FLAG = 1  # (PC_F_AGREE)
-_MISMATCH = 1  # (PC_ST_MISMATCH)
-#: The longest an express run polls before handing its task to the engine (nanoseconds): the
-#: engine's own spin (``PYCOLL_SPIN_US``); halved while peers keep this rank waiting, down to
-#: ``1/MIN_FRACTION`` of it, doubled again when they do not.
-MIN_FRACTION = 4
-#: Where a host's ranks outnumber its cores: poll up to this long, yielding the core every
-#: ``OVERSUBSCRIBED_YIELD`` polls (4 ranks on 2 cores, 8 B allreduce: 27-31 us a call spinning,
-#: 12.5-14.4 us so; MPI 12.4-13.4 us).
-OVERSUBSCRIBED_NS = 100_000
-OVERSUBSCRIBED_YIELD = 4
-_U8 = np.uint8
+__all__ = ["Check", "NativeProgram", "UCXProgramTask"]
 
 
-def _reduce_kernel(ffi: Any) -> Any:
-    """pycoll._native's ``pycoll_reduce`` as a function pointer of this module's ffi."""
-    from pycoll import _native  # noqa: PLC0415 - built at install
-
-    nffi, nlib = _native.ffi, _native.lib
-
-    address = int(nffi.cast("uintptr_t", nffi.addressof(nlib, "pycoll_reduce")))
-    return ffi.cast("pc_reduce_fn", address)
-
-
-class Check(NamedTuple):
-    """The agreement check a native program runs first (see :func:`checked_instrs`): the program
-    of the exchange of fingerprints (an allgather of ``WORDS`` uint64 per rank), this rank's
-    fingerprint, and ``explain(recs)``, the error text of fingerprints (one row per rank) that
-    disagree."""
-
-    exchange: Program
-    mine: np.ndarray
-    explain: Callable[[np.ndarray], str]
-
-
-def checked_instrs(check: Check, program: Program) -> Tuple[List[Instr], Dict[str, int], List[int]]:
-    """``(instructions, buffers, flags)`` of ``program`` preceded by its agreement check: the
-    exchange's instructions on buffers of their own (``agree_mine``, ``agree_recs``, ``agree_...``
-    for its scratch) flagged to travel on the check's tags, then a ``check`` that compares what
-    they gathered, then the collective's instructions, the first ones waiting for the check (as
-    the Python check, :class:`pycoll.agreement.CheckedCall`, starts the collective only then)."""
-    rename = {"src": "agree_mine", "dst": "agree_recs"}
-    ex = check.exchange
-    if "src" not in ex.buffers:
-        raise ProgramError("an agreement check's exchange must read the fingerprint from a buffer of its own")
-    instrs: List[Instr] = []
-    for ins in ex.instrs:
-        slices = {k: (rename.get(b, f"agree_{b}"), off, n) for k, (b, off, n) in ins.slices.items()}
-        instrs.append(replace(ins, slices=slices, deps=list(ins.deps)))
-    buffers = {rename.get(b, f"agree_{b}"): n for b, n in ex.buffers.items()}
-    buffers["agree_recs"] = ex.buffers["dst"]
-    at = len(instrs)
-    instrs.append(Instr("check", {"buf": ("agree_recs", 0, ex.buffers["dst"])}, list(range(at))))
-    flags = [_AGREE_FLAG] * at + [0]
-    for ins in program.instrs:
-        deps = [d + at + 1 for d in ins.deps] or [at]
-        instrs.append(replace(ins, deps=deps))
-        flags.append(0)
-    buffers.update(program.buffers)
-    return instrs, buffers, flags
-
-
-class NativeProgram:
-    """``program`` as the executor's instruction table (built once per program and transport),
-    behind its agreement check if ``check`` is given."""
-
-    def __init__(self, transport: Any, program: Program, check: Optional[Check] = None) -> None:
-        ffi, lib = transport.native()
-        self.transport, self.program, self.ffi, self.lib = transport, program, ffi, lib
-        self.check = check
-        if check is None:
-            instrs, buffers, flags = program.instrs, program.buffers, [0] * len(program.instrs)
-        else:
-            instrs, buffers, flags = checked_instrs(check, program)
-        self.instrs = instrs
-        names = ["src", "dst"] + [b for b in buffers if b not in ("src", "dst")]
-        index = {name: i for i, name in enumerate(names)}
-        self.names, self.sizes = names, buffers
-        n = len(instrs)
-        self.ins = ffi.new("pc_instr_t[]", max(n, 1))
-        deps: List[int] = []
-        for i, ins in enumerate(instrs):
-            c = self.ins[i]
-            c.kind = _KINDS[ins.kind]
-            c.peer, c.step, c.flags = ins.peer, ins.step, flags[i]
-            c.ndeps, c.dep0 = len(ins.deps), len(deps)
-            deps.extend(ins.deps)
-            for k, field in enumerate(_SLICES[ins.kind]):  # (the order the C code reads them in)
-                buf, off, nbytes = ins.slices[field]
-                c.buf[k], c.off[k], c.len[k] = index[buf], off, nbytes
-            if ins.kind == "reduce":
-                dt = np.dtype(ins.dtype)
-                c.op, c.dtype = OP_CODES[ReduceOp[ins.op.upper()]], DTYPE_CODES[dt]
-                c.count = ins.slices["out"][2] // dt.itemsize
-        self.deps = ffi.new("int32_t[]", deps or [0])
-        #: What a call moves, per peer: [sent, received, messages sent, messages received].
-        self.traffic: Dict[int, List[int]] = {}
-        for ins in instrs:
-            if ins.kind in ("send", "recv"):
-                c = self.traffic.setdefault(ins.peer, [0, 0, 0, 0])
-                k = 0 if ins.kind == "send" else 1
-                c[k] += ins.slices["buf"][2]
-                c[k + 2] += 1
-        self.reduce = _reduce_kernel(ffi)
-        self.avg = {i: (ins.slices["buf"], np.dtype(ins.dtype), ins.n)
-                    for i, ins in enumerate(instrs) if ins.kind == "avg"}
-
-
-class UCXProgramTask(Task):
+class UCXProgramTask(NativeProgramTask):
     """One call of a prepared program on ``args`` (a CollArgs on a UCX team)."""
 
-    def __init__(self, args: Any, prepared: NativeProgram) -> None:
-        super().__init__(f"{args.coll}:{prepared.program.algorithm or 'program'}@{args.rank}[native]",
-                         nbytes=args.nbytes)
-        program = prepared.program
-        if program.rank != args.rank or program.size != args.size:
-            raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
-                               f"{args.rank} of {args.size}")
-        self.args, self.prepared = args, prepared
-        ffi, t = prepared.ffi, prepared.transport
+    STATE = "pc_exec_t"
+
+    def _setup(self, e: Any) -> None:
+        prepared, t = self.prepared, self.prepared.transport
         n = len(prepared.instrs)
-        self.scratch: Dict[str, np.ndarray] = {name: scratch_array(prepared.sizes[name], _U8)
-                                               for name in prepared.names[2:]}
-        if prepared.check is not None:  # (this rank's fingerprint: the same for every call of the shape)
-            self.scratch["agree_mine"][:] = prepared.check.mine.view(_U8)
-        self.scratch_bytes = sum(b.nbytes for b in self.scratch.values())
-        e = self.e = ffi.new("pc_exec_t *")
-        self._reqs = ffi.new("void *[]", max(n, 1))
-        self._state = ffi.new("uint8_t[]", max(n, 1))
-        self._bufs = ffi.new("char *[]", len(prepared.names))
-        for i, name in enumerate(prepared.names[2:], 2):
-            self._bufs[i] = ffi.cast("char *", ffi.from_buffer(self.scratch[name]))
+        self._reqs = prepared.ffi.new("void *[]", max(n, 1))
         e.worker, e.eps, e.errflags, e.reduce = t.worker, t.endpoints(), t.error_flags(), prepared.reduce
-        e.rank, e.size, e.n, e.nbufs = args.rank, args.size, n, len(prepared.names)
-        e.ins, e.deps, e.bufs = prepared.ins, prepared.deps, self._bufs
         e.agree = t.agree_bit
-        e.reqs, e.state = self._reqs, self._state
-        self._keep: List[Any] = []  # the cffi views of the call's buffers the executor points at
-        self._bound: tuple = ()  # (src, dst) those views are of: a call on the same arrays reuses them
-        self._running = False
-        #: How long the next express run may poll, in nanoseconds (0: as long as the most; see
-        #: :meth:`express_run`).
-        self.budget = 0
+        e.reqs = self._reqs
 
-    @property
-    def program(self) -> Program:
-        """The program this task runs."""
-        return self.prepared.program
-
-    @property
-    def checks_itself(self) -> bool:
-        """Whether the program runs its agreement check first (then the planner adds none)."""
-        return self.prepared.check is not None
-
-    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
-        """Reuse this finished task for another call of its program (new buffers and key)."""
-        a = self.args
-        a.src, a.dst = src, dst
-        a.channel.rekey(key)
-        self.reset()
-
-    def unbind(self) -> None:
-        self.args.src = self.args.dst = None
-        self._keep, self._bound = [], ()
-
-    def post(self) -> None:
-        prepared, ffi = self.prepared, self.prepared.ffi
-        program = prepared.program
-        a = self.args
-        if not self._bound or self._bound[0] is not a.src or self._bound[1] is not a.dst:
-            self._keep = []
-            for i, name in enumerate(("src", "dst")):
-                if name not in program.buffers:
-                    continue
-                wire = call_bytes(a, name, program)
-                ptr = ffi.from_buffer(wire)
-                self._keep.append(ptr)
-                self._bufs[i] = ffi.cast("char *", ptr)
-            self._bound = (a.src, a.dst)
-        prepared.lib.pc_exec_start(self.e, prepared.transport.untagged_base(self.args.channel.key))
-        prepared.transport.native_started()
-        self._running = True
-        self.progress()
-
-    def express_run(self, number: int) -> bool:
-        """Run this finished task again on the buffers it is bound to, as untagged collective
-        ``number``, in one native call that starts the program and polls it for up to
-        :attr:`budget` nanoseconds (the engine's express lane,
-        :class:`pycoll.engine.express.ProgramLane`). True when it finished there (the task stays
-        completed); else it is in progress, waiting for its peers, for the engine to poll (or it
-        failed). The budget halves while peers keep this rank waiting (they may need its core)
-        and doubles again when they do not; where the ranks outnumber the cores
-        (``ctx.oversubscribed``) the core is yielded every few polls."""
-        prepared, ctx = self.prepared, self.ctx
-        lib, t = prepared.lib, prepared.transport
-        if ctx.oversubscribed:  # (the peers may need this core: yield it often)
-            most, every = OVERSUBSCRIBED_NS, OVERSUBSCRIBED_YIELD
-        else:
-            most, every = int(ctx.backoff[0] * 1e9), 0
-        budget = self.budget if 0 < self.budget < most else most
-        rc = lib.pc_exec_run(self.e, t.untagged_base(("c", number)), budget, every)
-        if rc == lib.PC_EXEC_DONE:
-            if budget < most:
-                self.budget = budget * 2 if budget * 2 < most else most
-            traffic = t.traffic
-            for peer, counts in prepared.traffic.items():
-                traffic.add(peer, counts)
-            return True
-        if rc == lib.PC_EXEC_RUNNING and budget > most // MIN_FRACTION:
-            self.budget = budget // 2
-        self.args.channel.rekey(("c", number))
-        self.result = None
-        self.pending = 0
-        self.state = IN_PROGRESS
+    def _start(self, key: tuple) -> None:
+        t = self.prepared.transport
+        self.prepared.lib.pc_exec_start(self.e, t.untagged_base(key))
         t.native_started()
-        self._running = True
-        try:
-            self.progress()  # (an AVG's division, a failure; or still running)
-        except Exception as exc:  # noqa: BLE001 - the task's failure, as the engine records it
-            self.fail(exc)
-        return False
 
-    def progress(self) -> None:
-        lib, e = self.prepared.lib, self.e
-        while True:
-            rc = lib.pc_exec_progress(e)
-            if rc == lib.PC_EXEC_RUNNING:
-                return
-            if rc == lib.PC_EXEC_DONE:
-                traffic = self.prepared.transport.traffic
-                for peer, counts in self.prepared.traffic.items():
-                    traffic.add(peer, counts)
-                self._ended()
-                self.complete()
-                return
-            if rc == lib.PC_EXEC_PYTHON:
-                i = e.next
-                (buf, off, nbytes), dt, n = self.prepared.avg[i]
-                arr = call_bytes(self.args, buf, self.program) if buf in ("src", "dst") else self.scratch[buf]
-                finish_avg(arr[off:off + nbytes].view(dt), n)
-                lib.pc_exec_did(e, i)
-                continue
-            raise self._failure()
+    def _run(self, number: int, budget: int, every: int) -> int:
+        t = self.prepared.transport
+        return self.prepared.lib.pc_exec_run(self.e, t.untagged_base(("c", number)), budget, every)
 
-    def _ended(self) -> None:
-        if self._running:
-            self._running = False
-            self.prepared.transport.native_ended()
+    def _advance(self) -> int:
+        return self.prepared.lib.pc_exec_progress(self.e)
+
+    def _did(self, i: int) -> None:
+        self.prepared.lib.pc_exec_did(self.e, i)
+
+    def _started(self) -> None:
+        self.prepared.transport.native_started()
+
+    def _stopped(self) -> None:
+        self.prepared.transport.native_ended()
 
     def _give_up(self) -> None:
         """Cancel what is posted; if UCX still holds requests (and so this task's buffers), the
@@ -289,28 +66,10 @@ class UCXProgramTask(Task):
         if lib.pc_exec_reap(self.e):
             self.prepared.transport.keep_until_done(self, lambda: lib.pc_exec_reap(self.e) == 0)
 
-    def _failure(self) -> PycollError:
+    def _error(self, i: int, what: str) -> PycollError:
         e, t = self.e, self.prepared.transport
-        i = e.failed
         ins = self.prepared.instrs[i]
-        self._give_up()
-        if ins.kind == "check" and e.status == _MISMATCH:
-            recs = self.scratch["agree_recs"].view(np.uint64).reshape(self.args.size, -1)
-            return MismatchError(self.prepared.check.explain(recs))
-        what = f"{self.name}: instruction {i} ({ins.kind}"
-        what += f" of {ins.slices['buf'][2]} B with rank {ins.peer})" if ins.kind in ("send", "recv") else ")"
         if ins.kind in ("send", "recv") and t.error_flags()[ins.peer]:
             return PeerLostError(f"{what} failed: ucx: lost rank {ins.peer}: its endpoint failed "
                                  f"({t.status_text(e.status)})", rank=ins.peer, how=t.status_text(e.status))
         return TransportError(f"{what} failed: {t.status_text(e.status)}")
-
-    def on_cancel(self) -> None:
-        self._give_up()
-
-    def describe(self) -> str:
-        e = self.e
-        program = self.prepared
-        waiting = [f"{program.instrs[i].kind} {i} with rank {program.instrs[i].peer}"
-                   for i in range(e.lo, min(e.next, e.n)) if self._state[i] == 1]
-        label = f"{self.name} (instruction {e.next} of {e.n} next)"
-        return f"{label}: waiting on " + ", ".join(waiting[:8]) if waiting else label

@@ -1,6 +1,7 @@
 """Run under mpiexec by tests/coll/test_programs.py: every lowerable algorithm's programs (lowered
 on this process's in-process team, read back from their JSON) run by ``team.run_program`` over the
-process team's transport (MPI, or UCX with PYCOLL_TLS=ucx), against the algorithm itself on the
+process team's transport (MPI, UCX with PYCOLL_TLS=ucx, or with ``shm`` a team over a TCP store
+whose point-to-point path is the shared segment's single copy), against the algorithm itself on the
 same inputs: the same bits on every rank. Several programs in flight at once, too."""
 
 import sys
@@ -16,8 +17,25 @@ from pycoll.lower.verify import make_call
 from tests.rank import run_rank
 
 
-def main(mode):
-    team = Team.from_mpi(MPI.COMM_WORLD)
+def _team(shm):
+    """The team the programs run on: the MPI world's, or (``shm``) one over a TCP store whose
+    point-to-point transport is the segment's single copy."""
+    world = MPI.COMM_WORLD
+    if not shm:
+        return Team.from_mpi(world)
+    from pycoll.store import TCPStore  # noqa: PLC0415
+
+    server = TCPStore(port=0, is_master=True, timeout=60) if world.rank == 0 else None
+    port = world.bcast(server.port if server is not None else None)
+    store = TCPStore("127.0.0.1", port, timeout=60)
+    team = Team.from_store(store, world.rank, world.size, tls=["shm", "tcp"])
+    team._server = server  # (kept alive with the team)
+    assert team.transport.name == "shm", team.transport
+    return team
+
+
+def main(mode, shm=""):
+    team = _team(shm == "shm")
     if mode == "timeout":
         return timeout(team)
     n, r = team.size, team.rank
@@ -41,7 +59,7 @@ def main(mode):
                 got = make_call(team, coll, count, dtype, op, n - 1, False, seed=3)
                 req = team.run_program(mine, *_args(coll, got, n - 1))
                 native = req.task.name.endswith("[native]")
-                assert native == (team.transport.name == "ucx"), (req.task.name, team.transport)
+                assert native == (team.transport.name in ("ucx", "shm")), (req.task.name, team.transport)
                 req.wait(timeout=60)
                 assert want.dst.tobytes() == got.dst.tobytes(), f"{coll}:{name} {count} x {dtype} {op}"
                 ran += 1
@@ -110,4 +128,4 @@ def _args(coll, call, root):
 
 
 if __name__ == "__main__":
-    run_rank(main, sys.argv[1] if len(sys.argv) > 1 else "match")
+    run_rank(main, *(sys.argv[1:] or ["match"]))
