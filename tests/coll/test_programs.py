@@ -16,7 +16,7 @@ def test_programs_over_ucx(mpirun):
     mpirun(3, "tests/coll/scripts/programs.py", timeout=240, env={"PYCOLL_TLS": "ucx,mpi"})
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
 def test_programs_over_shared_memory(n, mpirun):
     mpirun(n, "tests/coll/scripts/programs.py", "match", "shm", timeout=240)
 
