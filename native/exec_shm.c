@@ -23,7 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "exec_agree.h"
+#include "exec_util.h"
 #include "exec_shm.h"
 #include "pycoll_native.h"
 
@@ -62,11 +62,15 @@ void pc_sx_start(pc_sx_t *e, uint64_t khash, uint64_t agree)
     sx_drop_early(e);
     memset(e->state, 0, (size_t)e->n);
     memset(e->matched, 0, (size_t)e->n);
+    if (e->times)
+        memset(e->times, 0, sizeof(uint64_t) * 2 * (size_t)e->n);
 }
 
 /* Mark instruction i (an AVG that Python ran) done and move past it. */
 void pc_sx_did(pc_sx_t *e, int i)
 {
+    PC_MARK(e, i, 0);
+    PC_MARK(e, i, 1);
     e->state[i] = PC_S_DONE;
     if (e->next == i)
         e->next = i + 1;
@@ -129,8 +133,10 @@ static int sx_read(pc_sx_t *e, int src)
             return sx_fail(e, i, PC_SX_SEGMENT, rc);
         e->recv_slot[src] = (slot + 1) % PC_RING;
         e->matched[i] = 1;
-        if (e->state[i] == PC_S_POSTED)
+        if (e->state[i] == PC_S_POSTED) {
+            PC_MARK(e, i, 1);
             e->state[i] = PC_S_DONE;
+        }
     }
 }
 
@@ -149,6 +155,7 @@ static int sx_test(pc_sx_t *e)
             if (st == PC_DESC_CONSUMED) {
                 pycoll_p2p_free(e->base, e->mapped, (uint32_t)e->size, (uint32_t)e->rank, (uint32_t)in->peer,
                                 e->slot[i]);
+                PC_MARK(e, i, 1);
                 e->state[i] = PC_S_DONE;
                 continue;
             }
@@ -182,16 +189,19 @@ static int sx_issue(pc_sx_t *e, int i)
             return PC_EXEC_RUNNING; /* the ring is full: try again at the next poll */
         e->slot[i] = slot;
         e->send_slot[in->peer] = (slot + 1) % PC_RING;
+        PC_MARK(e, i, 0);
         e->state[i] = PC_S_POSTED;
         break;
     }
     case PC_I_RECV:
         if (in->peer < 0 || in->peer >= e->size || in->peer == e->rank)
             return sx_fail(e, i, PC_SX_INVALID, in->peer);
+        PC_MARK(e, i, 0);
         if (e->matched[i]) { /* read before it was issued */
             memcpy(sx_at(e, in, 0), e->early[i], in->len[0]);
             free(e->early[i]);
             e->early[i] = NULL;
+            PC_MARK(e, i, 1);
             e->state[i] = PC_S_DONE;
         } else {
             if (e->errflags[in->peer])
@@ -200,17 +210,23 @@ static int sx_issue(pc_sx_t *e, int i)
         }
         break;
     case PC_I_REDUCE:
+        PC_MARK(e, i, 0);
         if (pycoll_reduce(in->op, in->dtype, sx_at(e, in, 2), sx_at(e, in, 0), sx_at(e, in, 1), in->count))
             return sx_fail(e, i, PC_SX_INVALID, in->kind);
+        PC_MARK(e, i, 1);
         e->state[i] = PC_S_DONE;
         break;
     case PC_I_COPY:
+        PC_MARK(e, i, 0);
         memmove(sx_at(e, in, 1), sx_at(e, in, 0), in->len[0]);
+        PC_MARK(e, i, 1);
         e->state[i] = PC_S_DONE;
         break;
     case PC_I_CHECK:
+        PC_MARK(e, i, 0);
         if (!pc_exec_agree((const uint64_t *)sx_at(e, in, 0), e->size))
             return sx_fail(e, i, PC_ST_MISMATCH, 0);
+        PC_MARK(e, i, 1);
         e->state[i] = PC_S_DONE;
         break;
     case PC_I_AVG:

@@ -36,6 +36,7 @@ typedef struct {
     uint8_t *matched;         /* per receive: its message was read */
     uint32_t *slot;           /* per send: the descriptor it posted */
     char **early;             /* per receive: its message, read before it was issued (malloc) */
+    uint64_t *times;          /* NULL, or per instruction when issued and when done (tracing) */
 } pc_sx_t;
 
 void pc_sx_start(pc_sx_t *e, uint64_t khash, uint64_t agree);

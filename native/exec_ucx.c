@@ -14,7 +14,7 @@
 #include <sched.h>
 #include <time.h>
 
-#include "exec_agree.h"
+#include "exec_util.h"
 #include "exec_ucx.h"
 
 static char *pc_exec_at(pc_exec_t *e, const pc_instr_t *in, int k)
@@ -38,11 +38,15 @@ static void pc_exec_start(pc_exec_t *e, uint64_t base)
     e->status = 0;
     memset(e->state, 0, (size_t)e->n);
     memset(e->reqs, 0, sizeof(void *) * (size_t)e->n);
+    if (e->times)
+        memset(e->times, 0, sizeof(uint64_t) * 2 * (size_t)e->n);
 }
 
 /* Mark instruction i (an AVG that Python ran) done and move past it. */
 static void pc_exec_did(pc_exec_t *e, int i)
 {
+    PC_MARK(e, i, 0);
+    PC_MARK(e, i, 1);
     e->state[i] = PC_S_DONE;
     if (e->next == i)
         e->next = i + 1;
@@ -70,6 +74,7 @@ static int pc_exec_test(pc_exec_t *e)
             return pc_exec_fail(e, i, st);
         if (info.length != in->len[0]) /* a short message: the slice would be left part unwritten */
             return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
+        PC_MARK(e, i, 1);
         e->state[i] = PC_S_DONE;
     }
     while (e->lo < e->n && e->state[e->lo] == PC_S_DONE)
@@ -91,6 +96,8 @@ static int pc_exec_progress(pc_exec_t *e)
         for (int d = 0; d < in->ndeps; d++)
             if (e->state[e->deps[in->dep0 + d]] != PC_S_DONE)
                 return PC_EXEC_RUNNING;
+        if (in->kind != PC_I_AVG) /* (an AVG is Python's: pc_exec_did marks it) */
+            PC_MARK(e, i, 0);
         if (in->kind == PC_I_SEND || in->kind == PC_I_RECV) {
             if (in->peer < 0 || in->peer >= e->size || in->peer == e->rank)
                 return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
@@ -116,6 +123,7 @@ static int pc_exec_progress(pc_exec_t *e)
             if (p == NULL) {
                 if (info.length != in->len[0])
                     return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
+                PC_MARK(e, i, 1);
                 e->state[i] = PC_S_DONE;
             } else {
                 e->reqs[i] = p;
@@ -126,13 +134,16 @@ static int pc_exec_progress(pc_exec_t *e)
                                pc_exec_at(e, in, 1), in->count);
             if (rc)
                 return pc_exec_fail(e, i, UCS_ERR_INVALID_PARAM);
+            PC_MARK(e, i, 1);
             e->state[i] = PC_S_DONE;
         } else if (in->kind == PC_I_COPY) {
             memmove(pc_exec_at(e, in, 1), pc_exec_at(e, in, 0), in->len[0]);
+            PC_MARK(e, i, 1);
             e->state[i] = PC_S_DONE;
         } else if (in->kind == PC_I_CHECK) {
             if (!pc_exec_agree((const uint64_t *)pc_exec_at(e, in, 0), e->size))
                 return pc_exec_fail(e, i, PC_ST_MISMATCH);
+            PC_MARK(e, i, 1);
             e->state[i] = PC_S_DONE;
         } else if (in->kind == PC_I_AVG) {
             return PC_EXEC_PYTHON;

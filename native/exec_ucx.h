@@ -22,6 +22,7 @@ typedef struct {
     char **bufs;
     void **reqs;
     uint8_t *state;
+    uint64_t *times; /* NULL, or per instruction when issued and when done (PYCOLL_TRACE_INSTRUCTIONS) */
 } pc_exec_t;
 
 #endif

@@ -217,6 +217,11 @@ _declare("PYCOLL_TRACE", "", str,
          "name, priority, bytes and credit, plus the program's spans (pycoll.trace.tracer().span). "
          "Written at exit and by pycoll.trace.flush(). Combine and draw with 'pycoll trace merge' and "
          "'pycoll trace plot'. Empty: no tracing (no cost).")
+_declare("PYCOLL_TRACE_INSTRUCTIONS", "0", parse_flag,
+         "1 (with PYCOLL_TRACE): a native program's instructions show in the timeline too, each a span "
+         "from when its executor issued it to when it was done (send, recv with its peer and bytes; "
+         "reduce, copy, check), under the collective's own span. Costs two clock reads per instruction. "
+         "Read when a program's task is made.")
 _declare("PYCOLL_CHECK", "auto", parse_check,
          "Which collectives off the shared segment (MPI, TCP, UCX, several hosts, tagged calls) first "
          "exchange a fingerprint of the call (collective, count, dtype, op, root) so that ranks that "
@@ -226,9 +231,9 @@ _declare("PYCOLL_CHECK", "auto", parse_check,
          "ranks.")
 _declare("PYCOLL_NATIVE_PROGRAMS", "1", parse_flag,
          "1: the point-to-point algorithms that lower to programs (pycoll info lists them) run as native "
-         "programs where the team's transport has an executor (UCX), for untagged calls on an engine "
-         "without a credit or bandwidth limit: no Python per step. 0: they run in Python. Read when a "
-         "team is made.")
+         "programs where the team's transport has an executor (UCX, one host's shared memory), for "
+         "untagged calls on an engine without a credit or bandwidth limit: no Python per step. 0: they "
+         "run in Python. Read when a team is made.")
 _declare("PYCOLL_ABORT_ON_ERROR", "1", parse_flag,
          "1: an uncaught exception on a rank of an MPI job ends the whole job (MPI_Abort at exit, as "
          "'python -m mpi4py' does), instead of the rank waiting in MPI_Finalize while its peers wait "

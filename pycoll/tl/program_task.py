@@ -18,11 +18,13 @@ see.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from pycoll import config
 from pycoll.buffers import scratch_array
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError, PycollError
@@ -30,6 +32,7 @@ from pycoll.lower.execute import call_bytes
 from pycoll.lower.program import SLICES, Instr, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
 from pycoll.tasks.task import IN_PROGRESS, Task
+from pycoll.trace import tracer
 
 _KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4, "check": 5}
 _SLICES = {**SLICES, "check": ("buf",)}  # (a check: the fingerprints gathered, one row per rank)
@@ -178,6 +181,10 @@ class NativeProgramTask(Task):
             self._bufs[i] = ffi.cast("char *", ffi.from_buffer(self.scratch[name]))
         e.rank, e.size, e.n, e.nbufs = args.rank, args.size, n, len(prepared.names)
         e.ins, e.deps, e.bufs, e.state = prepared.ins, prepared.deps, self._bufs, self._state
+        self._tracer = tracer() if config.get("PYCOLL_TRACE_INSTRUCTIONS") else None
+        if self._tracer is not None:  # (the executor notes when each instruction is issued and done)
+            self._times = ffi.new("uint64_t[]", 2 * max(n, 1))
+            e.times = self._times
         self._setup(e)
         self._keep: List[Any] = []  # the cffi views of the call's buffers the executor points at
         self._bound: tuple = ()  # (src, dst) those views are of: a call on the same arrays reuses them
@@ -287,6 +294,8 @@ class NativeProgramTask(Task):
             if budget < most:
                 self.budget = budget * 2 if budget * 2 < most else most
             self._count_traffic()
+            if self._tracer is not None:
+                self._trace_instructions()
             return True
         if rc == _RUNNING and budget > most // MIN_FRACTION:
             self.budget = budget // 2
@@ -310,6 +319,8 @@ class NativeProgramTask(Task):
                 return
             if rc == _DONE:
                 self._count_traffic()
+                if self._tracer is not None:
+                    self._trace_instructions()
                 self._ended()
                 self.complete()
                 return
@@ -321,6 +332,22 @@ class NativeProgramTask(Task):
                 self._did(i)
                 continue
             raise self._failure()
+
+    def _trace_instructions(self) -> None:
+        """Hand the tracer a span per instruction the executor issued (``PYCOLL_TRACE_INSTRUCTIONS``),
+        one still running ending now."""
+        times, now = self._times, time.monotonic()
+        spans = []
+        for i, ins in enumerate(self.prepared.instrs):
+            t0 = times[2 * i]
+            if not t0:
+                continue
+            t1 = times[2 * i + 1]
+            args: Dict[str, Any] = {"parent": self.name, "instruction": i}
+            if ins.kind in ("send", "recv"):
+                args["peer"], args["nbytes"] = ins.peer, ins.slices["buf"][2]
+            spans.append((f"{ins.kind} {i}", t0 * 1e-9, t1 * 1e-9 if t1 else now, args))
+        self._tracer.subtasks(spans)
 
     def _count_traffic(self) -> None:
         traffic = self.prepared.transport.traffic
@@ -336,6 +363,8 @@ class NativeProgramTask(Task):
         e = self.e
         i = e.failed
         ins = self.prepared.instrs[i]
+        if self._tracer is not None:
+            self._trace_instructions()
         self._give_up()
         if ins.kind == "check" and e.status == _MISMATCH:
             recs = self.scratch["agree_recs"].view(np.uint64).reshape(self.args.size, -1)

@@ -14,6 +14,8 @@ What is recorded (Trace Event Format, ``ph: "X"`` complete events and ``ph: "i"`
   ``comm`` (collectives and their parts: tasks that take credit, tasks submitted on their own),
   ``queue`` (their waits) and ``subtask`` (tasks inside a collective's schedule: sends, receives,
   reductions);
+* with ``PYCOLL_TRACE_INSTRUCTIONS=1``, a native program's instructions (category ``subtask``:
+  issued to done, with ``peer``, ``nbytes`` and the collective's ``parent`` name);
 * what the program marks with :meth:`Tracer.span`, :meth:`Tracer.complete`,
   :meth:`Tracer.instant` and :meth:`Tracer.step` (forward and backward passes, training steps).
 
@@ -234,6 +236,14 @@ class Tracer:
             if task.error is not None:
                 args["error"] = f"{type(task.error).__name__}: {task.error}"[:300]
             self._add(("X", group, None, task.name, group, t0, t, args))
+
+    def subtasks(self, spans: List[Tuple[str, float, float, Dict[str, Any]]]) -> None:
+        """Record finished parts of a collective that the engine did not run as tasks of their own
+        (a native program's instructions, ``PYCOLL_TRACE_INSTRUCTIONS``): ``(name, t0, t1, args)``
+        each, ``time.monotonic()`` readings, in the subtask lanes."""
+        with self._lock:
+            for name, t0, t1, args in spans:
+                self._add(("X", CAT_SUBTASK, None, name, CAT_SUBTASK, t0, t1, args))
 
     def _add(self, record: tuple) -> None:
         if len(self._records) < self.max_events:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.launch import pycoll_cli
+from tests.launch import need_ucx, pycoll_cli
 from tests.unit.test_trace import assert_lanes_do_not_overlap
 
 
@@ -47,3 +47,33 @@ def test_two_ranks_merge_and_plot(tmp_path, mpirun):
     # the whole trace though steps are marked
     out = cli("trace", "plot", "merged.json", "-o", "whole.png", "--all", cwd=tmp_path)
     assert "whole trace" in out and (tmp_path / "whole.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("kind", ["shm", "ucx"])
+def test_a_native_programs_instructions_show_with_a_setting(kind, tmp_path, mpirun):
+    """PYCOLL_TRACE_INSTRUCTIONS=1: each call's instructions (rd on 2 ranks: send, recv, reduce)
+    are subtask spans inside the collective's own span, with their peer and bytes, for calls the
+    engine polled and calls the express lane ran alike."""
+    env = {"PYCOLL_TRACE": str(tmp_path / "t.json"), "PYCOLL_TRACE_INSTRUCTIONS": "1"}
+    if kind == "ucx":
+        need_ucx()
+        env["PYCOLL_TLS"] = "ucx,mpi"
+    mpirun(2, "tests/procs/scripts/trace_program.py", kind, timeout=60, env=env)
+    events = json.loads((tmp_path / "t.rank0.json").read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    instrs = [e for e in spans if e["cat"] == "subtask" and "[native]" in e["args"].get("parent", "")]
+    kinds = {}
+    for e in instrs:
+        kinds.setdefault(e["name"], []).append(e)
+    assert {"send 0", "recv 1", "reduce 2"} <= set(kinds), sorted(kinds)
+    assert len(kinds["recv 1"]) == 12, len(kinds["recv 1"])  # (every call: express-lane runs too)
+    assert all(e["args"]["peer"] == 1 and e["args"]["nbytes"] == 400 for e in kinds["recv 1"])
+    # each recv inside a native collective's span (those the engine ran) or right before its reduce
+    colls = [e for e in spans if e["cat"] == "comm" and "[native]" in e["name"]]
+    assert colls, sorted({e["name"] for e in spans})
+    inside = [r for r in kinds["recv 1"]
+              if any(c["ts"] - 1 <= r["ts"] and r["ts"] + r["dur"] <= c["ts"] + c["dur"] + 1 for c in colls)]
+    assert inside, (kinds["recv 1"][:2], colls[:2])
+    by_ts = sorted(kinds["recv 1"], key=lambda e: e["ts"]), sorted(kinds["reduce 2"], key=lambda e: e["ts"])
+    for r, red in zip(*by_ts):
+        assert r["ts"] + r["dur"] <= red["ts"] + 1, (r, red)  # (the reduction waits for the message)

@@ -1,0 +1,39 @@
+"""Run under mpiexec by tests/procs/test_trace.py with PYCOLL_TRACE and PYCOLL_TRACE_INSTRUCTIONS:
+native programs (``shm``: a team over a TCP store on one host's descriptor rings; ``ucx``: the
+MPI world's team with PYCOLL_TLS=ucx), 12 rd allreduces, new arrays then the same ones (the
+express lane), for the test to find their instructions in the timeline."""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from pycoll import Team
+from pycoll.store import TCPStore
+from tests.rank import run_rank
+
+
+def main(kind: str) -> None:
+    world = MPI.COMM_WORLD
+    if kind == "shm":
+        server = TCPStore(port=0, is_master=True, timeout=60) if world.rank == 0 else None
+        port = world.bcast(server.port if server is not None else None)
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=60), world.rank, world.size,
+                               tls=["shm", "tcp"])
+    else:
+        team = Team.from_mpi(world)
+    assert team.transport.name == kind, team.transport
+    x = np.ones(100, np.float32)
+    out = np.empty_like(x)
+    for i in range(12):
+        if i < 3:
+            out = np.empty_like(x)
+        req = team.allreduce(x, out, algorithm="rd")
+        assert "[native]" in req.task.name, req.task
+        req.wait(timeout=30)
+        assert (out == world.size).all()
+    team.close()
+
+
+if __name__ == "__main__":
+    run_rank(main, sys.argv[1])
