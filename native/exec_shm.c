@@ -57,7 +57,7 @@ void pc_sx_start(pc_sx_t *e, uint64_t khash, uint64_t agree)
     e->khash = khash;
     e->agree = agree;
     e->next = e->lo = 0;
-    e->failed = -1;
+    e->failed = e->stalled = -1;
     e->status = e->detail = 0;
     sx_drop_early(e);
     memset(e->state, 0, (size_t)e->n);
@@ -123,8 +123,15 @@ static int sx_read(pc_sx_t *e, int src)
         if (len) {
             int64_t got = pycoll_p2p_read(e->base, e->mapped, (uint32_t)e->size, (uint32_t)src, (uint32_t)e->rank,
                                           slot, e->pids[src], to, d[3], len);
-            if (got == PC_ECMA)
-                return sx_fail(e, i, PC_SX_CMA, errno);
+            if (got == PC_ECMA) { /* (leave it at the head: Python decides whether the sender left) */
+                if (e->early[i]) {
+                    free(e->early[i]);
+                    e->early[i] = NULL;
+                }
+                e->stalled = i;
+                e->detail = errno;
+                return PC_EXEC_RUNNING;
+            }
             if (got != (int64_t)len)
                 return sx_fail(e, i, PC_SX_SEGMENT, (int)got);
         }
@@ -262,8 +269,9 @@ static int sx_issue_ready(pc_sx_t *e)
  * (e->failed, e->status, e->detail). */
 int pc_sx_progress(pc_sx_t *e)
 {
-    if (e->failed >= 0) /* (a message handed in by pc_sx_early that no receive expects) */
+    if (e->failed >= 0) /* (a message handed in by pc_sx_early that no receive expects, or Python's) */
         return PC_EXEC_FAILED;
+    e->stalled = -1;
     int rc = sx_issue_ready(e);
     if (rc != PC_EXEC_RUNNING)
         return rc;
@@ -319,6 +327,13 @@ int pc_sx_early(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *d
         return sx_fail(e, i, PC_SX_NOMEM, 0);
     memcpy(to, data, nbytes);
     e->matched[i] = 1;
+    if (e->state[i] == PC_S_POSTED) { /* (issued already: it is done now) */
+        memcpy(sx_at(e, &e->ins[i], 0), to, nbytes);
+        free(to);
+        e->early[i] = NULL;
+        PC_MARK(e, i, 1);
+        e->state[i] = PC_S_DONE;
+    }
     return 0;
 }
 

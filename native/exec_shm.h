@@ -23,6 +23,8 @@ typedef struct {
     uint64_t mapped;
     int32_t rank, size, n, nbufs;
     int32_t next, lo, failed, status, detail, nrpeers;
+    int32_t stalled;          /* the receive whose sender's memory the last progress could not read
+                               * (errno in detail; it is read again at the next), or -1 */
     uint64_t khash, agree;    /* the collective's key hash, its agreement exchange's */
     const int64_t *pids;      /* every rank's process (the one its memory is read from) */
     uint32_t *send_slot;      /* per peer: the next descriptor to post (shared with ShmTransport) */

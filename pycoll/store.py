@@ -28,6 +28,7 @@ _REP = struct.Struct("<BQ")
 _OK, _TIMEOUT, _ERR = 0, 1, 2
 _MAX_KEY = 1 << 16
 _MAX_VALUE = 1 << 30
+_NO_LIMIT = 1e9  # (seconds: a longer timeout, or inf, waits for ever)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -125,7 +126,9 @@ class TCPStore:
         host, port: where the server listens (``port=0`` with ``is_master`` picks a free port;
             read it back from ``store.port``).
         is_master: run the server in this process.
-        timeout: seconds a ``get``/``wait`` may block before raising :class:`pycoll.TimeoutError`.
+        timeout: seconds a ``get``/``wait`` may block before raising :class:`pycoll.TimeoutError`;
+            also how long any request waits for the server's answer beyond that before raising
+            :class:`pycoll.PycollError` (a server that stopped answering).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, is_master: bool = False,
@@ -135,6 +138,7 @@ class TCPStore:
         self._server = _Server(host, port) if is_master else None
         self.port = self._server.port if self._server else port
         self._lock = threading.Lock()
+        self._broken: Optional[str] = None  # why the connection is unusable (see _call)
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
@@ -147,12 +151,26 @@ class TCPStore:
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _call(self, op: int, key: str, value: bytes = b"") -> tuple:
+    def _call(self, op: int, key: str, value: bytes = b"", wait: float = 0.0) -> tuple:
+        """Send one request and read its answer, which the server gives within ``wait`` seconds
+        (a ``get`` or ``wait`` it holds until the keys are set) plus ``timeout``: a server that
+        does not answer by then (its process stuck, a host cut off) is a PycollError, here and on
+        every later call (the connection is closed: an answer could still come after it)."""
         k = key.encode()
+        limit = wait + self.timeout
         with self._lock:
-            self._sock.sendall(_REQ.pack(op, len(k)) + k + _LEN.pack(len(value)) + value)
-            status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
-            return status, _recv_exact(self._sock, n)
+            if self._broken is not None:
+                raise PycollError(self._broken)
+            sock = self._sock
+            sock.settimeout(limit if limit < _NO_LIMIT else None)
+            try:
+                sock.sendall(_REQ.pack(op, len(k)) + k + _LEN.pack(len(value)) + value)
+                status, n = _REP.unpack(_recv_exact(sock, _REP.size))
+                return status, _recv_exact(sock, n)
+            except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
+                self._broken = f"store: {self.host}:{self.port} did not answer within {limit:g} s"
+                sock.close()
+                raise PycollError(self._broken) from None
 
     @staticmethod
     def _bytes(value: Union[str, bytes]) -> bytes:
@@ -163,7 +181,7 @@ class TCPStore:
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting until some process sets it."""
-        status, value = self._call(_GET, key, str(self.timeout).encode())
+        status, value = self._call(_GET, key, str(self.timeout).encode(), self.timeout)
         if status == _TIMEOUT:
             raise TimeoutError(f"store: key {key!r} was not set within {self.timeout:g} s")
         return value
@@ -187,7 +205,7 @@ class TCPStore:
         keys = list(keys)
         t = self.timeout if timeout is None else (timeout.total_seconds() if hasattr(timeout, "total_seconds")
                                                    else float(timeout))
-        status, _ = self._call(_WAIT, "\0".join(keys), str(t).encode())
+        status, _ = self._call(_WAIT, "\0".join(keys), str(t).encode(), t)
         if status == _TIMEOUT:
             raise TimeoutError(f"store: keys {keys} were not all set within {t:g} s")
 

@@ -349,6 +349,12 @@ class NativeProgramTask(Task):
             spans.append((f"{ins.kind} {i}", t0 * 1e-9, t1 * 1e-9 if t1 else now, args))
         self._tracer.subtasks(spans)
 
+    def holding(self) -> tuple:
+        """What must stay alive while the executor's posted messages may still be read or written
+        after a failure: this task, the call's buffers and the views the executor points at
+        (``unbind``, when its request is collected, drops the task's own references)."""
+        return (self, list(self._keep), self.args.src, self.args.dst)
+
     def _count_traffic(self) -> None:
         traffic = self.prepared.transport.traffic
         for peer, counts in self.prepared.traffic.items():

@@ -90,3 +90,30 @@ def test_a_bootstrap_that_fails_leaves_no_transport_registered_or_open(monkeypat
     server.close()
     assert errors == ["the bootstrap broke"] * 2
     assert ctx._transports == before
+
+
+def test_a_store_server_that_stops_answering_is_an_error_not_a_hang():
+    """A server that accepts but never answers (its process stuck, say in MPI_Finalize with its
+    threads stopped): every call raises within the store's timeout, and later calls at once."""
+    import socket
+    import threading
+    import time
+
+    from pycoll.errors import PycollError
+    from pycoll.store import TCPStore
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(srv.accept()), daemon=True).start()
+    store = TCPStore("127.0.0.1", srv.getsockname()[1], timeout=0.3)
+    for call in (lambda: store.check(["k"]), lambda: store.get("k"), lambda: store.set("k", "v")):
+        t0 = time.monotonic()
+        with pytest.raises(PycollError, match="did not answer within"):
+            call()
+        assert time.monotonic() - t0 < 1.5
+    store.close()
+    srv.close()
+    for conn, _ in accepted:
+        conn.close()

@@ -12,7 +12,7 @@ that cannot be read fails the task with a TransportError naming the instruction 
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -27,7 +27,8 @@ _WHY = {2: "its peer was lost", 3: "a message of another size than its slice",
         6: "no memory for a message that came before its receive",
         7: "a message of this collective that the program does not expect",
         8: "an unknown instruction or peer"}  # (PC_SX_*)
-_LOST, _CMA = 2, 5
+_LOST, _CMA, _UNEXPECTED = 2, 5, 7
+_RUNNING, _FAILED = 0, -1  # (PC_EXEC_RUNNING, PC_EXEC_FAILED)
 
 
 class ShmProgramTask(NativeProgramTask):
@@ -46,8 +47,9 @@ class ShmProgramTask(NativeProgramTask):
         prepared.transport.bind_executor(e)
         e.matched, e.slot, e.early = self._matched, self._slot, self._early
         e.rpeers, e.nrpeers = self._rpeers, len(prepared.rpeers)
-        e.failed = -1
+        e.failed = e.stalled = -1
         self._keys: Tuple[int, int] = (0, 0)
+        self._unreadable: Optional[TransportError] = None  # (the error of a sender's memory not read)
 
     def _begin(self, seq: int) -> None:
         """Start the executor on untagged collective ``seq`` (nothing is told to the transport)."""
@@ -60,14 +62,23 @@ class ShmProgramTask(NativeProgramTask):
 
     def _run(self, number: int, budget: int, every: int) -> int:
         self._begin(number)
-        t = self.prepared.transport
-        if t.has_stash():  # (messages of this collective may be there: hand them over first)
-            t.native_started(self, self._keys)
-            t.native_ended(self._keys)
+        t, keys = self.prepared.transport, self._keys
+        if t.has_unexpected_id(keys[0]) or t.has_unexpected_id(keys[1]):  # (the transport took
+            t.native_started(self, keys)  # messages of this collective: hand them over first)
+            t.native_ended(keys)
         return self.prepared.lib.pc_sx_run(self.e, budget, every)
 
     def _advance(self) -> int:
-        return self.prepared.lib.pc_sx_progress(self.e)
+        e = self.e
+        rc = self.prepared.lib.pc_sx_progress(e)
+        if e.stalled >= 0:  # (a sender's memory could not be read: has it left?)
+            ins = self.prepared.instrs[e.stalled]
+            err = self.prepared.transport.unreadable(ins.peer, ins.slices["buf"][2], e.detail)
+            if err is not None:
+                self._unreadable = err
+                e.failed, e.status = e.stalled, _CMA
+                return _FAILED
+        return rc
 
     def _did(self, i: int) -> None:
         self.prepared.lib.pc_sx_did(self.e, i)
@@ -87,26 +98,24 @@ class ShmProgramTask(NativeProgramTask):
                                       ffi.from_buffer(data), data.nbytes)
 
     def _give_up(self) -> None:
-        """Let go of the messages read ahead; the transport keeps the task while peers may still
-        read what its posted sends name."""
+        """Let go of the messages read ahead; the transport keeps the task and its buffers while
+        peers may still read what its posted sends name."""
         lib = self.prepared.lib
         self._ended()
         if lib.pc_sx_reap(self.e):
-            self.prepared.transport.keep_until_done(self, lambda: lib.pc_sx_reap(self.e) == 0)
+            self.prepared.transport.keep_until_done(self.holding(), lambda: lib.pc_sx_reap(self.e) == 0)
 
     def _error(self, i: int, what: str) -> PycollError:
         e, t = self.e, self.prepared.transport
         ins = self.prepared.instrs[i]
         why = _WHY.get(e.status, f"status {e.status}")
-        if e.status == _LOST:
-            lost = t.lost(ins.peer)
-            return PeerLostError(f"{what} failed: {lost or why}", rank=ins.peer,
-                                 pid=int(t.seg.pids[ins.peer]), how=str(lost or why))
-        if e.status == _CMA:
-            err = t.read_error(ins.peer, ins.slices["buf"][2], e.detail)
-            if isinstance(err, PeerLostError):
-                return PeerLostError(f"{what} failed: {err}", rank=err.rank, pid=err.pid, how=err.how)
-            return TransportError(f"{what} failed: {err}")
-        if e.detail:
+        lost = t.lost(ins.peer) if e.status == _LOST else self._unreadable if e.status == _CMA else None
+        if isinstance(lost, PeerLostError):  # (its first cause, as the transport names them)
+            return PeerLostError(f"{what} failed: {lost}", rank=lost.rank, pid=lost.pid, how=lost.how)
+        if lost is not None:
+            return TransportError(f"{what} failed: {lost}")
+        if e.status == _UNEXPECTED:
+            why += f" (from rank {e.detail})"
+        elif e.detail:
             why += f" (error {e.detail})"
         return TransportError(f"{what} failed: shm: {why}")

@@ -487,13 +487,15 @@ class ShmSegment:
         there (to agree on what to do next, :mod:`pycoll.recovery`)."""
         if self.base is None:
             return set()
-        out = set()
-        for r in range(self.size):
-            if r != self.rank:
-                left, how = self.whereabouts(r)
-                if how is not None and (left not in (LEFT_FAILED, LEFT_REVOKED) or self.dead(r)):
-                    out.add(r)
-        return out
+        return {r for r in range(self.size) if r != self.rank and self.left_for_good(r) is not None}
+
+    def left_for_good(self, r: int) -> Optional[Tuple[int, str]]:
+        """``(left, how)`` (see :meth:`whereabouts`) of rank ``r`` if it left for good (see
+        :meth:`gone`), else None."""
+        left, how = self.whereabouts(r)
+        if how is not None and (left not in (LEFT_FAILED, LEFT_REVOKED) or self.dead(r)):
+            return left, how
+        return None
 
     def revoke(self, error: BaseException, why: str) -> None:
         """The team is revoked: unusable from now on (``error`` is what a collective posted on

@@ -45,7 +45,8 @@ from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment, cause_order
 RING = 64  # PC_RING
 POSTED, CONSUMED = 1, 2
 ECMA = -6  # (PC_ECMA: reading a peer's memory failed; errno says why)
-#: How long a failed read of a peer's memory waits for the peer to show as gone (see read_error).
+#: How long reads of a peer's memory may fail before a peer that still looks alive is lost (see
+#: ShmTransport.unreadable).
 LEAVING_S = 0.5
 MAX_MESSAGE = 1 << 40
 
@@ -140,6 +141,7 @@ class ShmTransport(Transport):
         self._busy_since = 0.0
         self._dead: Dict[int, TransportError] = {}
         self._vanished: Set[int] = set()  # peers whose memory could not be read: no such process
+        self._suspect: Dict[int, float] = {}  # peer -> when its memory first could not be read
         self._programs: Dict[int, Any] = {}  # id(program) -> (program, its NativeProgram)
         self.limited = limit_sends(self) is not None
 
@@ -227,11 +229,17 @@ class ShmTransport(Transport):
                 got = lib.pycoll_p2p_read(self._base, self._mapped, self.size, src, self.rank, slot,
                                           self.seg.pids[src], local, addr, nbytes)
                 if got != nbytes:
-                    err = self.read_error(src, nbytes, self.ffi.errno if got == ECMA else 0, got)
+                    err = self.unreadable(src, nbytes, self.ffi.errno if got == ECMA else 0, got)
+                    if err is None:  # (try again later: the receive waits at the front of its queue)
+                        if recv is not None:
+                            self._posted[k].appendleft(recv)
+                        return moved
                     if recv is not None:  # (taken off the posted ones already: fail it too)
                         recv.error = err
                     self._lose(src, err)
                     return moved
+                if self._suspect:
+                    self._suspect.pop(src, None)
             lib.pycoll_p2p_consumed(self._base, self._mapped, self.size, src, self.rank, slot)
             self._recv_slot[src] = (slot + 1) % RING
             if recv is not None:
@@ -280,33 +288,41 @@ class ShmTransport(Transport):
             self._busy_since = 0.0
         return moved
 
-    def read_error(self, src: int, nbytes: int, errno: int, code: int = ECMA) -> TransportError:
-        """The error of a failed read of ``nbytes`` from rank ``src``'s memory (``errno`` of a
-        failed process_vm_readv, else the segment's error ``code``): a PeerLostError naming every
-        peer that left if ``src`` left, or does within ``LEAVING_S``."""
+    def unreadable(self, src: int, nbytes: int, errno: int, code: int = ECMA) -> Optional[TransportError]:
+        """A read of ``nbytes`` from rank ``src``'s memory failed (``errno`` of process_vm_readv,
+        else the segment's error ``code``): the error to fail with, or None to try again later. A
+        live peer keeps what it posted until it is read, so memory that cannot be read is a peer on
+        its way out (a failed rank exiting frees its buffers) that /proc shows a moment later: a
+        PeerLostError naming every peer that left once it does, a TransportError (``src`` lost) if
+        it still looks alive ``LEAVING_S`` after the first failure. Never waits."""
         if errno == ESRCH:  # (its memory is gone: it is exiting, before /proc says so)
             self._vanished.add(src)
-        # A live peer keeps what it posted until it is read: memory that cannot be read is a peer
-        # on its way out (a failed rank exiting frees its buffers), which /proc shows a moment later.
-        until = time.monotonic() + LEAVING_S
-        while not (src in self._dead or src in self._vanished or self.seg.whereabouts(src)[1] is not None):
-            if time.monotonic() > until:
-                why = os.strerror(errno) if errno else f"segment error {code}"
-                return TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory ({why})")
-            time.sleep(0.005)
-        self._check_liveness()  # (it left: lose it, and every other peer that did, naming them all)
-        return self._dead[src]
+        if src not in self._dead and (src in self._vanished or self.seg.left_for_good(src) is not None):
+            self._check_liveness()  # (lose it, and every other peer that left, naming them all)
+        if src in self._dead:
+            self._suspect.pop(src, None)
+            return self._dead[src]
+        now = time.monotonic()
+        since = self._suspect.setdefault(src, now)
+        if now - since < LEAVING_S:
+            return None
+        del self._suspect[src]
+        why = os.strerror(errno) if errno else f"segment error {code}"
+        err = TransportError(f"shm: cannot read {nbytes} B from rank {src}'s memory ({why})")
+        self._lose(src, err)
+        return err
 
     def _check_liveness(self) -> None:
-        """Lose every peer that left: its process is gone or a zombie, or it said it left (see
-        :meth:`ShmSegment.whereabouts`). Each one's error names them all, the first cause first
+        """Lose every peer that left for good: its process is gone or a zombie, or it said it left
+        (exited, raised, closed the team; not a rank whose collective failed while it lives: see
+        :meth:`ShmSegment.left_for_good`). Each one's error names them all, the first cause first
         (:func:`cause_order`: a rank that exited may have done so after failing on one that died)."""
         lost = []
         for r, pid in enumerate(self.seg.pids):
             if r != self.rank:
-                left, how = (0, "has died") if r in self._vanished else self.seg.whereabouts(r)
-                if how is not None:
-                    lost.append((cause_order(left), r, pid, how))
+                gone = (0, "has died") if r in self._vanished else self.seg.left_for_good(r)
+                if gone is not None:
+                    lost.append((cause_order(gone[0]), r, pid, gone[1]))
         if all(r in self._dead for _, r, _, _ in lost):
             return
         lost.sort()

@@ -64,7 +64,7 @@ class UCXProgramTask(NativeProgramTask):
         lib.pc_exec_abort(self.e)
         self._ended()
         if lib.pc_exec_reap(self.e):
-            self.prepared.transport.keep_until_done(self, lambda: lib.pc_exec_reap(self.e) == 0)
+            self.prepared.transport.keep_until_done(self.holding(), lambda: lib.pc_exec_reap(self.e) == 0)
 
     def _error(self, i: int, what: str) -> PycollError:
         e, t = self.e, self.prepared.transport

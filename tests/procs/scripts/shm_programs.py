@@ -10,9 +10,15 @@ code share the rings:
   others run them natively, v-collectives' agreement checks included: the same messages;
 - ``interleaved``: tagged collectives (Python) and untagged ones (native) in flight together, so
   that the rings hold both kinds of message, in varying order;
-- ``many``: 150 native collectives in flight at once, more than a ring's 64 descriptors to a peer.
+- ``many``: 150 native collectives in flight at once, more than a ring's 64 descriptors to a peer;
+- ``held`` (2 ranks): rank 0's program times out with its send posted and drops its arrays; rank 1,
+  late, still reads what rank 0 sent (the transport keeps a failed program's buffers while its
+  posted messages may be read);
+- ``failed`` (2 ranks): rank 1's segment collective times out (it is marked failed on the segment,
+  its process alive): programs between the two still run (a failed rank is not a lost one).
 """
 
+import gc
 import os
 import sys
 import time
@@ -150,9 +156,78 @@ def many(team: Team) -> None:
         assert np.all(outs[k] == sum(range(n)) + n * k), (k, outs[k][:3])
 
 
+def held(team: Team) -> None:
+    """Rank 0's rd times out before rank 1 comes; rank 0 drops its arrays; rank 1 reads 7 + 1."""
+    import pycoll  # noqa: PLC0415
+
+    world, r, n = MPI.COMM_WORLD, team.rank, 1 << 20
+    for _ in range(12):  # (past the checked calls)
+        x = np.ones(n)
+        team.allreduce(x, np.empty_like(x), algorithm="rd").wait(timeout=30)
+    if r == 0:
+        x = np.full(n, 7.0)
+        req = team.allreduce(x, np.empty_like(x), algorithm="rd", timeout=0.2)
+        assert "[native]" in req.task.name, req.task
+        try:
+            req.wait()
+            raise AssertionError("no timeout")
+        except pycoll.TimeoutError:
+            pass
+        del x, req
+        gc.collect()
+        junk = [np.full(n, 99.0) for _ in range(4)]  # (would take the freed memory)
+    world.Barrier()
+    if r == 1:
+        x = np.ones(n)
+        out = np.empty_like(x)
+        team.allreduce(x, out, algorithm="rd").wait(timeout=30)
+        assert (out == 8.0).all(), out[:4]
+    else:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:  # (rank 0 takes rank 1's message as an unexpected one)
+            team.ctx.progress()
+            time.sleep(0.002)
+        del junk
+    world.Barrier()
+
+
+def failed(team: Team) -> None:
+    """A rank whose segment collective failed is still there for point to point."""
+    import pycoll  # noqa: PLC0415
+
+    world, r = MPI.COMM_WORLD, team.rank
+    x = np.ones(1000)
+    out = np.empty_like(x)
+    for _ in range(12):
+        team.allreduce(x, out, algorithm="rd").wait(timeout=30)
+    if r == 1:
+        try:
+            team.allreduce(x, out, timeout=0.1).wait()  # (the segment's: rank 0 is not there)
+            raise AssertionError("no timeout")
+        except pycoll.TimeoutError:
+            pass
+    world.Barrier()
+    if r == 0:
+        try:
+            team.allreduce(x, out).wait(timeout=5)
+            raise AssertionError("rank 1's failure was not seen")
+        except pycoll.PycollError:
+            pass
+    world.Barrier()
+    for _ in range(3):
+        if r == 1:
+            time.sleep(0.3)
+        req = team.allreduce(x, out, algorithm="rd")
+        assert "[native]" in req.task.name, req.task
+        req.wait(timeout=30)
+        assert (out == 2.0).all(), out[:4]
+
+
 def main(mode: str) -> None:
     team = make_team(native=not (mode == "mixed" and MPI.COMM_WORLD.rank == 0))
-    {"early": early, "mixed": mixed, "interleaved": interleaved, "many": many}[mode](team)
+    {"early": early, "mixed": mixed, "interleaved": interleaved, "many": many, "held": held,
+     "failed": failed}[mode](team)
+    MPI.COMM_WORLD.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
     team.close()
 
 
