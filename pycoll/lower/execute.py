@@ -9,15 +9,18 @@ one does (:func:`run_program`).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Dict, Generator, Optional
 
 import numpy as np
 
+from pycoll import config
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.buffers import aliasing, scratch_array
 from pycoll.engine.request import Request
 from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
+from pycoll.trace import tracer
 
 _U8 = np.uint8
 
@@ -60,6 +63,8 @@ class ProgramTask(StepTask):
             raise ProgramError(f"a program of rank {program.rank} of {program.size} given to rank "
                                f"{args.rank} of {args.size}")
         self.program = program
+        #: The tracer that gets the instructions' spans (``PYCOLL_TRACE_INSTRUCTIONS``), or None.
+        self.tracer = tracer() if config.get("PYCOLL_TRACE_INSTRUCTIONS") else None
         self._kernels = kernels(program.instrs)
         self._scratch_bytes = {name: scratch_array(nbytes, _U8) for name, nbytes in program.buffers.items()
                                if name not in ("src", "dst")}
@@ -81,10 +86,17 @@ class ProgramTask(StepTask):
         def view(s: tuple) -> np.ndarray:
             return bufs[s[0]][s[1]:s[1] + s[2]]
 
+        times: Optional[Dict[int, list]] = {} if self.tracer is not None else None
         for n, ins in enumerate(self.program.instrs):
             waits = [reqs[d] for d in ins.deps if d in reqs and not reqs[d].done]
             if waits:
                 yield waits
+            if times is not None:  # (a message's end: when this task saw it done)
+                now = time.monotonic()
+                for d in ins.deps:
+                    if d in reqs and not times[d][1]:
+                        times[d][1] = now
+                times[n] = [now, 0.0]
             kind = ins.kind
             if kind == "send":
                 reqs[n] = ch.isend(view(ins.slices["buf"]), ins.peer, ins.step)
@@ -92,9 +104,25 @@ class ProgramTask(StepTask):
                 reqs[n] = ch.irecv(view(ins.slices["buf"]), ins.peer, ins.step)
             else:
                 compute(ins, view, self._kernels)
+                if times is not None:
+                    times[n][1] = time.monotonic()
         rest = [r for r in reqs.values() if not r.done]
         if rest:
             yield rest
+        if times is not None:
+            self._trace(times)
+
+    def _trace(self, times: Dict[int, list]) -> None:
+        """Hand the tracer a span per instruction (``PYCOLL_TRACE_INSTRUCTIONS``): issued to done
+        (a message: to when this task saw it done)."""
+        now, spans = time.monotonic(), []
+        for n, (t0, t1) in times.items():
+            ins = self.program.instrs[n]
+            args: Dict[str, Any] = {"parent": self.name, "instruction": n}
+            if ins.kind in ("send", "recv"):
+                args["peer"], args["nbytes"] = ins.peer, ins.slices["buf"][2]
+            spans.append((f"{ins.kind} {n}", t0, t1 or now, args))
+        self.tracer.subtasks(spans)
 
 
 #: The collectives whose op, and whose root, a program was made for.

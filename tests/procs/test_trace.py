@@ -49,11 +49,12 @@ def test_two_ranks_merge_and_plot(tmp_path, mpirun):
     assert "whole trace" in out and (tmp_path / "whole.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("kind", ["shm", "ucx"])
-def test_a_native_programs_instructions_show_with_a_setting(kind, tmp_path, mpirun):
+@pytest.mark.parametrize("kind", ["shm", "ucx", "mpi"])
+def test_a_programs_instructions_show_with_a_setting(kind, tmp_path, mpirun):
     """PYCOLL_TRACE_INSTRUCTIONS=1: each call's instructions (rd on 2 ranks: send, recv, reduce)
-    are subtask spans inside the collective's own span, with their peer and bytes, for calls the
-    engine polled and calls the express lane ran alike."""
+    are subtask spans inside the collective's own span, with their peer and bytes: native programs
+    (over shared memory, UCX; calls the engine polled and calls the express lane ran alike) and a
+    program run in Python (over MPI)."""
     env = {"PYCOLL_TRACE": str(tmp_path / "t.json"), "PYCOLL_TRACE_INSTRUCTIONS": "1"}
     if kind == "ucx":
         need_ucx()
@@ -61,7 +62,8 @@ def test_a_native_programs_instructions_show_with_a_setting(kind, tmp_path, mpir
     mpirun(2, "tests/procs/scripts/trace_program.py", kind, timeout=60, env=env)
     events = json.loads((tmp_path / "t.rank0.json").read_text())["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X"]
-    instrs = [e for e in spans if e["cat"] == "subtask" and "[native]" in e["args"].get("parent", "")]
+    ours = "allreduce:rd@0"  # (the collective's name: [native] follows where it ran natively)
+    instrs = [e for e in spans if e["cat"] == "subtask" and e["args"].get("parent", "").startswith(ours)]
     kinds = {}
     for e in instrs:
         kinds.setdefault(e["name"], []).append(e)
@@ -69,7 +71,7 @@ def test_a_native_programs_instructions_show_with_a_setting(kind, tmp_path, mpir
     assert len(kinds["recv 1"]) == 12, len(kinds["recv 1"])  # (every call: express-lane runs too)
     assert all(e["args"]["peer"] == 1 and e["args"]["nbytes"] == 400 for e in kinds["recv 1"])
     # each recv inside a native collective's span (those the engine ran) or right before its reduce
-    colls = [e for e in spans if e["cat"] == "comm" and "[native]" in e["name"]]
+    colls = [e for e in spans if e["cat"] == "comm" and e["name"].startswith(ours)]
     assert colls, sorted({e["name"] for e in spans})
     inside = [r for r in kinds["recv 1"]
               if any(c["ts"] - 1 <= r["ts"] and r["ts"] + r["dur"] <= c["ts"] + c["dur"] + 1 for c in colls)]

@@ -1,7 +1,8 @@
 """Run under mpiexec by tests/procs/test_trace.py with PYCOLL_TRACE and PYCOLL_TRACE_INSTRUCTIONS:
 native programs (``shm``: a team over a TCP store on one host's descriptor rings; ``ucx``: the
 MPI world's team with PYCOLL_TLS=ucx), 12 rd allreduces, new arrays then the same ones (the
-express lane), for the test to find their instructions in the timeline."""
+express lane); ``mpi``: rd's program run in Python over MPI (``team.run_program``) 12 times; for
+the test to find their instructions in the timeline."""
 
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycoll import Team
+from pycoll.lower import lower
 from pycoll.store import TCPStore
 from tests.rank import run_rank
 
@@ -25,11 +27,15 @@ def main(kind: str) -> None:
     assert team.transport.name == kind, team.transport
     x = np.ones(100, np.float32)
     out = np.empty_like(x)
+    program = lower("allreduce", "rd", world.size, 100)[world.rank]
     for i in range(12):
         if i < 3:
             out = np.empty_like(x)
-        req = team.allreduce(x, out, algorithm="rd")
-        assert "[native]" in req.task.name, req.task
+        if kind == "mpi":
+            req = team.run_program(program, x, out)
+        else:
+            req = team.allreduce(x, out, algorithm="rd")
+        assert ("[native]" in req.task.name) == (kind != "mpi"), req.task
         req.wait(timeout=30)
         assert (out == world.size).all()
     team.close()
