@@ -2,7 +2,7 @@
 test bed of tests/procs/test_multihost.py), every team on UCX forced onto TCP, with native
 programs (``PYCOLL_NATIVE_PROGRAMS=1``) against the Python path (``0``), launches alternated.
 
-    python benchmarks/two_hosts.py [--rounds 2] [--calibrate]      (needs root: ip netns)
+    python benchmarks/two_hosts.py [--rounds 2] [--per-host 2] [--calibrate]   (needs root: ip netns)
 
 Per size (8 B, 1 MiB, 16 MiB) and algorithm (the default selection, and ``rd``): the mean time of a
 loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
@@ -60,6 +60,7 @@ def main() -> int:
     p.add_argument("--calibrate", action="store_true",
                    help="also calibrate the simulator across the two hosts (pycoll.sim.calibrate) and "
                         "print its rd times next to the measured ones")
+    p.add_argument("--per-host", type=int, default=2, help="ranks on each of the two hosts (default 2)")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank:
@@ -72,13 +73,13 @@ def main() -> int:
     for _ in range(a.rounds):
         for native in ("1", "0"):
             env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp", "PYCOLL_NATIVE_PROGRAMS": native}
-            out = run_hosts("benchmarks/two_hosts.py", [2, 2], "--rank", timeout=300, env=env)
+            out = run_hosts("benchmarks/two_hosts.py", [a.per_host] * 2, "--rank", timeout=300, env=env)
             for line in out.splitlines():
                 if line.startswith("ROW "):
                     _, nbytes, algorithm, us = line.split()
                     results.setdefault((int(nbytes), algorithm), {}).setdefault(native, []).append(float(us))
-    print("# allreduce, 2 + 2 ranks on two hosts (network namespaces), UCX over TCP; us per call, "
-          "slowest rank")
+    print(f"# allreduce, {a.per_host} + {a.per_host} ranks on two hosts (network namespaces), UCX over TCP; "
+          "us per call, slowest rank")
     print(f"{'bytes':>10} {'algorithm':>16} {'native programs':>24} {'Python path':>24} {'speedup':>12}")
     for (nbytes, algorithm), by in sorted(results.items()):
         nat, py = by.get("1", []), by.get("0", [])
@@ -86,11 +87,11 @@ def main() -> int:
         print(f"{nbytes:>10} {algorithm:>16} {', '.join(f'{v:.1f}' for v in nat):>24} "
               f"{', '.join(f'{v:.1f}' for v in py):>24} {span:>12}")
     if a.calibrate:
-        simulated(run_hosts, results)
+        simulated(run_hosts, results, a.per_host)
     return 0
 
 
-def simulated(run_hosts: Any, results: dict) -> None:
+def simulated(run_hosts: Any, results: dict, per_host: int) -> None:
     """Calibrate the simulator across the two hosts and print its rd allreduce times next to the
     measured ones (simulated / measured, for each measured run)."""
     import tempfile  # noqa: PLC0415
@@ -99,13 +100,13 @@ def simulated(run_hosts: Any, results: dict) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "hosts.toml")
-        run_hosts("tests/procs/scripts/calibrate_hosts.py", [2, 2], path, "--steps", "200", "--repeats", "3",
-                  timeout=300, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
+        run_hosts("tests/procs/scripts/calibrate_hosts.py", [per_host] * 2, path, "--steps", "200",
+                  "--repeats", "3", timeout=300, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
         machine = load(path)
     print(f"# simulated (pycoll sim, calibrated across the hosts: {machine.describe()})")
     print(f"{'bytes':>10} {'simulated':>12} {'sim / measured (native, Python)':>40}")
     for nbytes in SIZES:
-        sim = run(programs("allreduce", "rd", 4, nbytes), machine).time * 1e6
+        sim = run(programs("allreduce", "rd", 2 * per_host, nbytes), machine).time * 1e6
         by = results.get((nbytes, "rd"), {})
         ratios = ", ".join(f"{sim / v:.2f}" for v in by.get("1", []) + by.get("0", []))
         print(f"{nbytes:>10} {sim:>12.1f} {ratios:>40}")

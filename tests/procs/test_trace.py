@@ -63,7 +63,8 @@ def test_a_programs_instructions_show_with_a_setting(kind, tmp_path, mpirun):
     events = json.loads((tmp_path / "t.rank0.json").read_text())["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X"]
     ours = "allreduce:rd@0"  # (the collective's name: [native] follows where it ran natively)
-    instrs = [e for e in spans if e["cat"] == "subtask" and e["args"].get("parent", "").startswith(ours)]
+    parent = ours if kind == "mpi" else f"{ours}[native]"  # (not the tasks of a program's recording)
+    instrs = [e for e in spans if e["cat"] == "subtask" and e["args"].get("parent") == parent]
     kinds = {}
     for e in instrs:
         kinds.setdefault(e["name"], []).append(e)

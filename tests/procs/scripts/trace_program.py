@@ -4,6 +4,7 @@ MPI world's team with PYCOLL_TLS=ucx), 12 rd allreduces, new arrays then the sam
 express lane); ``mpi``: rd's program run in Python over MPI (``team.run_program``) 12 times; for
 the test to find their instructions in the timeline."""
 
+import os
 import sys
 
 import numpy as np
@@ -27,7 +28,9 @@ def main(kind: str) -> None:
     assert team.transport.name == kind, team.transport
     x = np.ones(100, np.float32)
     out = np.empty_like(x)
-    program = lower("allreduce", "rd", world.size, 100)[world.rank]
+    setting = os.environ.pop("PYCOLL_TRACE_INSTRUCTIONS")  # (lowering runs the program on an
+    program = lower("allreduce", "rd", world.size, 100)[world.rank]  # in-process team: not traced)
+    os.environ["PYCOLL_TRACE_INSTRUCTIONS"] = setting
     for i in range(12):
         if i < 3:
             out = np.empty_like(x)
