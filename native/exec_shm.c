@@ -250,10 +250,8 @@ static int sx_issue_ready(pc_sx_t *e)
 {
     while (e->next < e->n) {
         int i = e->next;
-        const pc_instr_t *in = &e->ins[i];
-        for (int d = 0; d < in->ndeps; d++)
-            if (e->state[e->deps[in->dep0 + d]] != PC_S_DONE)
-                return PC_EXEC_RUNNING;
+        if (!pc_deps_done(e->state, e->deps, &e->ins[i]))
+            return PC_EXEC_RUNNING;
         int rc = sx_issue(e, i);
         if (rc != PC_EXEC_RUNNING)
             return rc;

@@ -93,9 +93,8 @@ static int pc_exec_progress(pc_exec_t *e)
     while (e->next < e->n) {
         int i = e->next;
         const pc_instr_t *in = &e->ins[i];
-        for (int d = 0; d < in->ndeps; d++)
-            if (e->state[e->deps[in->dep0 + d]] != PC_S_DONE)
-                return PC_EXEC_RUNNING;
+        if (!pc_deps_done(e->state, e->deps, in))
+            return PC_EXEC_RUNNING;
         if (in->kind != PC_I_AVG) /* (an AVG is Python's: pc_exec_did marks it) */
             PC_MARK(e, i, 0);
         if (in->kind == PC_I_SEND || in->kind == PC_I_RECV) {

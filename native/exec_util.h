@@ -7,6 +7,15 @@
 
 #include "exec.h"
 
+/* Whether every instruction that instruction `in` depends on is done (state: per instruction). */
+static inline int pc_deps_done(const uint8_t *state, const int32_t *deps, const pc_instr_t *in)
+{
+    for (int d = 0; d < in->ndeps; d++)
+        if (state[deps[in->dep0 + d]] != PC_S_DONE)
+            return 0;
+    return 1;
+}
+
 /* CLOCK_MONOTONIC in nanoseconds (Python's time.monotonic() reads the same clock). */
 static inline uint64_t pc_now_ns(void)
 {

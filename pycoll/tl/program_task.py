@@ -149,6 +149,21 @@ class NativeProgram:
 
 
 
+def prepared(transport: Any, cache: Dict[int, Any], program: Program,
+             check: Optional[tuple] = None) -> NativeProgram:
+    """``program``'s table for ``transport``'s executor: made once per program and kept in the
+    transport's ``cache`` (64 at most), or one per task behind its agreement check ``check``
+    (``(exchange program, fingerprint, explain)``: the fingerprint is its call's)."""
+    if check is not None:
+        return NativeProgram(transport, program, Check(*check))
+    entry = cache.get(id(program))
+    if entry is None or entry[0] is not program:
+        if len(cache) >= 64:
+            cache.clear()
+        entry = cache[id(program)] = (program, NativeProgram(transport, program))
+    return entry[1]
+
+
 class NativeProgramTask(Task):
     """One call of a prepared program (:class:`NativeProgram`) on ``args`` (a CollArgs of an
     untagged collective), run by its transport's executor. A subclass per transport makes the

@@ -18,9 +18,9 @@ import numpy as np
 
 from pycoll.errors import PeerLostError, PycollError, TransportError
 from pycoll.tl.base import AGREE_HASH, untagged_hash
-from pycoll.tl.program_task import Check, NativeProgram, NativeProgramTask
+from pycoll.tl.program_task import Check, NativeProgram, NativeProgramTask, prepared
 
-__all__ = ["Check", "NativeProgram", "ShmProgramTask"]
+__all__ = ["Check", "NativeProgram", "ShmProgramTask", "prepared"]
 
 _WHY = {2: "its peer was lost", 3: "a message of another size than its slice",
         4: "the shared segment's descriptors are unreadable", 5: "the sender's memory could not be read",

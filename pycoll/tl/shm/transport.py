@@ -404,14 +404,7 @@ class ShmTransport(Transport):
         (:class:`pycoll.tl.program_task.Check`)."""
         if credit_bytes or self.limited or args.channel.key[0] not in ("c", "unkeyed"):
             return None
-        from pycoll.tl.shm.executor import Check, NativeProgram, ShmProgramTask  # noqa: PLC0415
+        from pycoll.tl.shm.executor import ShmProgramTask, prepared  # noqa: PLC0415
 
-        if check is not None:  # (its fingerprint is its call's: one table per task)
-            return ShmProgramTask(args, NativeProgram(self, program, Check(*check)))
-        entry = self._programs.get(id(program))
-        if entry is None or entry[0] is not program:
-            if len(self._programs) >= 64:
-                self._programs.clear()
-            entry = self._programs[id(program)] = (program, NativeProgram(self, program))
-        return ShmProgramTask(args, entry[1])
+        return ShmProgramTask(args, prepared(self, self._programs, program, check))
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from pycoll.errors import PeerLostError, PycollError, TransportError
-from pycoll.tl.program_task import Check, NativeProgram, NativeProgramTask
+from pycoll.tl.program_task import Check, NativeProgram, NativeProgramTask, prepared
 
-__all__ = ["Check", "NativeProgram", "UCXProgramTask"]
+__all__ = ["Check", "NativeProgram", "UCXProgramTask", "prepared"]
 
 
 class UCXProgramTask(NativeProgramTask):

@@ -844,16 +844,9 @@ class UCXTransport(Transport):
         program runs first (:class:`pycoll.tl.ucx.executor.Check`)."""
         if credit_bytes or self.limited or args.channel.key[0] not in ("c", "unkeyed") or self._closed:
             return None
-        from pycoll.tl.ucx.executor import Check, NativeProgram, UCXProgramTask  # noqa: PLC0415
+        from pycoll.tl.ucx.executor import UCXProgramTask, prepared  # noqa: PLC0415
 
-        if check is not None:  # (its fingerprint is its call's: one table per task)
-            return UCXProgramTask(args, NativeProgram(self, program, Check(*check)))
-        entry = self._programs.get(id(program))
-        if entry is None or entry[0] is not program:
-            if len(self._programs) >= 64:
-                self._programs.clear()
-            entry = self._programs[id(program)] = (program, NativeProgram(self, program))
-        return UCXProgramTask(args, entry[1])
+        return UCXProgramTask(args, prepared(self, self._programs, program, check))
 
     def check_silence(self) -> bool:
         """Ping every peer on another node that this rank waits on and has not pinged for a sixth
