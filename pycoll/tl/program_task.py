@@ -11,9 +11,10 @@ a repeated call in one native call (the engine's express lane). An AVG division 
 Python (numpy's rounding rules). The transport's subclass says how its executor is started,
 advanced and given up, and what its failures mean.
 
-Only untagged collectives (``("c", seq)``) on an engine without a credit limit run natively: the
-transports' own stashes take early messages of other keys, which the executors' receives would not
-see.
+Only untagged collectives (``("c", seq)``, whose keys the executors compute) on an engine without
+a credit or bandwidth limit run natively: under a credit limit the engine starts collectives on
+demand from the messages the transports stash, which an executor's receives do not report, and a
+bandwidth limit paces the transports' sends in Python.
 """
 
 from __future__ import annotations
