@@ -19,6 +19,7 @@ bandwidth limit paces the transports' sends in Python.
 
 from __future__ import annotations
 
+import abc
 import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -165,12 +166,12 @@ def prepared(transport: Any, cache: Dict[int, Any], program: Program,
     return entry[1]
 
 
-class NativeProgramTask(Task):
+class NativeProgramTask(Task, metaclass=abc.ABCMeta):
     """One call of a prepared program (:class:`NativeProgram`) on ``args`` (a CollArgs of an
     untagged collective), run by its transport's executor. A subclass per transport makes the
-    executor's state record (:attr:`STATE`) and gives the C calls: :meth:`_setup`, :meth:`_start`,
-    :meth:`_run`, :meth:`_advance`, :meth:`_did`, :meth:`_started`, :meth:`_stopped`,
-    :meth:`_give_up` and :meth:`_error`."""
+    executor's state record (:attr:`STATE`) and gives the C calls, its abstract methods:
+    :meth:`_setup`, :meth:`_start`, :meth:`_run`, :meth:`_advance`, :meth:`_did`, :meth:`_started`,
+    :meth:`_stopped`, :meth:`_give_up` and :meth:`_error`."""
 
     #: The C type of the executor's state record.
     STATE = ""
@@ -210,45 +211,45 @@ class NativeProgramTask(Task):
         self.budget = 0
 
     # ------------------------------------------------------------------ the transport's part
+    @abc.abstractmethod
     def _setup(self, e: Any) -> None:
         """Fill the transport's fields of the executor's state ``e`` (once)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _start(self, key: tuple) -> None:
         """Start the executor on this call's collective ``key`` (``("c", seq)``), with the
         transport told that a native program runs (:meth:`_started`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _run(self, number: int, budget: int, every: int) -> int:
         """Start the executor as untagged collective ``number`` and advance it for up to
         ``budget`` nanoseconds, yielding the core every ``every`` polls (0: never), in one call;
         the executor's result code. The transport is not told (see :meth:`_started`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _advance(self) -> int:
         """Advance the executor once; its result code."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _did(self, i: int) -> None:
         """Tell the executor that Python ran instruction ``i`` (an AVG)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _started(self) -> None:
         """Tell the transport that this task's program runs (until :meth:`_stopped`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _stopped(self) -> None:
         """Tell the transport that this task's program ended, failed or was cancelled."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _give_up(self) -> None:
         """Stop the executor after a failure or a cancel; the transport keeps the task (so the
         buffers its peers may still read or write) for as long as that may happen."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _error(self, i: int, what: str) -> PycollError:
         """The error of instruction ``i`` failing (``what``: the task and the instruction, in words)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ the task
     @property
