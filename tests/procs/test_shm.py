@@ -22,7 +22,8 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
         from pycoll import Team
         from pycoll.store import TCPStore
         rank, size, port, coll = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        team = Team.from_store(store, rank, size)
         assert team.shared is not None
         m = 4 << 20  # elements per block: several chunks
         def post(timeout=None):
@@ -39,7 +40,11 @@ def test_rank_exiting_mid_block_collective_is_an_error(coll, store_ranks):
             team.shared.polls, team.shared.yield_every = 1, 0  # never wait for the peers: go on at once
             req = post()  # posted, its first chunk in the segment: then the rank exits
             req.test()
+            store.set("posted", b"1")
             os._exit(3)
+        # the others come once the exiting rank has posted (else, all posting at once, its one
+        # test() could do its whole part and the collective would rightly complete)
+        store.wait(["posted"], timeout=20)
         t0 = time.monotonic()
         try:
             post(timeout=20).wait()
