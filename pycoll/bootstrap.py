@@ -21,6 +21,7 @@ import itertools
 import math
 import os
 import socket
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
@@ -33,6 +34,7 @@ from pycoll.ps.worker import PushPull
 from pycoll.recovery import Recovery, revoke_here
 from pycoll.status import MPIStatus, StoreStatus
 from pycoll.store import allgather as store_allgather
+from pycoll.store import barrier as store_barrier
 from pycoll.tl.base import Transport, key_hash
 from pycoll.tl.local import LocalFabric
 from pycoll.tl.self import SelfTransport
@@ -46,6 +48,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _store_teams: Dict[str, int] = {}
 
 Exchange = Callable[[bytes], List[bytes]]
+#: A barrier of a team's bootstrap that calls ``poll()`` (the work it did) while it waits.
+Barrier = Callable[[Callable[[], int]], None]
 
 
 def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[Sequence[str]] = None,
@@ -68,7 +72,8 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
     else:
         from pycoll.tl.mpi import MPITransport  # noqa: PLC0415 - imports mpi4py.MPI
 
-        transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), dup.allgather, ctx, tls)
+        transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), dup.allgather, ctx, tls,
+                                    _mpi_barrier(dup))
                      or MPITransport(dup))
         ctx.add_transport(transport)
     name = comm.Get_name() or "mpi"
@@ -136,7 +141,10 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         def exchange(value: bytes) -> List[bytes]:  # a fresh key per round: transports call it again
             return store_allgather(store, f"{team_prefix}/addr{next(exchanges)}", rank, size, value)
 
-        chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls)
+        def barrier(poll: Callable[[], int]) -> None:
+            store_barrier(store, f"{team_prefix}/barrier{next(exchanges)}", size, poll, _store_timeout(store))
+
+        chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls, barrier)
         if chosen is None:
             if advertise is None:
                 advertise = _local_address(store)
@@ -313,21 +321,40 @@ def local_teams(cls: type, n: int, ctx: Optional[Context] = None) -> List[Team]:
 
 
 def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx: Context,
-                   tls: Optional[Sequence[str]] = None) -> Optional[Transport]:
+                   tls: Optional[Sequence[str]] = None, barrier: Optional[Barrier] = None
+                   ) -> Optional[Transport]:
     """The point-to-point transport ``tls`` (PYCOLL_TLS) asks for instead of the bootstrap's own
     (``default``: ``mpi`` or ``tcp``), or None to use that. UCX is taken when it is listed before
     ``default`` (or ``default`` is not listed); ``allgather(bytes) -> list[bytes]`` exchanges
-    worker addresses."""
+    worker addresses; ``barrier`` ends its close."""
     if tls is None:
         tls = config.get("PYCOLL_TLS")
     if "ucx" in tls and (default not in tls or tls.index("ucx") < tls.index(default)):
         from pycoll.tl.ucx import UCXTransport  # noqa: PLC0415 - UCX is optional
 
-        transport = UCXTransport(rank, size, allgather, ctx)
+        transport = UCXTransport(rank, size, allgather, ctx, barrier)
         if transport.silence < math.inf and any(transport.peer_errors):  # hosts that stop answering
             ctx.watch(_weakly(transport.check_silence, ctx.lock))
         return transport
     return None
+
+
+def _mpi_barrier(comm: Any) -> Barrier:
+    """A barrier on ``comm`` (MPI's nonblocking one) that polls while it waits."""
+
+    def barrier(poll: Callable[[], int]) -> None:
+        req = comm.Ibarrier()
+        while not req.Test():
+            if not poll():
+                time.sleep(0.0002)
+
+    return barrier
+
+
+def _store_timeout(store: Any) -> float:
+    """Seconds ``store`` lets a call wait (pycoll's store: a float; c10d's: a timedelta)."""
+    timeout = getattr(store, "timeout", 300.0)
+    return float(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout)
 
 
 def _level_tls(setting: str, tls: Optional[Sequence[str]]) -> Optional[Sequence[str]]:

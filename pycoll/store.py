@@ -17,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Callable, Dict, Iterable, List, Optional, Union
 
 from pycoll.errors import PycollError, TimeoutError
 
@@ -230,6 +230,23 @@ def store_get(store: object, key: str) -> bytes:
     """``store.get(key)`` as bytes, for pycoll's store and c10d stores alike."""
     value = store.get(key)  # type: ignore[attr-defined]
     return value if isinstance(value, bytes) else bytes(value)
+
+
+def barrier(store: object, key: str, size: int, poll: Callable[[], int], timeout: float) -> None:
+    """Wait until ``size`` ranks have called this with ``key``, calling ``poll()`` (which returns
+    how much work it did) all the while: a barrier through the store during which a transport
+    keeps progressing (a peer's UCX flush needs this rank's progress to finish). Raises
+    :class:`pycoll.TimeoutError` after ``timeout`` seconds."""
+    add = store.add  # type: ignore[attr-defined]
+    arrived = add(key, 1)
+    deadline = time.monotonic() + timeout
+    while arrived < size:
+        for _ in range(20):  # (a look at the store is a round trip: poll in between)
+            if not poll():
+                time.sleep(0.0002)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"store barrier {key!r}: {arrived} of {size} ranks after {timeout:g} s")
+        arrived = add(key, 0)
 
 
 def allgather(store: object, prefix: str, rank: int, size: int, value: bytes) -> List[bytes]:

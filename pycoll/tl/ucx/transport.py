@@ -354,16 +354,19 @@ class UCXTransport(Transport):
     """Point-to-point over UCX (UCP tag API) among the ranks of one team.
 
     ``allgather(bytes) -> list[bytes]`` is the team's blocking bootstrap exchange (MPI or a store);
-    ``ctx`` the pycoll Context whose worker the team shares.
+    ``barrier(poll)``, where given, a barrier of that bootstrap which calls ``poll()`` while it
+    waits (the close ends with one); ``ctx`` the pycoll Context whose worker the team shares.
     """
 
     name = "ucx"
 
-    def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]], ctx: Any) -> None:
+    def __init__(self, rank: int, size: int, allgather: Callable[[bytes], List[bytes]], ctx: Any,
+                 barrier: Optional[Callable[[Callable[[], int]], None]] = None) -> None:
         if size > _SRC_MASK + 1:
             raise TransportError(f"ucx: teams of at most {_SRC_MASK + 1} ranks (tags carry 18 bits of "
                                  f"rank), got {size}")
         self.rank, self.size, self.ctx, self._allgather = rank, size, ctx, allgather
+        self._barrier = barrier
         self._closed = True
         self._w = _acquire(ctx)
         try:
@@ -1003,10 +1006,15 @@ class UCXTransport(Transport):
         # would leave the others in it for good.
         # 3. a bootstrap barrier (nobody talks to us any more), then close the endpoints: forced,
         # as every message has arrived (a flushing close is a handshake with the peer's worker,
-        # which a peer blocked in the barrier does not progress: measured 5 s stalls)
+        # which a peer blocked in the barrier does not progress: measured 5 s stalls). The barrier
+        # progresses the worker where the bootstrap has one that can (else a peer still in its
+        # flush waits for our progress: over TCP between hosts, 10 s on every close).
         if not failed:
             try:
-                self._allgather(b"")
+                if self._barrier is not None:
+                    self._barrier(self.progress)
+                else:
+                    self._allgather(b"")
             except Exception:  # noqa: BLE001 - a peer gone at close: nothing more to wait for
                 failed = True
         if self._w.refs > 1:  # other teams still use the worker: keep the endpoints until it goes

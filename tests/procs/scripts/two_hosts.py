@@ -44,7 +44,10 @@ def main(rank, size, between):
     for _ in range(5):
         team.barrier().wait()
     team.barrier(algorithm="dissemination").wait()
-    team.close()
+    t0 = time.monotonic()
+    team.close()  # (its sub-teams' too; over UCX a close used to wait 10 s for a peer's flush)
+    took = time.monotonic() - t0
+    assert took < 5, f"closing the team took {took:.1f} s"
     store.add("closed", 1)  # the store's host (rank 0) stays until every rank has closed its team
     while rank == 0 and store.add("closed", 0) < size:
         time.sleep(0.01)
