@@ -46,7 +46,9 @@ def main(rank: int, size: int, mode: str) -> None:
             subprocess.run(["ip", "link", "set", "dev", devs[0], "down"], check=True)
             with open(cut_at, "w") as f:  # (CLOCK_MONOTONIC is the machine's, in every namespace)
                 f.write(repr(time.monotonic()))
-            time.sleep(8)
+            deadline = time.monotonic() + 8  # (stay until rank 0 has read the file: then it is done)
+            while os.path.exists(cut_at) and time.monotonic() < deadline:
+                time.sleep(0.05)
         else:
             t0 = time.monotonic()
             try:
