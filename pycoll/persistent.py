@@ -259,6 +259,10 @@ def _same_objects(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
+def _same_call(entry: Repeated, args: tuple, timeout: Optional[float], algorithm: Optional[str]) -> bool:
+    return _same_objects(entry.args, args) and entry.timeout == timeout and entry.algorithm == algorithm
+
+
 def repeat_key(name: str, args: tuple) -> tuple:
     """Where a call is remembered: its collective (or method) and the identity of its first
     argument, so that calls on different buffers (a model's gradients) are remembered side by side."""
@@ -276,15 +280,19 @@ class RecentCalls(Dict[tuple, Repeated]):
         self.turned_away = 0  # new calls not remembered because the table was full
         self.nbytes = 0  # what the remembered calls' buffers hold (MAX_REPEATED_BYTES)
 
-    def admits(self, key: tuple, args: tuple) -> bool:
-        """Whether to remember a call with ``args`` just posted as a new one: not when it is one of
-        the calls remembered there already (its persistent run was busy), nor, when the table is
-        full, unless it is the :data:`ADMIT_EVERY`-th such call (it then takes the oldest's place)."""
+    def admits(self, key: tuple, args: tuple, timeout: Optional[float] = None,
+               algorithm: Optional[str] = None) -> bool:
+        """Whether to remember a call with ``args`` (and these ``timeout`` and ``algorithm``
+        keywords) just posted as a new one: not when it is one of the calls remembered there
+        already (its persistent run was busy), nor, when the table is full, unless it is the
+        :data:`ADMIT_EVERY`-th such call (it then takes the oldest's place). The same buffers
+        with another algorithm or timeout are another call (a benchmark of one algorithm after
+        another on the same arrays): it is remembered in place of the last."""
         entry = self.get(key)
         if entry is not None:
             other = entry.other
-            return not (_same_objects(entry.args, args) or
-                        (other is not None and _same_objects(other.args, args)))
+            return not (_same_call(entry, args, timeout, algorithm) or
+                        (other is not None and _same_call(other, args, timeout, algorithm)))
         if len(self) < MAX_REPEATED:
             return True
         self.turned_away += 1

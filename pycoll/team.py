@@ -324,12 +324,11 @@ class Team:
 _START = """
 def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, **options):
     entry = self.recent.get(({name!r}, {first}))
-    if entry is not None and not ({same}True):
-        entry = entry.other  # (the call before, with other arguments)
-        if entry is not None and not ({same}True):
+    if entry is not None and not ({same}algorithm == entry.algorithm and timeout == entry.timeout):
+        entry = entry.other  # (the call before, with other arguments or keywords)
+        if entry is not None and not ({same}algorithm == entry.algorithm and timeout == entry.timeout):
             entry = None
-    if (entry is not None and tag is None and algorithm == entry.algorithm and timeout == entry.timeout
-            and not options):
+    if entry is not None and tag is None and not options:
         lane = entry.lane  # the same call as the last: its persistent form, run again at once ...
         if lane is not None:
             req = lane.run()
@@ -344,7 +343,7 @@ def {name}(self, {params}*, priority=0, tag=None, algorithm=None, timeout=None, 
     req = self.planner.post(call, priority, tag, algorithm, timeout, options)
     if tag is None and not options:
         recent = self.recent
-        if recent.admits(({name!r}, {first}), ({tuple})):
+        if recent.admits(({name!r}, {first}), ({tuple}), timeout, algorithm):
             recent.add(({name!r}, {first}), ({tuple}), ({dtypes}), persistent_of, self.planner, call, timeout,
                        algorithm, timeout=timeout, algorithm=algorithm)
     return req
