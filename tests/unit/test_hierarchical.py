@@ -153,3 +153,55 @@ def test_avg_divides_once(monkeypatch):
         bufs = [np.full(10, 8.0 * (r + 1)) for r in range(8)]
         _run(teams, lambda t, b=bufs, a=alg: t.allreduce(b[t.rank], op=ReduceOp.AVG, algorithm=a))
         assert np.allclose(bufs[2], 36.0), (alg, bufs[2])
+
+
+@pytest.mark.parametrize("alg,coll", [("rab", "allreduce"), ("split_rail", "allreduce"), ("hier", "bcast"),
+                                      ("hier", "barrier")])
+def test_a_hierarchical_schedule_is_built_once_and_rebound(monkeypatch, alg, coll):
+    """Repeated calls of one shape on new buffers (several fragments, uneven nodes, in place and
+    not, SUM and AVG, untagged and tagged in different orders per rank): the right values on
+    every call, and each rank builds each shape's schedule once (later calls rebind a kept one)."""
+    from pycoll.algorithms.hier import levels
+
+    built = []
+    init = levels.HierSchedule.__init__
+    monkeypatch.setattr(levels.HierSchedule, "__init__", lambda self, args: (built.append(args.rank),
+                                                                           init(self, args))[1])
+    monkeypatch.setenv("PYCOLL_RANKS_PER_NODE", "3,3,2")
+    teams = pycoll.local_teams(8)
+    n, calls = 5003, 0
+    for in_place, op in ((False, ReduceOp.SUM), (True, ReduceOp.SUM), (False, ReduceOp.AVG)):
+        for i in range(4):
+            ins = [np.arange(n, dtype=np.float64) * (r + 1) + 10 * i for r in range(8)]
+            bufs = [x.copy() for x in ins]
+            outs = [np.empty_like(x) for x in ins]
+            if coll == "allreduce":
+                got = _run(teams, lambda t, b=bufs, o=outs, ip=in_place, op=op: t.allreduce(
+                    b[t.rank], None if ip else o[t.rank], op, algorithm=alg, fragment_bytes=4096))
+                want = sum(ins) / (8 if op is ReduceOp.AVG else 1)
+                for r, g in enumerate(got):
+                    assert np.allclose(g, want), (alg, in_place, op, i, r)
+            elif coll == "bcast":
+                _run(teams, lambda t, b=bufs: t.bcast(b[t.rank], 4, algorithm=alg, fragment_bytes=4096))
+                for r in range(8):
+                    assert (bufs[r] == ins[4]).all(), (i, r)
+            else:
+                _run(teams, lambda t: t.barrier(algorithm=alg))
+            calls += 1
+    # (a barrier repeats its last call: the second one becomes a persistent collective, built once)
+    schedules = 3 if coll == "allreduce" else 2 if coll == "barrier" else 1
+    assert len(built) == 8 * schedules, (len(built), calls)
+    # tagged: one more shape; four in flight at once, posted in different orders per rank, every
+    # call on new buffers; the second round rebinds the four schedules of the first
+    for rnd in range(2 if coll == "allreduce" else 0):
+        built.clear()
+        ins = {(r, k): np.full(3000, 100.0 * k + r + rnd) for r in range(8) for k in range(4)}
+        reqs = []
+        for t in teams:
+            order = range(4) if t.rank % 2 else reversed(range(4))
+            for k in order:
+                reqs.append((t.rank, k, t.allreduce(ins[(t.rank, k)], tag=f"g{k}", algorithm=alg,
+                                                   fragment_bytes=4096)))
+        for r, k, q in reqs:
+            assert (q.wait(30) == sum(100.0 * k + rr + rnd for rr in range(8))).all(), (rnd, r, k)
+        assert len(built) == (8 * 4 if rnd == 0 else 0), (rnd, len(built))

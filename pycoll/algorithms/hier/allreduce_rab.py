@@ -11,16 +11,17 @@ leaders allreduce fragment f.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.hier.levels import (
     PIPELINE_OPTIONS,
     HierSchedule,
+    Part,
     add_average,
     check_sub_teams,
-    copy_task,
     fragments,
     level_op,
-    level_tag,
 )
 from pycoll.algorithms.options import options
 from pycoll.algorithms.patterns import interleave
@@ -36,35 +37,29 @@ def build(args: CollArgs) -> Task:
     check_sub_teams(args)
     node, leaders = args.node_team, args.leaders_team
     op = level_op(args.op)
-    src, dst = args.src, args.dst
     leader = node.rank == 0
     sched = HierSchedule(args)
     frags = fragments(args, opts["fragment_bytes"])
     lag = opts["depth"]
     reduces, bcasts = [], []
 
-    def reduce(f: int) -> Task:
+    def reduce(f: int) -> Optional[Task]:
         lo, hi = frags[f]
-        tag = level_tag(args, "node-reduce", f)
+        src, dst = Part("src", lo, hi), Part("dst", lo, hi)
         if node.size == 1:  # alone on the node: the input is the node's sum
-            task = copy_task(dst[lo:hi], src[lo:hi], f"{args.name}/copy{f}") if not args.in_place else None
-            return sched.add(task) if task is not None else None
-        if leader:
-            task = (node.task("reduce", dst[lo:hi], None, op, 0, tag=tag) if args.in_place
-                    else node.task("reduce", src[lo:hi], dst[lo:hi], op, 0, tag=tag))
-        else:
-            task = node.task("reduce", src[lo:hi], None, op, 0, tag=tag)
-        return sched.add(task)
+            return sched.copy(dst, src, f"{args.name}/copy{f}") if not args.in_place else None
+        if leader and args.in_place:
+            return sched.level(node, "reduce", dst, None, op, 0, name="node-reduce", frag=f)
+        return sched.level(node, "reduce", src, dst if leader else None, op, 0, name="node-reduce", frag=f)
 
     def bcast(f: int) -> None:
         lo, hi = frags[f]
+        dst = Part("dst", lo, hi)
         after = [t for t in (reduces[f],) if t is not None]
         if leader and leaders is not None and leaders.size > 1:
-            tag = level_tag(args, "leaders", f)
-            after = [sched.add(leaders.task("allreduce", dst[lo:hi], None, op, tag=tag), after=after)]
+            after = [sched.level(leaders, "allreduce", dst, None, op, name="leaders", frag=f, after=after)]
         if node.size > 1:
-            after = [sched.add(node.task("bcast", dst[lo:hi], 0, tag=level_tag(args, "node-bcast", f)),
-                               after=after)]
+            after = [sched.level(node, "bcast", dst, 0, name="node-bcast", frag=f, after=after)]
         bcasts.extend(after)
 
     interleave(len(frags), lag, lambda f: reduces.append(reduce(f)), bcast)

@@ -12,7 +12,7 @@ get empty blocks and sit out the rails. Pipelined in fragments like "rab" (optio
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
@@ -20,12 +20,11 @@ from pycoll.algorithms.base import CollArgs, block_bounds
 from pycoll.algorithms.hier.levels import (
     PIPELINE_OPTIONS,
     HierSchedule,
+    Part,
     add_average,
     check_sub_teams,
-    copy_task,
     fragments,
     level_op,
-    level_tag,
 )
 from pycoll.algorithms.options import options
 from pycoll.algorithms.patterns import interleave
@@ -44,7 +43,6 @@ def build(args: CollArgs) -> Task:
     k = min(topo.ppn) if topo is not None else 1
     me = node.rank
     op = level_op(args.op)
-    src, dst = args.src, args.dst
     sched = HierSchedule(args)
     frags = fragments(args, opts["fragment_bytes"])
     lag = opts["depth"]
@@ -53,31 +51,30 @@ def build(args: CollArgs) -> Task:
         b = block_bounds(hi - lo, k)
         counts.append([b[i + 1] - b[i] if i < k else 0 for i in range(node.size)])
     # this rank's reduced block of every fragment (fragments are in flight together)
-    starts = np.cumsum([0] + [c[me] for c in counts])
-    blocks = np.empty(int(starts[-1]), dst.dtype)
-    scatters: List[Optional[Task]] = []
+    starts = np.cumsum([0] + [c[me] for c in counts]).tolist()
+    sched.own_scratch(starts[-1])
+    scatters: List[Task] = []
     done: List[Task] = []
 
-    def scatter(f: int) -> Optional[Task]:
+    def scatter(f: int) -> Task:
         lo, hi = frags[f]
-        block = blocks[starts[f]:starts[f + 1]]
+        block = Part("own", starts[f], starts[f + 1])
         if node.size == 1:  # k == 1: the whole fragment is this rank's block
-            return sched.add(copy_task(block, src[lo:hi], f"{args.name}/copy{f}"))
-        return sched.add(node.task("reduce_scatterv", src[lo:hi], block, counts[f], op,
-                                   tag=level_tag(args, "node-rs", f)))
+            return sched.copy(block, Part("src", lo, hi), f"{args.name}/copy{f}")
+        return sched.level(node, "reduce_scatterv", Part("src", lo, hi), block, counts[f], op,
+                           name="node-rs", frag=f)
 
     def gather(f: int) -> None:
         lo, hi = frags[f]
-        block = blocks[starts[f]:starts[f + 1]]
+        block = Part("own", starts[f], starts[f + 1])
         after = [scatters[f]]
         if me < k and rail.size > 1:
-            after = [sched.add(rail.task("allreduce", block, None, op, tag=level_tag(args, "rail", f)),
-                               after=after)]
+            after = [sched.level(rail, "allreduce", block, None, op, name="rail", frag=f, after=after)]
         if node.size == 1:
-            after = [sched.add(copy_task(dst[lo:hi], block, f"{args.name}/out{f}"), after=after)]
+            after = [sched.copy(Part("dst", lo, hi), block, f"{args.name}/out{f}", after=after)]
         else:
-            after = [sched.add(node.task("allgatherv", block, dst[lo:hi], counts[f], None,
-                                         tag=level_tag(args, "node-ag", f)), after=after)]
+            after = [sched.level(node, "allgatherv", block, Part("dst", lo, hi), counts[f], None,
+                                 name="node-ag", frag=f, after=after)]
         done.extend(after)
 
     interleave(len(frags), lag, lambda f: scatters.append(scatter(f)), gather)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Dict
 
 from pycoll.algorithms.base import CollArgs
-from pycoll.algorithms.hier.levels import HierSchedule, check_sub_teams, level_tag
+from pycoll.algorithms.hier.levels import HierSchedule, check_sub_teams
 from pycoll.algorithms.options import Option, options
 from pycoll.tasks.task import Task
 
@@ -23,9 +23,9 @@ def build(args: CollArgs) -> Task:
     sched = HierSchedule(args)
     after = []
     if node.size > 1:
-        after = [sched.add(node.task("barrier", tag=level_tag(args, "fan-in", 0)))]
+        after = [sched.level(node, "barrier", name="fan-in")]
     if leaders is not None and leaders.size > 1:
-        after = [sched.add(leaders.task("barrier", tag=level_tag(args, "leaders", 0)), after=after)]
+        after = [sched.level(leaders, "barrier", name="leaders", after=after)]
     if node.size > 1:
-        sched.add(node.task("barrier", tag=level_tag(args, "fan-out", 0)), after=after)
+        sched.level(node, "barrier", name="fan-out", after=after)
     return sched

@@ -9,15 +9,15 @@ Pipelined in fragments (options ``fragment_bytes``, ``depth``).
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from pycoll.algorithms.base import CollArgs
 from pycoll.algorithms.hier.levels import (
     PIPELINE_OPTIONS,
     HierSchedule,
+    Part,
     check_sub_teams,
     fragments,
-    level_tag,
 )
 from pycoll.algorithms.options import options
 from pycoll.algorithms.patterns import interleave
@@ -35,28 +35,27 @@ def build(args: CollArgs) -> Task:
     node, leaders = args.node_team, args.leaders_team
     root_node = topo.nodes[args.root]
     mine = topo.nodes[args.rank] == root_node
-    buf = args.dst
     sched = HierSchedule(args)
     frags = fragments(args, opts["fragment_bytes"])
     lag = opts["depth"]
-    firsts: List[Task] = []
+    firsts: List[Optional[Task]] = []
 
     def first(f: int) -> None:
         lo, hi = frags[f]
         task = None
         if mine and node.size > 1:
-            task = sched.add(node.task("bcast", buf[lo:hi], topo.local_rank(args.root),
-                                       tag=level_tag(args, "root-node", f)))
+            task = sched.level(node, "bcast", Part("dst", lo, hi), topo.local_rank(args.root),
+                               name="root-node", frag=f)
         firsts.append(task)
 
     def rest(f: int) -> None:
         lo, hi = frags[f]
+        buf = Part("dst", lo, hi)
         after = [t for t in (firsts[f],) if t is not None]
         if leaders is not None and leaders.size > 1:
-            tag = level_tag(args, "leaders", f)
-            after = [sched.add(leaders.task("bcast", buf[lo:hi], root_node, tag=tag), after=after)]
+            after = [sched.level(leaders, "bcast", buf, root_node, name="leaders", frag=f, after=after)]
         if not mine and node.size > 1:
-            sched.add(node.task("bcast", buf[lo:hi], 0, tag=level_tag(args, "node", f)), after=after)
+            sched.level(node, "bcast", buf, 0, name="node", frag=f, after=after)
 
     interleave(len(frags), lag, first, rest)
     return sched

@@ -10,18 +10,22 @@ on the transport of the rail team (UCX, MPI or TCP). Large buffers are cut into 
 step is posted after fragment ``f``'s last one (:func:`~pycoll.algorithms.patterns.interleave`),
 so node work on one fragment overlaps the leaders' work on another.
 
-Levels are built when the collective is posted (untagged ones take their sub-teams' sequence
-numbers in posting order, like any collective); a tagged collective tags its levels with its own
-key plus the level and fragment, so those match by tag too.
+Levels are built when the collective is first posted (untagged ones take their sub-teams'
+sequence numbers in posting order, like any collective); a tagged collective tags its levels with
+its own key plus the level and fragment, so those match by tag too. A finished schedule is kept
+for the next call of the same shape, as any collective: :meth:`HierSchedule.rebind` points its
+levels at the new call's buffers and gives them new keys in the order they were built, so a
+repeated call builds nothing. Its levels and local steps therefore name their buffers as
+:class:`Part` s of the call's input, output or the schedule's own scratch, not as arrays.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from pycoll.algorithms.base import CollArgs
+from pycoll.algorithms.base import UNBOUND, CollArgs
 from pycoll.algorithms.options import Option
 from pycoll.algorithms.patterns import fragment_elems, fragment_ranges
 from pycoll.ops import ReduceOp, finish_avg
@@ -48,15 +52,93 @@ def check_sub_teams(args: CollArgs) -> None:
                          "(node and rail sub-teams); this one has none")
 
 
+class Part(NamedTuple):
+    """Elements ``lo:hi`` of the collective's input (``"src"``), output (``"dst"``) or the
+    schedule's own scratch (``"own"``, :meth:`HierSchedule.own_scratch`)."""
+
+    buf: str
+    lo: int
+    hi: int
+
+
+class _Level(NamedTuple):
+    """A level as it was built, to rebuild its call on other buffers."""
+
+    task: Task
+    team: Any
+    coll: str
+    args: tuple  # the call's arguments, buffers as Parts
+    kwargs: dict
+    name: str  # (with the fragment, what level_tag derives the level's tag from)
+    frag: int
+
+
 class HierSchedule(Schedule):
     """A collective made of collectives on sub-teams. It holds no credit itself: its levels are
-    each a unit of credit on their own team."""
+    each a unit of credit on their own team. Add levels with :meth:`level` and local steps with
+    :meth:`copy` (and :func:`add_average`): then a finished schedule can be rebound to a new
+    call's buffers (:meth:`rebind`) and is kept for reuse like any collective."""
 
     sends_first = False
 
     def __init__(self, args: CollArgs) -> None:
         super().__init__(name=args.name)
         self.args = args
+        self.own = np.empty(0, args.dst.dtype)
+        self._levels: List[_Level] = []
+
+    def own_scratch(self, size: int) -> None:
+        """Give the schedule ``size`` elements of scratch of the output's dtype (``Part("own", ..)``)."""
+        self.own = np.empty(size, self.args.dst.dtype)
+
+    def view(self, part: Any) -> Any:
+        """The array a :class:`Part` names on the current call (anything else as it is)."""
+        if not isinstance(part, Part):
+            return part
+        a = self.args
+        buf = a.src if part.buf == "src" else a.dst if part.buf == "dst" else self.own
+        return buf[part.lo:part.hi]
+
+    def level(self, team: Any, coll: str, *args: Any, name: str, frag: int = 0,
+              after: Optional[List[Task]] = None, **kwargs: Any) -> Task:
+        """Add collective ``coll`` of sub-team ``team`` (``args`` as for the team's method of that
+        name, buffers as :class:`Part` s), tagged by the level's ``name`` and fragment ``frag``
+        when the collective is tagged (:func:`level_tag`), after the tasks in ``after``."""
+        views = [self.view(x) for x in args]
+        task = team.task(coll, *views, tag=level_tag(self.args, name, frag), **kwargs)
+        self._levels.append(_Level(task, team, coll, args, kwargs, name, frag))
+        return self.add(task, after=after)
+
+    def copy(self, dst: Part, src: Part, name: str, after: Optional[List[Task]] = None) -> Task:
+        """Add a local copy of ``src`` into ``dst`` (parts of the current call's buffers)."""
+        return self.add(FunctionTask(self._copy, dst, src, name=name), after=after)
+
+    def _copy(self, dst: Part, src: Part) -> None:
+        np.copyto(self.view(dst), self.view(src))
+
+    def rebind(self, src: np.ndarray, dst: np.ndarray, key: tuple) -> None:
+        """Reuse this finished schedule for a new call of the same shape: its levels get the
+        parts of the new buffers and new keys on their sub-teams, taken in the order they were
+        built (the order every rank builds them in)."""
+        a = self.args
+        a.src, a.dst = src, dst
+        a.channel.rekey(key)
+        if a.tag is not None:  # a tagged collective's key: its levels' tags derive from it
+            a.tag = key
+        self.reset()
+        for lv in self._levels:
+            team = lv.team
+            call = team.call(lv.coll, *[self.view(x) for x in lv.args], **lv.kwargs)
+            lv.task.rebind(call.src, call.dst, team.planner.coll_key(level_tag(a, lv.name, lv.frag)))
+
+    def unbind(self) -> None:
+        super().unbind()
+        self.args.src = self.args.dst = UNBOUND
+
+    @property
+    def scratch_bytes(self) -> int:  # type: ignore[override]
+        """The scratch its levels and the schedule itself keep between runs."""
+        return super().scratch_bytes + self.own.nbytes
 
 
 def fragments(args: CollArgs, fragment_bytes: int) -> List[Tuple[int, int]]:
@@ -75,12 +157,11 @@ def level_op(op: ReduceOp) -> ReduceOp:
     return ReduceOp.SUM if op is ReduceOp.AVG else op
 
 
-def add_average(sched: Schedule, args: CollArgs, after: List[Task]) -> None:
+def add_average(sched: HierSchedule, args: CollArgs, after: List[Task]) -> None:
     """AVG: divide the sum by the team size once every level is done."""
     if args.op is ReduceOp.AVG:
-        sched.add(FunctionTask(finish_avg, args.dst, args.size, name=f"{args.name}/avg"), after=after)
+        sched.add(FunctionTask(_average, args, name=f"{args.name}/avg"), after=after)
 
 
-def copy_task(dst: Any, src: Any, name: str) -> Task:
-    """A local copy (out-of-place input into the output) as a task."""
-    return FunctionTask(np.copyto, dst, src, name=name)
+def _average(args: CollArgs) -> None:
+    finish_avg(args.dst, args.size)  # (the output of the current call)
