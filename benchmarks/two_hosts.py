@@ -1,8 +1,13 @@
 """Allreduce between two hosts: 2 + 2 ranks in two network namespaces joined by a veth pair (the
-test bed of tests/procs/test_multihost.py), every team on UCX forced onto TCP, with native
-programs (``PYCOLL_NATIVE_PROGRAMS=1``) against the Python path (``0``), launches alternated.
+test bed of tests/procs/test_multihost.py), every team on UCX (``UCX_TLS=tcp,sm,self``: TCP between
+the hosts, shared memory within one; UCX keeps namespaces apart), with native programs
+(``PYCOLL_NATIVE_PROGRAMS=1``) against the Python path (``0``), launches alternated.
 
-    python benchmarks/two_hosts.py [--rounds 2] [--per-host 2] [--calibrate]   (needs root: ip netns)
+    python benchmarks/two_hosts.py [--rounds 2] [--per-host 2] [--no-pin] [--calibrate]  (root: ip netns)
+
+Each host's ranks are pinned to its own share of the machine's cores (one core each on a 2-core
+machine), as ranks on two machines share no core; ``--no-pin`` lets the scheduler put any rank
+anywhere (then the ranks of a host believe they have every core and spin where they should yield).
 
 Per size (8 B, 1 MiB, 16 MiB) and algorithm (the default selection, and ``rd``): the mean time of a
 loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
@@ -11,6 +16,7 @@ loop of blocking calls on the same arrays, the slowest rank's, in microseconds.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +32,11 @@ def rank_main() -> None:
 
     from pycoll.sim.calibrate import rank_team  # noqa: PLC0415 - a team from the launch's store
 
+    if os.environ.get("TWO_HOSTS_PIN") == "1":  # this host's share of the cores (ranks host by host)
+        cores = sorted(os.sched_getaffinity(0))
+        host = int(os.environ["RANK"]) * 2 // int(os.environ["WORLD_SIZE"])
+        half = max(1, len(cores) // 2)
+        os.sched_setaffinity(0, cores[host * half:(host + 1) * half] or cores[-half:])
     team = rank_team()
     rank, size = team.rank, team.size
     assert team.topology.n_nodes == 2 and team.transport.name == "ucx", (team.topology, team.transport)
@@ -61,6 +72,7 @@ def main() -> int:
                    help="also calibrate the simulator across the two hosts (pycoll.sim.calibrate) and "
                         "print its rd times next to the measured ones")
     p.add_argument("--per-host", type=int, default=2, help="ranks on each of the two hosts (default 2)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin each host's ranks to its own cores")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank:
@@ -72,14 +84,16 @@ def main() -> int:
     results: dict = {}
     for _ in range(a.rounds):
         for native in ("1", "0"):
-            env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp", "PYCOLL_NATIVE_PROGRAMS": native}
+            env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp,sm,self", "PYCOLL_NATIVE_PROGRAMS": native,
+                   "TWO_HOSTS_PIN": "0" if a.no_pin else "1"}
             out = run_hosts("benchmarks/two_hosts.py", [a.per_host] * 2, "--rank", timeout=300, env=env)
             for line in out.splitlines():
                 if line.startswith("ROW "):
                     _, nbytes, algorithm, us = line.split()
                     results.setdefault((int(nbytes), algorithm), {}).setdefault(native, []).append(float(us))
-    print(f"# allreduce, {a.per_host} + {a.per_host} ranks on two hosts (network namespaces), UCX over TCP; "
-          "us per call, slowest rank")
+    pinned = "unpinned" if a.no_pin else "each host's ranks on its own cores"
+    print(f"# allreduce, {a.per_host} + {a.per_host} ranks on two hosts (network namespaces, {pinned}), UCX "
+          "over TCP between them; us per call, slowest rank")
     print(f"{'bytes':>10} {'algorithm':>16} {'native programs':>24} {'Python path':>24} {'speedup':>12}")
     for (nbytes, algorithm), by in sorted(results.items()):
         nat, py = by.get("1", []), by.get("0", [])
@@ -101,7 +115,7 @@ def simulated(run_hosts: Any, results: dict, per_host: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "hosts.toml")
         run_hosts("tests/procs/scripts/calibrate_hosts.py", [per_host] * 2, path, "--steps", "200",
-                  "--repeats", "3", timeout=300, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
+                  "--repeats", "3", timeout=300, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp,sm,self"})
         machine = load(path)
     print(f"# simulated (pycoll sim, calibrated across the hosts: {machine.describe()})")
     print(f"{'bytes':>10} {'simulated':>12} {'sim / measured (native, Python)':>40}")

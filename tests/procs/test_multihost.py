@@ -11,9 +11,9 @@ def test_two_hosts_tcp(hosts):
 
 
 def test_two_hosts_ucx_tcp(hosts):
-    """The same with every team on UCX, forced onto TCP (UCX_TLS=tcp: namespaces do not separate
-    shared memory, and UCX would otherwise use it between them); the node level keeps each host's
-    shared segment for its collectives."""
+    """The same with every team on UCX, forced onto TCP (UCX_TLS=tcp: every message goes over
+    UCX's TCP transport, within a host too; between the namespaces UCX takes TCP anyway, as
+    between machines); the node level keeps each host's shared segment for its collectives."""
     need_ucx()
     hosts("tests/procs/scripts/two_hosts.py", [3, 2], "ucx", timeout=150,
           env={"PYCOLL_TLS": "ucx,shm", "UCX_TLS": "tcp"})
