@@ -37,6 +37,16 @@ def main(rank, size, between):
                 buf = ins[rank].copy()
                 team.allreduce(buf, op=op, algorithm=alg, fragment_bytes=256 << 10).wait()
                 assert np.allclose(buf, want), (alg, dtype, op, count, buf[:4], want[:4])
+    # the same shapes again on new buffers: hierarchical schedules kept and rebound, not rebuilt;
+    # over UCX a flat untagged allreduce runs as a native program
+    for i in range(3):
+        for alg in ("rab", "split_rail", "ring"):
+            buf = np.full(1000, rank + i, np.float64)
+            req = team.allreduce(buf, algorithm=alg, fragment_bytes=4096)
+            req.wait()
+            assert (buf == sum(r + i for r in range(size))).all(), (alg, i, buf[:4])
+            if alg == "ring" and between == "ucx":
+                assert req.task.name.endswith("[native]"), req.task.name
     for root in range(size):
         buf = np.full(100003, root if rank == root else -1, np.int32)
         team.bcast(buf, root).wait()
