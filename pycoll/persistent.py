@@ -20,7 +20,7 @@ import numpy as np
 from pycoll.calls import Call
 from pycoll.engine.express import ExpressLane, ProgramLane, has_express_lane
 from pycoll.engine.request import Request
-from pycoll.tasks.task import COMPLETED, FINISHED, Task
+from pycoll.tasks.task import COMPLETED, FINISHED, Task, rebindable
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.planner import Planner
@@ -66,7 +66,7 @@ class Persistent:
             raise RuntimeError(f"persistent {self.coll}: start() while the previous run is in progress")
         with lock:  # the first start, or the last run failed: build it (again)
             task, key, shape = planner.build(call, tag, self._algorithm, self._options, reuse=False)
-            self.task = task if shape is not None and hasattr(task, "rebind") else None
+            self.task = task if shape is not None and rebindable(task) else None
             if shape is not None:  # one collective (not partitioned): a unit of credit
                 planner.credit_unit(task, key)
             self.lane = (planner.express_lane(task, call.out, self)

@@ -31,7 +31,7 @@ from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.ops import ReduceOp
 from pycoll.persistent import RecentCalls
 from pycoll.tasks.schedule import Schedule
-from pycoll.tasks.task import COMPLETED, FINISHED, Task
+from pycoll.tasks.task import COMPLETED, FINISHED, Task, rebindable
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.team import Team
@@ -524,9 +524,9 @@ class Planner:
             if task.nbytes >= UNBIND_BYTES:
                 task.unbind()
             return
-        if (task.state is not COMPLETED or not hasattr(task, "rebind") or held > MAX_PLAN_BYTES
+        if (task.state is not COMPLETED or not rebindable(task) or held > MAX_PLAN_BYTES
                 or (pool is not None and len(pool) >= MAX_PLANS_PER_SHAPE)):
-            if held > MAX_PLAN_BYTES and task.state is COMPLETED and hasattr(task, "rebind"):
+            if held > MAX_PLAN_BYTES and task.state is COMPLETED and rebindable(task):
                 self._keep_large(task, shape)
                 return
             task.finalize()  # (not kept: nothing else is pushed out for it)

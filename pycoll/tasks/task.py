@@ -74,6 +74,13 @@ def dependency_failed(task: Task, source: Any, data: Any) -> None:
         task.cancel(cause=getattr(source, "error", None))
 
 
+def rebindable(task: Task) -> bool:
+    """Whether a finished task can serve another call of its shape (kept by the planner, or as a
+    persistent collective): it has ``rebind(src, dst, key)`` and does not say otherwise through a
+    ``rebindable`` attribute of its own."""
+    return hasattr(task, "rebind") and getattr(task, "rebindable", True)
+
+
 def ignore(task: Task, source: Any, data: Any) -> None:
     """Handler that does nothing."""
 

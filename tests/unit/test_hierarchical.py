@@ -205,3 +205,28 @@ def test_a_hierarchical_schedule_is_built_once_and_rebound(monkeypatch, alg, col
         for r, k, q in reqs:
             assert (q.wait(30) == sum(100.0 * k + rr + rnd for rr in range(8))).all(), (rnd, r, k)
         assert len(built) == (8 * 4 if rnd == 0 else 0), (rnd, len(built))
+
+
+@pytest.mark.parametrize("rpn", [None, "1", "3,3,2"])
+@pytest.mark.parametrize("alg", ["rab", "split_rail"])
+def test_ranks_that_rebind_and_ranks_that_build_agree(monkeypatch, rpn, alg):
+    """Some ranks repeat their arrays (a persistent collective, built anew) while the others pass
+    new ones (a kept schedule, rebound), on teams with sub-teams and on teams where a level is the
+    team itself (one node, or a rank per node: those schedules are never rebound, as their keys
+    would come in another order than a build's): the right values, no rank waiting on another."""
+    if rpn is None:
+        monkeypatch.delenv("PYCOLL_RANKS_PER_NODE", raising=False)
+    else:
+        monkeypatch.setenv("PYCOLL_RANKS_PER_NODE", rpn)
+    n = 8 if rpn == "3,3,2" else 4
+    teams = pycoll.local_teams(n)
+    mine = [np.empty(1000) for _ in range(n)]
+    for i in range(5):
+        bufs = [mine[r] if r % 2 == 0 else np.empty(1000) for r in range(n)]
+        for r in range(n):
+            bufs[r][:] = r + i
+        reqs = [t.allreduce(bufs[t.rank], algorithm=alg) for t in teams]  # (no options: repeats)
+        for r, q in enumerate(reqs):
+            assert (q.wait(10) == sum(range(n)) + n * i).all(), (i, r)
+    own = teams[0].node_team() is teams[0] or teams[0].rail_team() is teams[0]
+    assert own == (rpn != "3,3,2")

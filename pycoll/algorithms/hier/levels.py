@@ -76,8 +76,8 @@ class _Level(NamedTuple):
 class HierSchedule(Schedule):
     """A collective made of collectives on sub-teams. It holds no credit itself: its levels are
     each a unit of credit on their own team. Add levels with :meth:`level` and local steps with
-    :meth:`copy` (and :func:`add_average`): then a finished schedule can be rebound to a new
-    call's buffers (:meth:`rebind`) and is kept for reuse like any collective."""
+    :meth:`local` or :meth:`copy`: then a finished schedule can be rebound to a new call's buffers
+    (:meth:`rebind`) and is kept for reuse like any collective (see :attr:`rebindable`)."""
 
     sends_first = False
 
@@ -86,6 +86,18 @@ class HierSchedule(Schedule):
         self.args = args
         self.own = np.empty(0, args.dst.dtype)
         self._levels: List[_Level] = []
+        self._known = 0  # tasks added by level() and local(), whose buffers a rebind knows
+
+    @property
+    def rebindable(self) -> bool:
+        """Whether this finished schedule may serve another call (:func:`pycoll.tasks.task.rebindable`):
+        every task was added by :meth:`level` or :meth:`local` (a rebind knows their buffers), and no
+        level is a collective of the schedule's own team (a team with no sub-team of that kind: one
+        node, or one rank per node). Such a level's keys and the schedule's come from one
+        sequence, which a build takes levels first and a rebind the schedule's first: ranks that
+        build and ranks that rebind would take different keys for the same collective."""
+        owner = self.owner
+        return self._known == len(self.tasks) and all(lv.team.planner is not owner for lv in self._levels)
 
     def own_scratch(self, size: int) -> None:
         """Give the schedule ``size`` elements of scratch of the output's dtype (``Part("own", ..)``)."""
@@ -107,11 +119,18 @@ class HierSchedule(Schedule):
         views = [self.view(x) for x in args]
         task = team.task(coll, *views, tag=level_tag(self.args, name, frag), **kwargs)
         self._levels.append(_Level(task, team, coll, args, kwargs, name, frag))
+        self._known += 1
         return self.add(task, after=after)
+
+    def local(self, fn: Any, *args: Any, name: str, after: Optional[List[Task]] = None) -> Task:
+        """Add local work ``fn(*args)`` that finds the current call's buffers when it runs (through
+        :meth:`view` or ``self.args``), so that it needs no rebinding."""
+        self._known += 1
+        return self.add(FunctionTask(fn, *args, name=name), after=after)
 
     def copy(self, dst: Part, src: Part, name: str, after: Optional[List[Task]] = None) -> Task:
         """Add a local copy of ``src`` into ``dst`` (parts of the current call's buffers)."""
-        return self.add(FunctionTask(self._copy, dst, src, name=name), after=after)
+        return self.local(self._copy, dst, src, name=name, after=after)
 
     def _copy(self, dst: Part, src: Part) -> None:
         np.copyto(self.view(dst), self.view(src))
@@ -134,6 +153,11 @@ class HierSchedule(Schedule):
     def unbind(self) -> None:
         super().unbind()
         self.args.src = self.args.dst = UNBOUND
+
+    def finalize(self) -> None:
+        super().finalize()  # (a schedule is a reference cycle: drop what it holds now)
+        self.args.src = self.args.dst = UNBOUND
+        self.own = np.empty(0, self.own.dtype)
 
     @property
     def scratch_bytes(self) -> int:  # type: ignore[override]
@@ -160,7 +184,7 @@ def level_op(op: ReduceOp) -> ReduceOp:
 def add_average(sched: HierSchedule, args: CollArgs, after: List[Task]) -> None:
     """AVG: divide the sum by the team size once every level is done."""
     if args.op is ReduceOp.AVG:
-        sched.add(FunctionTask(_average, args, name=f"{args.name}/avg"), after=after)
+        sched.local(_average, args, name=f"{args.name}/avg", after=after)
 
 
 def _average(args: CollArgs) -> None:
