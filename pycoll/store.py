@@ -239,13 +239,18 @@ def barrier(store: object, key: str, size: int, poll: Callable[[], int], timeout
     :class:`pycoll.TimeoutError` after ``timeout`` seconds."""
     add = store.add  # type: ignore[attr-defined]
     arrived = add(key, 1)
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    deadline = now + timeout
+    every = 0.001  # between looks at the store (a round trip to its one server), doubling to 20 ms
     while arrived < size:
-        for _ in range(20):  # (a look at the store is a round trip: poll in between)
+        look = now + every
+        while now < look:
             if not poll():
                 time.sleep(0.0002)
-        if time.monotonic() > deadline:
+            now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"store barrier {key!r}: {arrived} of {size} ranks after {timeout:g} s")
+        every = min(2 * every, 0.02)
         arrived = add(key, 0)
 
 

@@ -7,6 +7,35 @@ import pytest
 from pycoll.store import TCPStore
 
 
+def test_a_store_barrier_polls_while_it_waits_and_times_out():
+    """store.barrier: the ranks leave once all arrived, each having called its poll() while it
+    waited (a UCX close progresses its worker there); a rank that never comes is a TimeoutError."""
+    import threading
+    import time
+
+    import pycoll
+    from pycoll.store import barrier
+
+    server = TCPStore(port=0, is_master=True, timeout=5)
+    client = TCPStore("127.0.0.1", server.port, timeout=5)
+    polls = [0, 0]
+
+    def poll(i):
+        polls[i] += 1
+        return 0
+
+    late = threading.Thread(target=lambda: (time.sleep(0.2), barrier(client, "b", 2, lambda: poll(1), 5)))
+    late.start()
+    t0 = time.monotonic()
+    barrier(server, "b", 2, lambda: poll(0), 5)
+    late.join()
+    assert time.monotonic() - t0 >= 0.19 and polls[0] > 10, polls
+    with pytest.raises(pycoll.TimeoutError, match="1 of 2 ranks"):
+        barrier(server, "never", 2, lambda: 0, 0.1)
+    client.close()
+    server.close()
+
+
 def test_store_basics():
     server = TCPStore(port=0, is_master=True, timeout=1)
     client = TCPStore("127.0.0.1", server.port, timeout=1)
