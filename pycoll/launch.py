@@ -108,7 +108,6 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
         used = end_job(proc, job)
         return 130
     except Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a second one while the ranks end: ignored)
         print("pycoll: terminated; ending the ranks", file=sys.stderr)
         used = end_job(proc, job)
         return 143
@@ -125,6 +124,7 @@ class Terminated(Exception):
 
 
 def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a second one, even before ``except`` runs: ignored)
     raise Terminated()
 
 

@@ -4,6 +4,10 @@ It has the interface of torch's c10d ``Store`` that pycoll uses (``set``, ``get`
 key exists, ``add``, ``compare_set``, ``wait``, ``check``, ``delete_key``), so a c10d store can be
 passed instead.
 One process (``is_master=True``) runs the server in a thread; every process connects as a client.
+The server closes its connections when its process exits (its threads would stop answering while
+the connections stayed open: the clients would wait their whole timeout), so a client learns at
+once that the store is gone (a :class:`pycoll.PycollError`); the process that serves the store must
+outlive its clients' last use of it, as for c10d's TCPStore.
 
 Wire protocol, one request and one reply per round trip (all integers little-endian)::
 
@@ -13,6 +17,7 @@ Wire protocol, one request and one reply per round trip (all integers little-end
 
 from __future__ import annotations
 
+import atexit
 import socket
 import struct
 import threading
@@ -52,6 +57,8 @@ class _Server:
         self.sock = socket.create_server((host, port), reuse_port=False)
         self.port = self.sock.getsockname()[1]
         self.closed = False
+        self.conns: List[socket.socket] = []
+        atexit.register(self.close)  # (before the interpreter stops its threads: see the module docstring)
         threading.Thread(target=self._accept, name="pycoll-store", daemon=True).start()
 
     def _accept(self) -> None:
@@ -61,6 +68,8 @@ class _Server:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.cond:
+                self.conns.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -77,6 +86,9 @@ class _Server:
                 status, reply = self._handle(op, key, value)
                 conn.sendall(_REP.pack(status, len(reply)) + reply)
         except (ConnectionError, OSError, PycollError, struct.error, UnicodeDecodeError):
+            with self.cond:
+                if conn in self.conns:
+                    self.conns.remove(conn)
             conn.close()
 
     def _handle(self, op: int, key: str, value: bytes) -> tuple:
@@ -115,8 +127,19 @@ class _Server:
             return _OK, b"" if op == _WAIT else self.data[key]
 
     def close(self) -> None:
+        """Stop listening and end every client's connection (they read end of file at once)."""
+        if self.closed:
+            return
         self.closed = True
+        atexit.unregister(self.close)
         self.sock.close()
+        with self.cond:
+            conns, self.conns = self.conns, []
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class TCPStore:
@@ -169,6 +192,11 @@ class TCPStore:
                 return status, _recv_exact(sock, n)
             except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
                 self._broken = f"store: {self.host}:{self.port} did not answer within {limit:g} s"
+                sock.close()
+                raise PycollError(self._broken) from None
+            except OSError as exc:  # (ConnectionError too: the server closed the connection)
+                self._broken = (f"store: the connection to {self.host}:{self.port} was closed ({exc}): "
+                                "the process serving the store ended or closed it")
                 sock.close()
                 raise PycollError(self._broken) from None
 

@@ -129,7 +129,7 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
         c = MPI.COMM_WORLD
         b = np.empty(1000)
         c.Allreduce(np.ones(1000), b)
-        if {how == "ctrl-c ignored"!r}:
+        if {how in ("ctrl-c ignored", "sigterm")!r}:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("UP", c.rank, flush=True)
         time.sleep(120)
@@ -150,7 +150,7 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
             lines.append(line)
         if how != "timeout":
             proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
-        if how == "sigterm":  # a second one while the ranks end is ignored
+        if how == "sigterm":  # a second one while the ranks end (they ignore SIGINT: 2 s) is ignored
             time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

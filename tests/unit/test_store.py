@@ -146,3 +146,39 @@ def test_a_store_server_that_stops_answering_is_an_error_not_a_hang():
     srv.close()
     for conn, _ in accepted:
         conn.close()
+
+
+def test_a_store_whose_process_ends_closes_its_connections_at_once():
+    """The process serving the store exits while a client waits on it and stays alive a while
+    after its interpreter stopped its threads (as mpi4py's MPI_Finalize keeps a rank that finished
+    first): the client's call raises at once that the store is gone, not after its timeout."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from pycoll.errors import PycollError
+
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import atexit, sys, time
+        atexit.register(time.sleep, 20)  # (registered first: runs last, after the store's handler)
+        from pycoll.store import TCPStore
+        server = TCPStore(port=0, is_master=True, timeout=60)
+        print(server.port, flush=True)
+        sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        store = TCPStore("127.0.0.1", int(child.stdout.readline()), timeout=60)
+        store.set("k", "v")
+        child.stdin.write("\n")  # (the server's process now ends, slowly)
+        child.stdin.flush()
+        t0 = time.monotonic()
+        with pytest.raises(PycollError, match="was closed"):
+            store.get("never set")
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(PycollError, match="was closed"):  # (and every later call, at once)
+            store.check(["k"])
+        store.close()
+    finally:
+        child.kill()
+        child.wait()

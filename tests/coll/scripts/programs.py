@@ -75,6 +75,7 @@ def main(mode, shm=""):
         req.wait(timeout=60)
         assert np.all(outs[k] == sum(range(n)) + n * k), outs[k][:3]
     team.close()
+    MPI.COMM_WORLD.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
 
 
 def timeout(team):

@@ -227,8 +227,9 @@ def main(mode: str) -> None:
     team = make_team(native=not (mode == "mixed" and MPI.COMM_WORLD.rank == 0))
     {"early": early, "mixed": mixed, "interleaved": interleaved, "many": many, "held": held,
      "failed": failed}[mode](team)
-    MPI.COMM_WORLD.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
+    MPI.COMM_WORLD.Barrier()
     team.close()
+    MPI.COMM_WORLD.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
 
 
 if __name__ == "__main__":

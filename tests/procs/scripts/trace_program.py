@@ -42,6 +42,7 @@ def main(kind: str) -> None:
         req.wait(timeout=30)
         assert (out == world.size).all()
     team.close()
+    world.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
 
 
 if __name__ == "__main__":

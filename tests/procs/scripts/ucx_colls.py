@@ -261,6 +261,7 @@ def main():
     credit_orders(comm)
     steam.close()
     team.close()
+    comm.Barrier()  # (rank 0 serves the store: it stays until every rank is done with it)
     if n > 1:
         assert context_worker(ctx) is None  # the last team released the worker
     print(f"rank {rank}: UCX {'.'.join(map(str, loader.version()))} from {loader.source}", flush=True)
