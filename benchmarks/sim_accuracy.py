@@ -7,6 +7,12 @@ times over (the host drifts: each run calibrates afresh).
     python benchmarks/sim_accuracy.py --algorithm rd,rab,knomial --runs 3
     python benchmarks/sim_accuracy.py --cases allreduce:rd,allgather:rd,alltoall:pairwise,bcast:knomial \
         --min-bytes 4K --max-bytes 64M                                # the collectives a fit is judged on
+
+The machine file is the calibration's (rates and latencies by size, measured through a pair's
+collectives); ``--plain`` adds the simulation on the plain model (one bandwidth, alpha from Python
+ping-pongs) beside it, on the same measured times. The simulation is of ``--calls`` calls in a
+loop, as ``pycoll perf`` times them; on more ranks than the calibration's 2, all on this host
+(``--ppn``).
 """
 
 from __future__ import annotations
@@ -43,45 +49,56 @@ def main() -> None:
     ap.add_argument("--min-bytes", default="8")
     ap.add_argument("--max-bytes", default="4M")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=8, help="calls in the simulated loop (per call reported)")
+    ap.add_argument("--plain", action="store_true", help="also simulate on the plain model")
     args = ap.parse_args()
     if args.cases:
         cases = [tuple(c.split(":", 1)) for c in args.cases.split(",")]
     else:
         cases = [(args.coll, a) for a in args.algorithm.split(",")]
     env = dict(os.environ, PYCOLL_TLS=os.environ.get("PYCOLL_TLS", "mpi"))
-    worst: Dict[Tuple[str, str], List[float]] = {}
+    models = ("by size", "plain") if args.plain else ("by size",)
+    worst: Dict[Tuple[str, str, str], List[float]] = {}
     sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
     names = ", ".join(f"{c} {a}" for c, a in cases)
-    print(f"# {names} on {args.ranks} ranks, PYCOLL_TLS={env['PYCOLL_TLS']}: simulated / measured")
+    print(f"# {names} on {args.ranks} ranks, PYCOLL_TLS={env['PYCOLL_TLS']}: simulated / measured "
+          f"({args.calls} calls in a loop)")
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            host, perf, sim = (os.path.join(tmp, f) for f in ("host.toml", "perf.json", "sim.json"))
-            pycoll("sim", "calibrate", "--out", host, env=env)
-            with open(host) as f:
-                params = " ".join(line.strip() for line in f if "=" in line and "ppn" not in line)
-            print(f"run {run + 1}: {params}")
+            perf, sim = os.path.join(tmp, "perf.json"), os.path.join(tmp, "sim.json")
+            hosts = {m: os.path.join(tmp, f"{m.replace(' ', '_')}.toml") for m in models}
+            for model, host in hosts.items():
+                pycoll("sim", "calibrate", "--out", host, *(["--plain"] if model == "plain" else []), env=env)
+            print(f"run {run + 1}")
             print(f"{'collective':>14} {'algorithm':>14} {'bytes':>10} {'measured_us':>12} "
-                  f"{'simulated_us':>13} {'sim/meas':>9}")
+                  + " ".join(f"{m + ' sim_us':>14} {'sim/meas':>9}" for m in models))
             for coll, alg in cases:
                 pycoll("perf", coll, "-n", str(args.ranks), "--algorithm", alg, *sizes, "--json", perf,
                        env=env)
                 measured = {b: t for (_, b), t in rows(perf, "avg_us").items()}
                 name = SIM_NAMES.get(alg, alg)
-                pycoll("sim", coll, "-n", str(args.ranks), "--machine", host, *sizes, "--json", sim,
-                       "--algorithm", name, env=env)
-                simulated = {b: t for (_, b), t in rows(sim, "time_us").items()}
-                for b in sorted(set(measured) & set(simulated)):
-                    ratio = simulated[b] / measured[b]
-                    worst.setdefault((coll, name), []).append(ratio)
-                    print(f"{coll:>14} {name:>14} {b:>10} {measured[b]:>12.2f} {simulated[b]:>13.2f} "
-                          f"{ratio:>9.2f}")
-    total = within = 0
-    for (coll, alg), ratios in worst.items():
-        ok = sum(abs(r - 1) <= 0.25 for r in ratios)
-        total, within = total + len(ratios), within + ok
-        print(f"# {coll} {alg}: simulated / measured from {min(ratios):.2f} to {max(ratios):.2f} "
-              f"({len(ratios)} sizes x runs); within 25%: {ok}")
-    print(f"# all: {within} of {total} within 25%")
+                simulated = {}
+                for model, host in hosts.items():
+                    pycoll("sim", coll, "-n", str(args.ranks), "--machine", host, "--ppn", str(args.ranks),
+                           "--calls", str(args.calls), *sizes, "--json", sim, "--algorithm", name, env=env)
+                    simulated[model] = {b: t for (_, b), t in rows(sim, "time_us").items()}
+                for b in sorted(set(measured).intersection(*simulated.values())):
+                    line = f"{coll:>14} {name:>14} {b:>10} {measured[b]:>12.2f}"
+                    for model in models:
+                        ratio = simulated[model][b] / measured[b]
+                        worst.setdefault((model, coll, name), []).append(ratio)
+                        line += f" {simulated[model][b]:>14.2f} {ratio:>9.2f}"
+                    print(line, flush=True)
+    for model in models:
+        total = within = 0
+        for (m, coll, alg), ratios in worst.items():
+            if m != model:
+                continue
+            ok = sum(abs(r - 1) <= 0.25 for r in ratios)
+            total, within = total + len(ratios), within + ok
+            print(f"# {model}: {coll} {alg}: simulated / measured from {min(ratios):.2f} to "
+                  f"{max(ratios):.2f} ({len(ratios)} sizes x runs); within 25%: {ok}")
+        print(f"# {model}: all: {within} of {total} within 25%")
 
 
 if __name__ == "__main__":

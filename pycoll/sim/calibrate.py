@@ -31,6 +31,13 @@ import numpy as np
 
 BIG = 4 << 20  # bytes of the bandwidth message and of the reduction and copy
 PING_SIZES = (8, 1024, 4096, 8192, 16384, 65536, 262144)  # the ping-pongs' sizes (alpha, the protocol switch)
+#: The sizes of the ``*_by_size`` tables: exchanges, reductions and copies of each (4 KiB-64 MiB).
+TABLE_SIZES = tuple(4096 << (2 * k) for k in range(8))
+#: The size whose broadcasts give the overhead and alpha of :func:`by_size` (smaller ones may take
+#: other paths).
+SMALL = 1024
+#: About how many bytes each table size moves in one of its runs (fewer steps as sizes grow).
+TABLE_BYTES = 64 << 20
 
 
 def ping_pong(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
@@ -71,6 +78,62 @@ def exchange(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float
     return (time.perf_counter() - t0) / steps
 
 
+def bcasts(team: Any, buf: np.ndarray, calls: int, alternate: bool) -> float:
+    """Seconds per call of ``calls`` broadcasts of ``buf`` (k-nomial: on 2 ranks one message)
+    called in a loop, as ``pycoll perf`` calls a collective: from rank 0 every time (how many
+    such messages a second the ranks sustain, their latency overlapped), or ``alternate`` roots
+    (each call waits for the last one's message: its latency). Collective (a barrier first)."""
+    roots = (0, 1) if alternate else (0, 0)
+    for k in range(4):  # (warm: the calls' plans built and kept)
+        team.bcast(buf, roots[k % 2], algorithm="knomial").wait()
+    team.barrier().wait()
+    t0 = time.perf_counter()
+    for k in range(calls):
+        team.bcast(buf, roots[k % 2], algorithm="knomial").wait()
+    return (time.perf_counter() - t0) / calls
+
+
+def allreduces(team: Any, src: np.ndarray, dst: np.ndarray, calls: int) -> float:
+    """Seconds per call of ``calls`` recursive-doubling allreduces (on 2 ranks: one exchange, two
+    messages a rank) called in a loop. Collective (a barrier first)."""
+    for _ in range(4):
+        team.allreduce(src, dst, algorithm="rd").wait()
+    team.barrier().wait()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        team.allreduce(src, dst, algorithm="rd").wait()
+    return (time.perf_counter() - t0) / calls
+
+
+def by_size(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
+    """The model's parameters of a 2-rank team's messages measured through its collectives
+    (:func:`bcasts`; medians of ``repeats``): ``overhead``, a rank's time per message posted and
+    completed (a loop of ``SMALL`` broadcasts: what a call of one message costs its rank); the rates
+    by size, from loops of broadcasts (their sustained rate beyond ``overhead``); and the latency
+    by size, what a message waited for costs beyond its rate (alternating roots)."""
+    bufs = {n: np.ones(n, np.uint8) for n in (SMALL, *TABLE_SIZES)}  # (one per size, as perf has)
+
+    def med(nbytes: int, alternate: bool) -> float:
+        calls = max(4, min(steps, TABLE_BYTES // nbytes))
+        return float(np.median([bcasts(team, bufs[nbytes], calls, alternate) for _ in range(repeats)]))
+
+    for n in bufs:  # (a first pass: the first calls of a size and of a root are slower for a while)
+        med(n, True)
+
+    loop = med(SMALL, False)  # (a call of one message: the call's start and the message's overhead)
+    src, dst = np.ones(SMALL // 4, np.float32), np.empty(SMALL // 4, np.float32)
+    calls = max(4, min(steps, TABLE_BYTES // SMALL))
+    two = float(np.median([allreduces(team, src, dst, calls) for _ in range(repeats)]))
+    overhead = min(max(two - loop, 0.0), loop)  # (a call of two messages: one overhead more)
+    alpha = max(med(SMALL, True) - loop, 0.0)
+    rates, latency = {}, {SMALL: alpha}
+    for n in TABLE_SIZES:
+        sustained, waited = med(n, False), med(n, True)
+        rates[n] = n / max(sustained - loop, sustained / 10)
+        latency[n] = max(waited - sustained, alpha)
+    return {"call": loop - overhead, "overhead": overhead, "alpha": alpha, "rates": rates, "latency": latency}
+
+
 def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tuple[int, float]:
     """(the smallest size whose messages pay a protocol's extra latency, that latency) from one-way
     times by size: a size whose time exceeds ``alpha + n / bandwidth`` by more than a third of
@@ -80,6 +143,23 @@ def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tup
     if not above or any(e <= alpha / 3 for n, e in extra.items() if n > above[0]):
         return 0, 0.0
     return above[0], float(np.median([extra[n] for n in above]))
+
+
+def throughput_at(work: str, nbytes: int, repeats: int) -> float:
+    """Bytes per second of numpy's reduction (``reduce``: out += in) or copy of ``nbytes`` of
+    float32 on the same two arrays again and again, as a collective called in a loop works on its
+    buffers (in the caches where they fit); the median of ``repeats`` runs."""
+    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+    op = (lambda: np.add(a, b, out=a)) if work == "reduce" else (lambda: np.copyto(a, b))
+    op()
+    k = max(1, min(1000, TABLE_BYTES // nbytes))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(k):
+            op()
+        times.append((time.perf_counter() - t0) / k)
+    return nbytes / float(np.median(times))
 
 
 def throughput(work: str, repeats: int) -> float:
@@ -139,21 +219,51 @@ def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
     net = link(team, which["network"], steps, repeats)
     node = net if which.get("node", which["network"]) == which["network"] else \
         link(team, which["node"], steps, repeats)
-    return {**net, "node_alpha": node["alpha"], "node_bandwidth": node["bandwidth"],
+    sized = by_size(team, steps, repeats) if team.size == 2 else None  # (a pair: its collectives)
+    return {**net, "node_alpha": node["alpha"], "node_bandwidth": node["bandwidth"], "by_size": sized,
             "ppn": nodes.count(nodes[0]), "nodes": len(set(nodes)),
-            "reduce": throughput("reduce", repeats * 4), "copy": throughput("copy", repeats * 4)}
+            "reduce": throughput("reduce", repeats * 4), "copy": throughput("copy", repeats * 4),
+            "reduce_by_size": {n: throughput_at("reduce", n, repeats) for n in TABLE_SIZES},
+            "copy_by_size": {n: throughput_at("copy", n, repeats) for n in TABLE_SIZES}}
 
 
-def machine_file(p: Dict[str, float], what: str) -> str:
-    """The TOML text of a machine file with the measured parameters."""
-    us, gbs = f"{p['alpha'] * 1e6:.3f}us", f"{p['bandwidth'] / 1e9:.4f}GB/s"
-    node_us, node_gbs = f"{p['node_alpha'] * 1e6:.3f}us", f"{p['node_bandwidth'] / 1e9:.4f}GB/s"
+def _table(rates: Dict[int, float]) -> str:
+    """A ``*_by_size`` table's TOML text."""
+    return "{" + ", ".join(f'"{n}" = "{b / 1e9:.4f}GB/s"' for n, b in sorted(rates.items())) + "}"
+
+
+def _table(values: Dict[int, float], unit: str) -> str:
+    """A ``*_by_size`` table's TOML text (``unit``: ``GB/s`` for rates, ``us`` for times)."""
+    scale = 1e-9 if unit == "GB/s" else 1e6
+    return "{" + ", ".join(f'"{n}" = "{v * scale:.4f}{unit}"' for n, v in sorted(values.items())) + "}"
+
+
+def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
+    """The TOML text of a machine file with the measured parameters. Where a pair's collectives
+    were measured (``p["by_size"]``, :func:`by_size`) and not ``plain``: their overhead, alpha,
+    rates and latencies by size, the reduction's and copy's rates by size, and a node's messages
+    holding its cores (``cpu_copies``: ranks on one host copy with their own cores); else one
+    bandwidth, alpha from Python ping-pongs and the protocol switch (``rendezvous``)."""
+    sized = None if plain else p.get("by_size")
+    alpha, node_alpha = (sized["alpha"], sized["alpha"]) if sized else (p["alpha"], p["node_alpha"])
+    us, gbs = f"{alpha * 1e6:.3f}us", f"{p['bandwidth'] / 1e9:.4f}GB/s"
+    node_us, node_gbs = f"{node_alpha * 1e6:.3f}us", f"{p['node_bandwidth'] / 1e9:.4f}GB/s"
+    network = node = compute = ""
+    if sized:
+        tables = (f"bandwidth_by_size = {_table(sized['rates'], 'GB/s')}\n"
+                  f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
+        network, node = tables, tables + "cpu_copies = true\n"
+        compute = (f"overhead = \"{sized['overhead'] * 1e6:.3f}us\"\ncall = \"{sized['call'] * 1e6:.3f}us\"\n"
+                   f"reduce_by_size = {_table(p['reduce_by_size'], 'GB/s')}\n"
+                   f"copy_by_size = {_table(p['copy_by_size'], 'GB/s')}\n")
+    else:
+        network = (f"rendezvous_bytes = {int(p['rendezvous_bytes'])}\n"
+                   f"rendezvous = \"{p['rendezvous'] * 1e6:.3f}us\"\n")
     return (f"# pycoll sim calibrate: {what}\n"
-            f"[network]\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n"
-            f"rendezvous_bytes = {int(p['rendezvous_bytes'])}\n"
-            f"rendezvous = \"{p['rendezvous'] * 1e6:.3f}us\"\n"
-            f"[node]\nppn = {int(p['ppn'])}\nalpha = \"{node_us}\"\nbandwidth = \"{node_gbs}\"\n"
-            f"[compute]\nreduce = \"{p['reduce'] / 1e9:.4f}GB/s\"\ncopy = \"{p['copy'] / 1e9:.4f}GB/s\"\n")
+            f"[network]\nalpha = \"{us}\"\nbandwidth = \"{gbs}\"\n{network}"
+            f"[node]\nppn = {int(p['ppn'])}\nalpha = \"{node_us}\"\nbandwidth = \"{node_gbs}\"\n{node}"
+            f"[compute]\nreduce = \"{p['reduce'] / 1e9:.4f}GB/s\"\n"
+            f"copy = \"{p['copy'] / 1e9:.4f}GB/s\"\n{compute}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     env = {"PYCOLL_TLS": os.environ.get("PYCOLL_TLS", "mpi")}
     cmd = [sys.executable, "-m", "pycoll.sim.calibrate", "--out", args.out, "--steps", str(args.steps),
-           "--repeats", str(args.repeats)]
+           "--repeats", str(args.repeats), *(["--plain"] if getattr(args, "plain", False) else [])]
     rc = launch(n, cmd, timeout=args.timeout, env=env)
     if rc == 0:
         with open(args.out) as f:
@@ -180,6 +290,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--plain", action="store_true")
     args = ap.parse_args()
     team = rank_team()
     try:
@@ -190,7 +301,7 @@ def main() -> None:
                      f"{team.size} ranks on {params['nodes']} nodes ({int(params['ppn'])} on rank 0's)")
             what = f"{where}, PYCOLL_TLS={tls}, {args.steps} ping-pongs x {args.repeats}"
             with open(args.out, "w") as f:
-                f.write(machine_file(params, what))
+                f.write(machine_file(params, what, args.plain))
     finally:
         team.close()
 

@@ -23,7 +23,7 @@ from pycoll.config import parse_bytes
 from pycoll.lower.record import NotLowerable
 from pycoll.sim import calibrate, engine, formulas, machine, timeline, training
 from pycoll.sim.payload import Payload
-from pycoll.sim.programs import moved
+from pycoll.sim.programs import looped, moved
 from pycoll.sim.programs import programs as rank_programs
 
 #: The algorithms ``--algorithm all`` simulates per collective.
@@ -84,6 +84,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="machine.toml", help="calibrate: the machine file to write")
     p.add_argument("--steps", type=int, default=1000, help="calibrate: ping-pongs per measurement")
     p.add_argument("--repeats", type=int, default=5, help="calibrate: measurements (the median is kept)")
+    p.add_argument("--calls", type=int, default=1,
+                   help="simulate a loop of this many calls, each rank's next call once its last one "
+                        "finished (as pycoll perf times them), and print the time per call")
+    p.add_argument("--plain", action="store_true",
+                   help="calibrate: one bandwidth, alpha from Python ping-pongs (no rates by size, no cores)")
     p.add_argument("--timeout", type=float, default=300, help="calibrate: seconds the ranks may take")
     p.add_argument("--forward", type=float, default=0.25,
                    help="train: seconds of forward compute per step (backward: twice as long)")
@@ -223,6 +228,10 @@ def run(args: argparse.Namespace) -> int:
         print("pycoll sim: -n must be at least 1, and --late/--slow/--kill ranks (--kill-node nodes) "
               "within it", file=sys.stderr)
         return 2
+    if args.calls < 1 or args.calls > 1 and (args.payload or fail or args.trace):
+        print("pycoll sim: --calls must be at least 1 (and 1 with --payload, --kill or --trace)",
+              file=sys.stderr)
+        return 2
     if args.jobs is not None and args.jobs < 1:
         print("pycoll sim: --jobs must be at least 1", file=sys.stderr)
         return 2
@@ -263,8 +272,12 @@ def run(args: argparse.Namespace) -> int:
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break
+            if args.calls > 1 or m.call and not (data is not None or fail or args.trace):
+                progs = looped(progs, args.calls, call=m.call > 0)
             spans: Optional[list] = [] if args.trace else None
             res = engine.run(progs, m, late, slow, fail, spans, data)
+            if args.calls > 1:
+                res.time /= args.calls
             if spans is not None:
                 traces.append((alg, nbytes, spans))
             if res.unmatched:

@@ -27,7 +27,7 @@ from pycoll.lower.program import SIZE_SLICE, Program
 from pycoll.sim.flows import Flows
 from pycoll.sim.machine import Machine
 
-SEND, RECV, REDUCE, COPY, AVG = range(5)
+SEND, RECV, REDUCE, COPY, AVG, CALL = range(6)  # (CALL: a call's start, its rank's time; see programs.looped)
 #: Heap entries ``(time, seq, code, i)`` that are not an instruction's completion (those carry the
 #: rank, >= 0): rank ``i`` starts (seq ``i``: below every other's), flow ``i`` starts, or may end.
 _RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -3, -2, -1
@@ -133,7 +133,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         starts[r] = t
     for r, f in (slow or {}).items():
         factor[r] = f
-    if native and not fail and timeline is None and payload is None and not machine.contention:
+    if native and not fail and timeline is None and payload is None and not machine.contention \
+            and not machine.by_size:
         done = _run_native(programs, machine, starts, factor, wall0)
         if done is not None:
             return done
@@ -147,7 +148,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     cpu_free = list(starts)
     # (receiver, sender, step) -> the arrival times of messages no receive was posted for yet, and
     # the receives posted (instruction, when) no message came for yet, in order (emptied: deleted)
-    mailbox: Dict[Tuple[int, int, int], List[float]] = {}
+    mailbox: Dict[Tuple[int, int, int], List[Tuple[float, float]]] = {}
     waiting: Dict[Tuple[int, int, int], List[Tuple[int, float]]] = {}
     heap: List[Tuple[float, int, int, int]] = []
     push = heapq.heappush
@@ -157,6 +158,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     link = machine.link
     flat = (machine.alpha, 1.0 / machine.bandwidth) if machine.ppn == 1 else None  # (one link kind: no call)
     rbw, cbw = machine.reduce_bw, machine.copy_bw
+    by_size = machine.by_size  # (rates by size, messages holding cores: the calls below)
+    message, compute, call = machine.message, machine.compute, machine.call
+    ppn = machine.ppn
+    cpu_copies = machine.cpu_copies and not machine.contention
     rdv_bytes, rdv = machine.rendezvous_bytes, machine.rendezvous
 
     nxt = [0] * n  # the next instruction each rank issues
@@ -166,9 +171,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     sending: Dict[int, Tuple[int, int, int, int, float, float]] = {}
     projected: Dict[int, int] = {}  # flow -> the heap entry of its latest projected end
 
-    def deliver(d: int, src: int, step: int, arrival: float) -> None:
+    def deliver(d: int, src: int, step: int, arrival: float, copy: float = 0.0) -> None:
         """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
-        mailbox until one is posted."""
+        mailbox until one is posted. ``copy``: the seconds the receiver's core then copies it
+        (``cpu_copies``), from when it arrived, the receive was posted and the core is free."""
         nonlocal seq
         key = (d, src, step)
         q = waiting.get(key)
@@ -177,11 +183,15 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             if not q:
                 del waiting[key]
             seq += 1
-            push(heap, (arrival if arrival > posted else posted, seq, d, j))
+            done = arrival if arrival > posted else posted
+            if copy:
+                done = (done if done > cpu_free[d] else cpu_free[d]) + copy
+                cpu_free[d] = done
+            push(heap, (done, seq, d, j))
         elif key in mailbox:
-            mailbox[key].append(arrival)
+            mailbox[key].append((arrival, copy))
         else:
-            mailbox[key] = [arrival]
+            mailbox[key] = [(arrival, copy)]
 
     began: Dict[Tuple[int, int], float] = {}  # (with a timeline) when each instruction was issued
     counts = [len(p.kinds) for p in programs]
@@ -248,9 +258,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 cpu_free[r] = t0
                 d = p.peers[i]
                 nb = p.nbytes[i]
-                alpha, per_byte = flat if flat is not None else link(r, d)
-                if rdv_bytes and nb >= rdv_bytes:
-                    alpha += rdv
+                if by_size:  # (the rendezvous latency in alpha where it applies)
+                    alpha, per_byte = message(r, d, nb)
+                else:
+                    alpha, per_byte = flat if flat is not None else link(r, d)
+                    if rdv_bytes and nb >= rdv_bytes:
+                        alpha += rdv
                 messages += 1
                 sent += nb
                 seq += 1
@@ -263,30 +276,43 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                         b = t0
                     if b < rx_free[d]:
                         b = rx_free[d]
-                    end = b + nb * per_byte * factor[r]
-                    tx_free[r] = rx_free[d] = end
-                    push(heap, (end, seq, r, i))
-                    if not dies or end <= dies.get(r, math.inf):
-                        deliver(d, r, p.steps[i], end + alpha)
+                    if cpu_copies and r // ppn == d // ppn:  # (the receiver's core copies it in once
+                        push(heap, (t0, seq, r, i))  # it has its receive: the send is done)
+                        if not dies or t0 <= dies.get(r, math.inf):
+                            deliver(d, r, p.steps[i], t0 + alpha, nb * per_byte * factor[d])
+                    else:
+                        end = b + nb * per_byte * factor[r]
+                        tx_free[r] = rx_free[d] = end
+                        push(heap, (end, seq, r, i))
+                        if not dies or end <= dies.get(r, math.inf):
+                            deliver(d, r, p.steps[i], end + alpha)
             elif k == RECV:
                 t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
                 cpu_free[r] = t0
                 key = (r, p.peers[i], p.steps[i])
                 q = mailbox.get(key)
                 if q is not None:
-                    arrival = q.pop(0)
+                    arrival, copy = q.pop(0)
                     if not q:
                         del mailbox[key]
                     seq += 1
-                    push(heap, (arrival if arrival > t0 else t0, seq, r, i))
+                    done = arrival if arrival > t0 else t0
+                    if copy:
+                        done = (done if done > cpu_free[r] else cpu_free[r]) + copy
+                        cpu_free[r] = done
+                    push(heap, (done, seq, r, i))
                 elif key in waiting:
                     waiting[key].append((i, t0))
                 else:
                     waiting[key] = [(i, t0)]
             else:
-                bw = rbw if k == REDUCE else cbw
                 t0 = t if t > cpu_free[r] else cpu_free[r]
-                end = t0 + (p.nbytes[i] / bw if bw != math.inf else 0.0) * factor[r]
+                if by_size:
+                    cost = call if k == CALL else compute(k == REDUCE, p.nbytes[i])
+                else:
+                    bw = rbw if k == REDUCE else cbw
+                    cost = p.nbytes[i] / bw if bw != math.inf else 0.0
+                end = t0 + cost * factor[r]
                 cpu_free[r] = end
                 seq += 1
                 push(heap, (end, seq, r, i))

@@ -8,6 +8,17 @@ after another, and arrive one after another. A reduction costs ``n / reduce_bw``
 time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o). A message of
 ``rendezvous_bytes`` or more (where set) takes ``rendezvous`` longer, within a node or not.
 
+Measured hosts move data at rates that depend on the size (caches, a transport's protocols): a
+``*_by_size`` table (``{"4KiB" = "1GB/s", "1MiB" = "9GB/s", "64MiB" = "5GB/s"}``) gives the rate
+at those sizes, and a size between two of them gets the per-byte time interpolated on the log of
+the size (the first and last rates hold beyond them), as SimGrid's SMPI corrects its bandwidth by
+size; ``alpha_by_size`` tables give the latency by size the same way. With ``cpu_copies`` a
+message within a node is copied in by its receiver's core (one host's transports copy with the
+ranks' own cores): its send is done once posted, and its receiver copies it once it is there
+(alpha after the send), its receive is posted and its core is free of other copies and reductions;
+without contention only. ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
+simulated loop's calls each begin with it).
+
 With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
 a node each rank's link out and in (``node_bandwidth``); between nodes the NICs (``nics`` per
 node, ``bandwidth`` each; a node's ``k``-th rank uses NIC ``k % nics``: rails) and, when
@@ -21,11 +32,14 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     bandwidth = "12.5GB/s" # per NIC
     rendezvous_bytes = 8192 # messages of this size and more pay ``rendezvous`` more latency
     rendezvous = "4us"     # (a protocol switch, as MPI's eager to rendezvous; LogGOPS's S)
+    bandwidth_by_size = {"64KiB" = "8GB/s", "16MiB" = "10GB/s"}  # (instead of bandwidth, where given)
     [node]                 # within a node
     ppn = 8
     nics = 1               # NICs (rails) per node
     alpha = "0.5us"
     bandwidth = "20GB/s"
+    bandwidth_by_size = {"4KiB" = "1GB/s", "4MiB" = "14GB/s"}
+    cpu_copies = true      # a message holds its receiver's core while it moves
     [fabric]               # links shared by the messages crossing them (max-min fair)
     contention = true      # (the default where [fabric] is given)
     nodes_per_leaf = 16    # 0: one switch that never blocks
@@ -37,6 +51,9 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     reduce = "5GB/s"       # the reduction's throughput (bytes of output per second)
     copy = "10GB/s"        # 0 or "inf": free
     overhead = "0.2us"     # the time a rank spends posting a send or a receive
+    call = "3us"           # the time a rank spends starting a call (pycoll sim --calls: each call)
+    reduce_by_size = {"64KiB" = "20GB/s", "64MiB" = "5GB/s"}
+    copy_by_size = {"64KiB" = "30GB/s", "64MiB" = "8GB/s"}
 """
 
 from __future__ import annotations
@@ -47,6 +64,12 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Hashable, Tuple, Union
 
 import tomllib
+
+from pycoll.config import parse_bytes
+from pycoll.errors import ConfigError
+
+#: A rate by size: ((bytes, bytes per second), ...) in size order.
+SizeTable = Tuple[Tuple[int, float], ...]
 
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _RATE = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12, "kib/s": 2.0 ** 10,
@@ -95,6 +118,7 @@ class Machine:
     reduce_bw: float = 5e9
     copy_bw: float = 10e9
     overhead: float = 0.0
+    call: float = 0.0
     nics: int = 1
     rendezvous_bytes: int = 0
     rendezvous: float = 0.0
@@ -103,6 +127,44 @@ class Machine:
     contention: bool = False
     nodes_per_leaf: int = 0
     oversubscription: float = 1.0
+    cpu_copies: bool = False
+    #: Rates by size, ((bytes, bytes per second), ...) in size order (empty: the scalar holds).
+    bandwidth_by_size: SizeTable = ()
+    node_bandwidth_by_size: SizeTable = ()
+    #: Latencies by size, ((bytes, seconds), ...) in size order (empty: alpha holds).
+    alpha_by_size: SizeTable = ()
+    node_alpha_by_size: SizeTable = ()
+    reduce_by_size: SizeTable = ()
+    copy_by_size: SizeTable = ()
+
+    @property
+    def by_size(self) -> bool:
+        """Whether any rate depends on the size (or messages hold cores): the simulation then
+        runs in Python (``native/sim.c`` has the plain model only)."""
+        return bool(self.call or self.cpu_copies or self.bandwidth_by_size or self.node_bandwidth_by_size
+                    or self.alpha_by_size or self.node_alpha_by_size or self.reduce_by_size
+                    or self.copy_by_size)
+
+    def message(self, a: int, b: int, nbytes: int) -> tuple[float, float]:
+        """(alpha, seconds per byte) of a message of ``nbytes`` from rank ``a`` to rank ``b``; the
+        ``rendezvous`` latency is in alpha where it applies (not with a table: its rates hold it)."""
+        if self.ppn > 1 and a // self.ppn == b // self.ppn:
+            alpha, table, bw = self.node_alpha, self.node_bandwidth_by_size, self.node_bandwidth
+            latencies = self.node_alpha_by_size
+        else:
+            alpha, table, bw = self.alpha, self.bandwidth_by_size, self.bandwidth
+            latencies = self.alpha_by_size
+        if latencies:
+            alpha = interpolate(latencies, nbytes)
+        elif not table and self.rendezvous_bytes and nbytes >= self.rendezvous_bytes:
+            alpha += self.rendezvous
+        return alpha, per_byte(table, bw, nbytes)
+
+    def compute(self, reduce: bool, nbytes: int) -> float:
+        """Seconds a reduction (``reduce``) or a copy of ``nbytes`` takes."""
+        if reduce:
+            return nbytes * per_byte(self.reduce_by_size, self.reduce_bw, nbytes)
+        return nbytes * per_byte(self.copy_by_size, self.copy_bw, nbytes)
 
     def link(self, a: int, b: int) -> tuple[float, float]:
         """(alpha, seconds per byte) from rank ``a`` to rank ``b``."""
@@ -146,10 +208,61 @@ class Machine:
                 fabric += (f", fat tree of {self.nodes_per_leaf} nodes per leaf, "
                            f"oversubscribed {self.oversubscription:g}:1")
         rdv = ""
-        if self.rendezvous_bytes:
+        if self.by_size:
+            rdv = (" (rates and latencies by size" + (", messages copied by cores" if self.cpu_copies else "")
+                   + (f", call {self.call * 1e6:g}us" if self.call else "") + ")")
+        elif self.rendezvous_bytes:
             rdv = f", +{self.rendezvous * 1e6:g}us from {self.rendezvous_bytes} B"
         return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{rdv}{node}{fabric}; "
                 f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us")
+
+
+def interpolate(table: SizeTable, nbytes: int) -> float:
+    """The value of a table at ``nbytes``: linear in the log of the size between its sizes, its
+    first and last values beyond them."""
+    if nbytes <= table[0][0]:
+        return table[0][1]
+    for (n0, v0), (n1, v1) in zip(table, table[1:]):
+        if nbytes <= n1:
+            w = math.log(nbytes / n0) / math.log(n1 / n0)
+            return (1 - w) * v0 + w * v1
+    return table[-1][1]
+
+
+def per_byte(table: SizeTable, bandwidth: float, nbytes: int) -> float:
+    """Seconds per byte at ``nbytes`` from a ``*_by_size`` table of rates (the per-byte times
+    interpolated, see :func:`interpolate`), else from ``bandwidth``."""
+    if not table:
+        return 1.0 / bandwidth
+    return interpolate(tuple((n, 1.0 / b) for n, b in table), nbytes)
+
+
+def _sized(value: Any, read: Any, what: str) -> SizeTable:
+    """A ``*_by_size`` table of a machine file (``{"4KiB" = "1GB/s", ...}``) read with ``read``
+    (:func:`rate` or :func:`seconds`) as ((bytes, value), ...) in size order."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"not a table of sizes and {what}: {value!r} (e.g. {{\"4KiB\" = ...}})")
+    rows = []
+    for size, v in value.items():
+        try:
+            n = parse_bytes(size)
+        except ConfigError:
+            raise ValueError(f"not a size: {size!r} (e.g. 4096, 64KiB, 4MiB)") from None
+        x = read(v)
+        if n <= 0 or not 0 <= x < math.inf or (read is rate and x == 0):
+            raise ValueError(f"{size} = {v!r}: sizes must be positive, {what} positive and finite")
+        rows.append((n, x))
+    return tuple(sorted(rows))
+
+
+def size_table(value: Any) -> SizeTable:
+    """A ``*_by_size`` table of rates (``{"4KiB" = "1GB/s", ...}``)."""
+    return _sized(value, rate, "rates")
+
+
+def time_table(value: Any) -> SizeTable:
+    """A ``*_by_size`` table of times (``{"4KiB" = "5us", ...}``)."""
+    return _sized(value, seconds, "times")
 
 
 def load(path: str) -> Machine:
@@ -168,7 +281,15 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("network", "rendezvous"): ("rendezvous", seconds), ("faults", "detect"): ("detect", seconds),
          ("faults", "silence"): ("silence", seconds), ("fabric", "contention"): ("contention", flag),
          ("fabric", "nodes_per_leaf"): ("nodes_per_leaf", int),
-         ("fabric", "oversubscription"): ("oversubscription", float)}
+         ("fabric", "oversubscription"): ("oversubscription", float),
+         ("network", "bandwidth_by_size"): ("bandwidth_by_size", size_table),
+         ("node", "bandwidth_by_size"): ("node_bandwidth_by_size", size_table),
+         ("network", "alpha_by_size"): ("alpha_by_size", time_table),
+         ("node", "alpha_by_size"): ("node_alpha_by_size", time_table),
+         ("node", "cpu_copies"): ("cpu_copies", flag),
+         ("compute", "reduce_by_size"): ("reduce_by_size", size_table),
+         ("compute", "copy_by_size"): ("copy_by_size", size_table),
+         ("compute", "call"): ("call", seconds)}
 
 
 def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
@@ -191,6 +312,8 @@ def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
         raise ValueError(f"{what}: nodes_per_leaf must be at least 0 and oversubscription positive")
     for f in fields(m):
         v = getattr(m, f.name)
+        if isinstance(v, tuple):
+            continue  # (size tables: checked as read)
         if v < 0 or (f.name.endswith("bandwidth") or f.name.endswith("_bw")) and v == 0:
             raise ValueError(f"{what}: {f.name} must be positive")
     return m

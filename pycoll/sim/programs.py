@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from pycoll.lower.record import NotLowerable, record
-from pycoll.sim.engine import Compact, edges_csr
+from pycoll.sim.engine import CALL, Compact, edges_csr
 from pycoll.team import local_teams
 
 #: The collectives a simulation runs (the lowered ones of equal blocks: not yet the v-forms, scan).
@@ -76,11 +76,13 @@ def _call(team: Any, coll: str, count: int, dtype: Any, op: str, root: int) -> A
     raise NotLowerable(f"simulating {coll} is not supported (one of: {', '.join(SIMULATED)})")
 
 
-def chain(a: Compact, b: Compact) -> Compact:
+def chain(a: Compact, b: Compact, offset: Optional[int] = None) -> Compact:
     """``a`` then ``b`` on one rank: ``b``'s first instructions wait for ``a``'s last; ``b``'s
-    steps are numbered after ``a``'s (their messages never match each other's)."""
+    steps are numbered after ``a``'s (their messages never match each other's), or from
+    ``offset`` (the same on every rank, where their programs end at different steps)."""
     n, m = len(a.kinds), len(b.kinds)
-    offset = max(a.steps, default=-1) + 1
+    if offset is None:
+        offset = max(a.steps, default=-1) + 1
     af, ad = np.frombuffer(a.first, np.int32), np.frombuffer(a.dependents, np.int32)
     bf, bd = np.frombuffer(b.first, np.int32), np.frombuffer(b.dependents, np.int32)
     sinks = np.flatnonzero(af[1:] == af[:-1]).astype(np.int32)  # (what nothing of a waits for)
@@ -95,6 +97,26 @@ def chain(a: Compact, b: Compact) -> Compact:
     steps = array("i", (np.frombuffer(b.steps, np.int32) + offset).astype(np.int32).tobytes())
     return Compact(a.kinds + b.kinds, a.peers + b.peers, a.steps + steps, a.nbytes + b.nbytes,
                    a.ndeps + array("i", b_ndeps.tobytes()), first, dependents)
+
+
+def called(p: Compact) -> Compact:
+    """``p`` behind a ``CALL`` instruction (the rank's time starting the call, the machine's
+    ``call``): what waited for nothing waits for it."""
+    start = Compact.build([CALL], [-1], [0], [0], [[]])
+    return chain(start, p, 0)
+
+
+def looped(programs: List[Compact], calls: int, call: bool = False) -> List[Compact]:
+    """Every rank's ``calls`` runs of its program, one after another (:func:`chain`): a loop of
+    calls, each rank's next call once its last one finished, as ``pycoll perf`` times them; with
+    ``call``, each run starts with a ``CALL`` (:func:`called`)."""
+    span = max((max(p.steps, default=-1) for p in programs), default=-1) + 1
+    if call:
+        programs = [called(p) for p in programs]
+    out = list(programs)
+    for k in range(1, calls):
+        out = [chain(o, p, k * span) for o, p in zip(out, programs)]
+    return out
 
 
 #: The fewest ranks whose programs are recorded by several processes (below, one process is quicker).

@@ -7,14 +7,25 @@ from pycoll.sim import Machine, load, programs, run
 
 
 def test_calibrate_writes_a_machine_file_the_simulator_runs(cli, tmp_path):
-    out = tmp_path / "host.toml"
-    rc, text, err = cli("sim", "calibrate", "--out", str(out), "--steps", "200", "--repeats", "2",
-                        timeout=120)
-    assert rc == 0, text + err
+    """The rates and latencies by size, measured through the pair's collectives (the default), and
+    the plain model (``--plain``): each loads, and an 8 B allreduce simulates as its model says."""
+    out, plain = tmp_path / "host.toml", tmp_path / "plain.toml"
+    for path, extra in ((out, ()), (plain, ("--plain",))):
+        rc, text, err = cli("sim", "calibrate", "--out", str(path), "--steps", "200", "--repeats", "2",
+                            *extra, timeout=120)
+        assert rc == 0, text + err
     m = load(str(out))
-    assert isinstance(m, Machine) and m.ppn == 2
-    assert 0 < m.alpha < 1e-3 and m.node_alpha == m.alpha, text  # (Python's message cost: microseconds)
-    assert m.bandwidth > 1e8 and m.reduce_bw > 1e8 and m.copy_bw > 1e8, text
+    assert isinstance(m, Machine) and m.ppn == 2 and m.cpu_copies, out.read_text()
+    assert len(m.node_bandwidth_by_size) == 8 and len(m.reduce_by_size) == 8 and m.node_alpha_by_size
+    assert 0 < m.overhead < 1e-3 and 0 <= m.call < 1e-3 and 0 <= m.alpha < 1e-3, out.read_text()
+    # one step: each rank posts its send and its receive (an overhead each); the peer's message is
+    # there alpha after its send was posted, then this rank's core copies it in and reduces
+    o, (alpha, per_byte) = m.overhead, m.message(0, 1, 8)
+    assert run(programs("allreduce", "rd", 2, 8), m).time == pytest.approx(
+        max(o + alpha, 2 * o) + 8 * per_byte + m.compute(True, 8), rel=1e-6)
+    m = load(str(plain))
+    assert not m.by_size and 0 < m.alpha < 1e-3 and m.node_alpha == m.alpha  # (Python's message cost)
+    assert m.bandwidth > 1e8 and m.reduce_bw > 1e8 and m.copy_bw > 1e8, plain.read_text()
     assert run(programs("allreduce", "rd", 2, 8), m).time == pytest.approx(m.alpha + 8 / m.bandwidth
                                                                           + 8 / m.reduce_bw, rel=1e-6)
 

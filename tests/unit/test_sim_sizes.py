@@ -1,0 +1,100 @@
+"""pycoll.sim's measured-host model: rates and latencies by size (interpolated on the log of the
+size), messages within a node copied by their receiver's core (``cpu_copies``), and loops of calls
+with a call's own cost (``--calls``, ``[compute] call``), against hand-worked timelines."""
+
+import json
+import math
+
+import pytest
+
+from pycoll.cli import main as cli
+from pycoll.sim import Machine, programs, run
+from pycoll.sim.engine import Compact
+from pycoll.sim.machine import from_dict, per_byte
+from pycoll.sim.programs import looped
+
+SEND, RECV, COPY = 0, 1, 3
+
+
+def test_a_rate_between_two_sizes_is_interpolated_on_the_log_of_the_size():
+    table = ((4096, 1e9), (16384, 2e9))
+    assert per_byte(table, 5e9, 8192) == pytest.approx(0.5 / 1e9 + 0.5 / 2e9)
+    assert per_byte(table, 5e9, 8) == pytest.approx(1 / 1e9)  # (the first and last hold beyond them)
+    assert per_byte(table, 5e9, 1 << 30) == pytest.approx(1 / 2e9)
+    assert per_byte((), 5e9, 8192) == pytest.approx(1 / 5e9)  # (no table: the bandwidth)
+
+
+def test_machine_files_read_size_tables_and_refuse_bad_ones():
+    m = from_dict({"node": {"ppn": 2, "bandwidth_by_size": {"64KiB": "2GB/s", "4096": "1GB/s"},
+                            "alpha_by_size": {"4KiB": "1us", "1MiB": "30us"}, "cpu_copies": True},
+                   "compute": {"reduce_by_size": {"4K": "10GB/s"}, "call": "2us"}})
+    assert m.node_bandwidth_by_size == ((4096, 1e9), (65536, 2e9)) and m.cpu_copies and m.by_size
+    assert m.call == pytest.approx(2e-6) and m.message(0, 1, 4096) == pytest.approx((1e-6, 1e-9))
+    assert m.message(0, 1, 1 << 20)[0] == pytest.approx(30e-6)
+    assert m.compute(True, 4096) == pytest.approx(4096 / 10e9)
+    assert not Machine().by_size
+    for bad in ({"node": {"bandwidth_by_size": {"lots": "1GB/s"}}},
+                {"node": {"bandwidth_by_size": {"4K": "0"}}},
+                {"node": {"bandwidth_by_size": {}}},
+                {"compute": {"copy_by_size": "fast"}},
+                {"network": {"alpha_by_size": {"4K": "soon"}}}):
+        with pytest.raises(ValueError):
+            from_dict(bad)
+
+
+def _exchange_and_copy(n: int, copy: bool) -> list:
+    """Two ranks that exchange ``n`` bytes, and (``copy``) each copies ``n`` bytes of its own at
+    the same time, as a 2-rank alltoall does."""
+    progs = []
+    for r in range(2):
+        kinds, deps = [SEND, RECV], [[], []]
+        if copy:
+            kinds.append(COPY)
+            deps.append([])
+        progs.append(Compact.build(kinds, [1 - r, 1 - r, -1][:len(kinds)], [0] * len(kinds), [n] * len(kinds),
+                                   deps))
+    return progs
+
+
+def test_a_message_within_a_node_is_copied_by_its_receivers_core():
+    """With cpu_copies an exchange's two messages are copied by two cores at once, but a rank's own
+    copy and the copy of the message it receives take turns on its core; without, they overlap."""
+    n, alpha, bw, copy_bw = 1 << 20, 10e-6, 1e9, 2e9
+    base = dict(ppn=2, node_alpha=alpha, node_bandwidth=bw, reduce_bw=math.inf, copy_bw=copy_bw)
+    cores = Machine(cpu_copies=True, **base)
+    assert run(_exchange_and_copy(n, False), cores).time == pytest.approx(alpha + n / bw)
+    # (rank 1 copies its peer's message in first, there alpha after the start, then its own data)
+    assert run(_exchange_and_copy(n, True), cores).time == pytest.approx(alpha + n / bw + n / copy_bw)
+    assert run(_exchange_and_copy(n, True), Machine(**base)).time == pytest.approx(n / bw + alpha)
+
+
+def test_a_loop_of_calls_pays_each_calls_start_and_overlaps_the_latency():
+    """K broadcasts on 2 ranks, each call costing ``call`` and each message ``overhead`` on its
+    rank: the root runs ahead (its sends are done when posted), the receiver copies each message
+    when its receive is posted, so the loop takes K (call + overhead + n / rate) + alpha."""
+    n, k, c, o, alpha, bw = 1 << 16, 4, 2e-6, 3e-6, 20e-6, 4e9
+    m = Machine(ppn=2, node_alpha=alpha, node_bandwidth=bw, cpu_copies=True, call=c, overhead=o,
+                reduce_bw=math.inf, copy_bw=math.inf)
+    progs = looped(programs("bcast", "knomial", 2, n), k, call=True)
+    assert run(progs, m).time == pytest.approx(k * (c + o + n / bw) + alpha)
+    assert run(looped(programs("bcast", "knomial", 2, n), 1, call=True), m).time == pytest.approx(
+        c + o + alpha + n / bw)
+
+
+def test_the_cli_simulates_a_loop_of_calls_per_call(tmp_path, capsys):
+    """``pycoll sim --calls K`` prints the time per call of K calls in a loop; several ranks'
+    programs that end at different steps still match call by call."""
+    machine = tmp_path / "m.toml"
+    machine.write_text('[node]\nppn = 8\nalpha = "2us"\nbandwidth = "10GB/s"\ncpu_copies = true\n'
+                       '[compute]\ncall = "1us"\noverhead = "1us"\n')
+    out = tmp_path / "sim.json"
+    assert cli(["sim", "bcast", "-n", "6", "--machine", str(machine), "--algorithm", "knomial",
+                "--min-bytes", "4K", "--max-bytes", "4K", "--calls", "5", "--json", str(out)]) == 0
+    one = tmp_path / "one.json"
+    assert cli(["sim", "bcast", "-n", "6", "--machine", str(machine), "--algorithm", "knomial",
+                "--min-bytes", "4K", "--max-bytes", "4K", "--json", str(one)]) == 0
+    looped_us = json.loads(out.read_text())["rows"][0]["time_us"]
+    single_us = json.loads(one.read_text())["rows"][0]["time_us"]
+    assert 0 < looped_us < single_us, (looped_us, single_us)  # (the calls' latencies overlap)
+    assert cli(["sim", "bcast", "-n", "6", "--calls", "0"]) == 2
+    capsys.readouterr()
