@@ -105,9 +105,28 @@ def allreduces(team: Any, src: np.ndarray, dst: np.ndarray, calls: int) -> float
     return (time.perf_counter() - t0) / calls
 
 
+def together(team: Any, nbytes: int, repeats: int) -> float:
+    """How many times longer rank 0's reduction of ``nbytes`` (three arrays: what loads the
+    caches and memory most) takes while rank 1 reduces as much at the same time than alone (at
+    least 1; rank 0's figure). Collective (barriers)."""
+    a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))
+    k = max(1, min(100, TABLE_BYTES // nbytes))
+    times: Dict[bool, List[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for both in (False, True):
+            team.barrier().wait()
+            if both or team.rank == 0:
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    np.add(a, b, out=c)
+                times[both].append(time.perf_counter() - t0)
+    return max(1.0, float(np.median(times[True]) / np.median(times[False]))) if team.rank == 0 else 1.0
+
+
 def by_size(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
     """The model's parameters of a 2-rank team's messages measured through its collectives
-    (:func:`bcasts`; medians of ``repeats``): ``overhead``, a rank's time per message posted and
+    (:func:`bcasts`; medians of ``repeats``) and its cores' work (:func:`together`): ``overhead``,
+    a rank's time per message posted and
     completed (a loop of ``SMALL`` broadcasts: what a call of one message costs its rank); the rates
     by size, from loops of broadcasts (their sustained rate beyond ``overhead``); and the latency
     by size, what a message waited for costs beyond its rate (alternating roots)."""
@@ -131,7 +150,9 @@ def by_size(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
         sustained, waited = med(n, False), med(n, True)
         rates[n] = n / max(sustained - loop, sustained / 10)
         latency[n] = max(waited - sustained, alpha)
-    return {"call": loop - overhead, "overhead": overhead, "alpha": alpha, "rates": rates, "latency": latency}
+    shared = {n: together(team, n, repeats) for n in TABLE_SIZES}
+    return {"call": loop - overhead, "overhead": overhead, "alpha": alpha, "rates": rates, "latency": latency,
+            "together": shared}
 
 
 def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tuple[int, float]:
@@ -146,11 +167,12 @@ def rendezvous(one_way: Dict[int, float], alpha: float, bandwidth: float) -> Tup
 
 
 def throughput_at(work: str, nbytes: int, repeats: int) -> float:
-    """Bytes per second of numpy's reduction (``reduce``: out += in) or copy of ``nbytes`` of
-    float32 on the same two arrays again and again, as a collective called in a loop works on its
+    """Bytes per second of numpy's reduction (``reduce``: out = a + b, three arrays, as an
+    allreduce adds what it received to its input into its output) or copy of ``nbytes`` of
+    float32 on the same arrays again and again, as a collective called in a loop works on its
     buffers (in the caches where they fit); the median of ``repeats`` runs."""
-    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
-    op = (lambda: np.add(a, b, out=a)) if work == "reduce" else (lambda: np.copyto(a, b))
+    a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))
+    op = (lambda: np.add(a, b, out=c)) if work == "reduce" else (lambda: np.copyto(a, b))
     op()
     k = max(1, min(1000, TABLE_BYTES // nbytes))
     times = []
@@ -252,7 +274,9 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
     if sized:
         tables = (f"bandwidth_by_size = {_table(sized['rates'], 'GB/s')}\n"
                   f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
-        network, node = tables, tables + "cpu_copies = true\n"
+        network = tables
+        factors = ", ".join(f'"{n}" = {f:.3f}' for n, f in sorted(sized["together"].items()))
+        node = tables + f"cpu_copies = true\ntogether_by_size = {{{factors}}}\n"
         compute = (f"overhead = \"{sized['overhead'] * 1e6:.3f}us\"\ncall = \"{sized['call'] * 1e6:.3f}us\"\n"
                    f"reduce_by_size = {_table(p['reduce_by_size'], 'GB/s')}\n"
                    f"copy_by_size = {_table(p['copy_by_size'], 'GB/s')}\n")

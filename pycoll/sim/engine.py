@@ -148,7 +148,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     cpu_free = list(starts)
     # (receiver, sender, step) -> the arrival times of messages no receive was posted for yet, and
     # the receives posted (instruction, when) no message came for yet, in order (emptied: deleted)
-    mailbox: Dict[Tuple[int, int, int], List[Tuple[float, float]]] = {}
+    mailbox: Dict[Tuple[int, int, int], List[Tuple[float, float, int]]] = {}
     waiting: Dict[Tuple[int, int, int], List[Tuple[int, float]]] = {}
     heap: List[Tuple[float, int, int, int]] = []
     push = heapq.heappush
@@ -162,6 +162,9 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     message, compute, call = machine.message, machine.compute, machine.call
     ppn = machine.ppn
     cpu_copies = machine.cpu_copies and not machine.contention
+    together = bool(machine.together_by_size) and cpu_copies
+    copies: Dict[int, List[Tuple[float, float, int]]] = {}  # node -> its copies (start, end, rank)
+    clock = -math.inf  # (the time of the event being processed: copies that ended before are dropped)
     rdv_bytes, rdv = machine.rendezvous_bytes, machine.rendezvous
 
     nxt = [0] * n  # the next instruction each rank issues
@@ -171,7 +174,21 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     sending: Dict[int, Tuple[int, int, int, int, float, float]] = {}
     projected: Dict[int, int] = {}  # flow -> the heap entry of its latest projected end
 
-    def deliver(d: int, src: int, step: int, arrival: float, copy: float = 0.0) -> None:
+    def copying(r: int, start: float, cost: float, nb: int) -> float:
+        """When a copy or reduction of ``nb`` bytes that rank ``r``'s core starts at ``start``
+        ends: ``cost`` seconds, longer (the machine's ``together``) where another core of the node
+        copies at the same time (their caches and memory are shared)."""
+        if not together:
+            return start + cost
+        live = copies.setdefault(r // ppn, [])
+        if live:
+            live[:] = [x for x in live if x[1] > clock]
+            if any(s2 < start + cost and e2 > start and r2 != r for s2, e2, r2 in live):
+                cost *= machine.together(nb)
+        live.append((start, start + cost, r))
+        return start + cost
+
+    def deliver(d: int, src: int, step: int, arrival: float, copy: float = 0.0, nb: int = 0) -> None:
         """A message from ``src`` to ``d`` arrives at ``arrival``: to its posted receive, or to the
         mailbox until one is posted. ``copy``: the seconds the receiver's core then copies it
         (``cpu_copies``), from when it arrived, the receive was posted and the core is free."""
@@ -185,13 +202,13 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             seq += 1
             done = arrival if arrival > posted else posted
             if copy:
-                done = (done if done > cpu_free[d] else cpu_free[d]) + copy
+                done = copying(d, done if done > cpu_free[d] else cpu_free[d], copy, nb)
                 cpu_free[d] = done
             push(heap, (done, seq, d, j))
         elif key in mailbox:
-            mailbox[key].append((arrival, copy))
+            mailbox[key].append((arrival, copy, nb))
         else:
-            mailbox[key] = [(arrival, copy)]
+            mailbox[key] = [(arrival, copy, nb)]
 
     began: Dict[Tuple[int, int], float] = {}  # (with a timeline) when each instruction was issued
     counts = [len(p.kinds) for p in programs]
@@ -209,6 +226,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 push(heap, (end, seq, _FLOW_ENDS, fid))
             continue
         t, entry, r, i = pop(heap)
+        clock = t
         if r == _RANK_STARTS:
             r, t = i, starts[i]
             p = programs[r]
@@ -279,7 +297,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                     if cpu_copies and r // ppn == d // ppn:  # (the receiver's core copies it in once
                         push(heap, (t0, seq, r, i))  # it has its receive: the send is done)
                         if not dies or t0 <= dies.get(r, math.inf):
-                            deliver(d, r, p.steps[i], t0 + alpha, nb * per_byte * factor[d])
+                            deliver(d, r, p.steps[i], t0 + alpha, nb * per_byte * factor[d], nb)
                     else:
                         end = b + nb * per_byte * factor[r]
                         tx_free[r] = rx_free[d] = end
@@ -292,13 +310,13 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 key = (r, p.peers[i], p.steps[i])
                 q = mailbox.get(key)
                 if q is not None:
-                    arrival, copy = q.pop(0)
+                    arrival, copy, nb = q.pop(0)
                     if not q:
                         del mailbox[key]
                     seq += 1
                     done = arrival if arrival > t0 else t0
                     if copy:
-                        done = (done if done > cpu_free[r] else cpu_free[r]) + copy
+                        done = copying(r, done if done > cpu_free[r] else cpu_free[r], copy, nb)
                         cpu_free[r] = done
                     push(heap, (done, seq, r, i))
                 elif key in waiting:
@@ -312,7 +330,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                 else:
                     bw = rbw if k == REDUCE else cbw
                     cost = p.nbytes[i] / bw if bw != math.inf else 0.0
-                end = t0 + cost * factor[r]
+                cost *= factor[r]
+                end = copying(r, t0, cost, p.nbytes[i]) if k != CALL else t0 + cost
                 cpu_free[r] = end
                 seq += 1
                 push(heap, (end, seq, r, i))

@@ -16,7 +16,9 @@ size; ``alpha_by_size`` tables give the latency by size the same way. With ``cpu
 message within a node is copied in by its receiver's core (one host's transports copy with the
 ranks' own cores): its send is done once posted, and its receiver copies it once it is there
 (alpha after the send), its receive is posted and its core is free of other copies and reductions;
-without contention only. ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
+without contention only; with ``together_by_size`` a copy (a message's, a copy's or a reduction's)
+takes that many times longer where another core of the node copies at the same time (their caches
+and memory are shared). ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
 simulated loop's calls each begin with it).
 
 With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
@@ -39,7 +41,8 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     alpha = "0.5us"
     bandwidth = "20GB/s"
     bandwidth_by_size = {"4KiB" = "1GB/s", "4MiB" = "14GB/s"}
-    cpu_copies = true      # a message holds its receiver's core while it moves
+    cpu_copies = true      # a message is copied in by its receiver's core
+    together_by_size = {"4MiB" = 1.0, "16MiB" = 1.7}  # a copy beside another of the node's
     [fabric]               # links shared by the messages crossing them (max-min fair)
     contention = true      # (the default where [fabric] is given)
     nodes_per_leaf = 16    # 0: one switch that never blocks
@@ -136,6 +139,9 @@ class Machine:
     node_alpha_by_size: SizeTable = ()
     reduce_by_size: SizeTable = ()
     copy_by_size: SizeTable = ()
+    #: How many times longer a copy of a size takes while another core of its node copies too
+    #: ((bytes, factor), ...; with ``cpu_copies``).
+    together_by_size: SizeTable = ()
 
     @property
     def by_size(self) -> bool:
@@ -143,7 +149,7 @@ class Machine:
         runs in Python (``native/sim.c`` has the plain model only)."""
         return bool(self.call or self.cpu_copies or self.bandwidth_by_size or self.node_bandwidth_by_size
                     or self.alpha_by_size or self.node_alpha_by_size or self.reduce_by_size
-                    or self.copy_by_size)
+                    or self.copy_by_size or self.together_by_size)
 
     def message(self, a: int, b: int, nbytes: int) -> tuple[float, float]:
         """(alpha, seconds per byte) of a message of ``nbytes`` from rank ``a`` to rank ``b``; the
@@ -159,6 +165,10 @@ class Machine:
         elif not table and self.rendezvous_bytes and nbytes >= self.rendezvous_bytes:
             alpha += self.rendezvous
         return alpha, per_byte(table, bw, nbytes)
+
+    def together(self, nbytes: int) -> float:
+        """How many times longer a copy of ``nbytes`` takes while another core of the node copies."""
+        return interpolate(self.together_by_size, nbytes) if self.together_by_size else 1.0
 
     def compute(self, reduce: bool, nbytes: int) -> float:
         """Seconds a reduction (``reduce``) or a copy of ``nbytes`` takes."""
@@ -260,6 +270,14 @@ def size_table(value: Any) -> SizeTable:
     return _sized(value, rate, "rates")
 
 
+def factor_table(value: Any) -> SizeTable:
+    """A ``*_by_size`` table of factors of at least 1 (``{"16MiB" = 1.8, ...}``)."""
+    rows = _sized(value, float, "factors")
+    if any(f < 1 for _, f in rows):
+        raise ValueError(f"factors must be at least 1: {value!r}")
+    return rows
+
+
 def time_table(value: Any) -> SizeTable:
     """A ``*_by_size`` table of times (``{"4KiB" = "5us", ...}``)."""
     return _sized(value, seconds, "times")
@@ -289,7 +307,8 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("node", "cpu_copies"): ("cpu_copies", flag),
          ("compute", "reduce_by_size"): ("reduce_by_size", size_table),
          ("compute", "copy_by_size"): ("copy_by_size", size_table),
-         ("compute", "call"): ("call", seconds)}
+         ("compute", "call"): ("call", seconds),
+         ("node", "together_by_size"): ("together_by_size", factor_table)}
 
 
 def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:

@@ -98,3 +98,20 @@ def test_the_cli_simulates_a_loop_of_calls_per_call(tmp_path, capsys):
     assert 0 < looped_us < single_us, (looped_us, single_us)  # (the calls' latencies overlap)
     assert cli(["sim", "bcast", "-n", "6", "--calls", "0"]) == 2
     capsys.readouterr()
+
+
+def test_copies_of_two_cores_of_a_node_at_once_take_longer():
+    """together_by_size: two ranks of one node copying at the same time share its caches and
+    memory (the one that finds the other copying takes that many times longer); ranks of two
+    nodes, or one rank at a time, do not."""
+    n, copy_bw = 16 << 20, 10e9
+    progs = [Compact.build([COPY], [-1], [0], [n], [[]]) for _ in range(2)]
+    factors = ((1 << 20, 1.0), (16 << 20, 1.5))
+    shared = Machine(ppn=2, cpu_copies=True, copy_bw=copy_bw, together_by_size=factors)
+    assert run(progs, shared).time == pytest.approx(1.5 * n / copy_bw)
+    apart = Machine(ppn=1, cpu_copies=True, copy_bw=copy_bw, together_by_size=factors)
+    assert run(progs, apart).time == pytest.approx(n / copy_bw)
+    late = run(progs, shared, start={1: n / copy_bw}).time  # (one after the other)
+    assert late == pytest.approx(2 * n / copy_bw)
+    with pytest.raises(ValueError):
+        from_dict({"node": {"together_by_size": {"4K": 0.5}}})
