@@ -249,11 +249,6 @@ def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
             "copy_by_size": {n: throughput_at("copy", n, repeats) for n in TABLE_SIZES}}
 
 
-def _table(rates: Dict[int, float]) -> str:
-    """A ``*_by_size`` table's TOML text."""
-    return "{" + ", ".join(f'"{n}" = "{b / 1e9:.4f}GB/s"' for n, b in sorted(rates.items())) + "}"
-
-
 def _table(values: Dict[int, float], unit: str) -> str:
     """A ``*_by_size`` table's TOML text (``unit``: ``GB/s`` for rates, ``us`` for times)."""
     scale = 1e-9 if unit == "GB/s" else 1e6
@@ -276,7 +271,8 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
                   f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
         network = tables
         factors = ", ".join(f'"{n}" = {f:.3f}' for n, f in sorted(sized["together"].items()))
-        node = tables + f"cpu_copies = true\ntogether_by_size = {{{factors}}}\n"
+        if p.get("nodes", 1) == 1:  # (a pair on one host: its messages are the node's, copied by cores)
+            node = tables + f"cpu_copies = true\ntogether_by_size = {{{factors}}}\n"
         compute = (f"overhead = \"{sized['overhead'] * 1e6:.3f}us\"\ncall = \"{sized['call'] * 1e6:.3f}us\"\n"
                    f"reduce_by_size = {_table(p['reduce_by_size'], 'GB/s')}\n"
                    f"copy_by_size = {_table(p['copy_by_size'], 'GB/s')}\n")

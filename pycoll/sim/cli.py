@@ -199,15 +199,19 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks is None:
         print("pycoll sim: -n is required", file=sys.stderr)
         return 2
-    m = machine.load(args.machine) if args.machine else machine.Machine()
-    if args.alpha:
-        m.alpha = machine.seconds(args.alpha)
+    try:
+        m = machine.load(args.machine) if args.machine else machine.Machine()
+    except (OSError, ValueError) as exc:
+        print(f"pycoll sim: {exc}", file=sys.stderr)
+        return 2
+    if args.alpha:  # (a value given here replaces the machine file's table of it)
+        m.alpha, m.alpha_by_size = machine.seconds(args.alpha), ()
     if args.bandwidth:
-        m.bandwidth = machine.rate(args.bandwidth)
+        m.bandwidth, m.bandwidth_by_size = machine.rate(args.bandwidth), ()
     if args.ppn:
         m.ppn = args.ppn
     if args.reduce:
-        m.reduce_bw = machine.rate(args.reduce)
+        m.reduce_bw, m.reduce_by_size = machine.rate(args.reduce), ()
     if args.nics:
         m.nics = args.nics
     if args.nodes_per_leaf is not None:
@@ -228,8 +232,13 @@ def run(args: argparse.Namespace) -> int:
         print("pycoll sim: -n must be at least 1, and --late/--slow/--kill ranks (--kill-node nodes) "
               "within it", file=sys.stderr)
         return 2
-    if args.calls < 1 or args.calls > 1 and (args.payload or fail or args.trace):
-        print("pycoll sim: --calls must be at least 1 (and 1 with --payload, --kill or --trace)",
+    if args.calls < 1 or args.calls > 1 and (args.payload or fail or late):
+        print("pycoll sim: --calls must be at least 1 (and 1 with --payload, --kill or --late)",
+              file=sys.stderr)
+        return 2
+    if m.contention and m.by_size:
+        print("pycoll sim: a machine's *_by_size tables, cpu_copies, together_by_size and call model one "
+              "host's measured costs; they do not combine with shared links (--contention, [fabric])",
               file=sys.stderr)
         return 2
     if args.jobs is not None and args.jobs < 1:
@@ -272,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
             except (NotLowerable, ValueError) as exc:
                 print(f"{alg:>14} cannot be simulated: {exc}")
                 break
-            if args.calls > 1 or m.call and not (data is not None or fail or args.trace):
+            if args.calls > 1 or m.call and data is None:
                 progs = looped(progs, args.calls, call=m.call > 0)
             spans: Optional[list] = [] if args.trace else None
             res = engine.run(progs, m, late, slow, fail, spans, data)

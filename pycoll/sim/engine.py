@@ -9,6 +9,13 @@ by step, in order). With the machine's ``contention`` a send is a flow instead, 
 it crosses with the others in flight (:mod:`pycoll.sim.flows`): it is done when drained, and
 arrives ``alpha`` later. Only sizes travel: no payload. The clock jumps from one completion to
 the next (a heap of completion times).
+
+A measured host's model (:class:`Machine`'s ``*_by_size`` tables, ``cpu_copies``,
+``together_by_size``, ``call``) changes this within a node: a send is done once posted and its
+message is there ``alpha`` later, then copied in by its receiver's core once its receive is posted
+and the core is free (a copy that overlaps another core's on the node takes longer); rates and
+latencies are the tables' at the message's size; ``CALL`` instructions (a loop of calls,
+:func:`pycoll.sim.programs.looped`) hold the rank for ``call``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from pycoll.sim.machine import Machine
 SEND, RECV, REDUCE, COPY, AVG, CALL = range(6)  # (CALL: a call's start, its rank's time; see programs.looped)
 #: Heap entries ``(time, seq, code, i)`` that are not an instruction's completion (those carry the
 #: rank, >= 0): rank ``i`` starts (seq ``i``: below every other's), flow ``i`` starts, or may end.
-_RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -3, -2, -1
+_COPY_STARTS, _RANK_STARTS, _FLOW_STARTS, _FLOW_ENDS = -4, -3, -2, -1
 _KINDS = {"send": SEND, "recv": RECV, "reduce": REDUCE, "copy": COPY, "avg": AVG}
 
 
@@ -124,8 +131,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     ``payload``: the data (:class:`pycoll.sim.payload.Payload`), moved and reduced as the
     instructions run. Without contention, deaths, a timeline or a payload the loop runs in C
     (``pycoll._native``: the same events in the same order, so the same times), unless ``native``
-    is False or the native module is missing."""
+    is False or the native module is missing, or the machine has a measured host's model
+    (``Machine.by_size``)."""
     wall0 = time.perf_counter()
+    if machine.contention and machine.by_size:
+        raise ValueError("a machine's *_by_size tables, cpu_copies, together_by_size and call model one "
+                         "host's measured costs; they do not combine with shared links (contention)")
     n = len(programs)
     starts = [0.0] * n
     factor = [1.0] * n
@@ -146,7 +157,8 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     tx_free = [0.0] * n
     rx_free = [0.0] * n
     cpu_free = list(starts)
-    # (receiver, sender, step) -> the arrival times of messages no receive was posted for yet, and
+    # (receiver, sender, step) -> the messages no receive was posted for yet (arrival, seconds its
+    # receiver's core copies it with cpu_copies, bytes), and
     # the receives posted (instruction, when) no message came for yet, in order (emptied: deleted)
     mailbox: Dict[Tuple[int, int, int], List[Tuple[float, float, int]]] = {}
     waiting: Dict[Tuple[int, int, int], List[Tuple[int, float]]] = {}
@@ -164,6 +176,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     cpu_copies = machine.cpu_copies and not machine.contention
     together = bool(machine.together_by_size) and cpu_copies
     copies: Dict[int, List[Tuple[float, float, int]]] = {}  # node -> its copies (start, end, rank)
+    copying_in: Dict[int, Tuple[int, int, float, int]] = {}  # entry -> (rank, receive, seconds, bytes)
     clock = -math.inf  # (the time of the event being processed: copies that ended before are dropped)
     rdv_bytes, rdv = machine.rendezvous_bytes, machine.rendezvous
 
@@ -200,11 +213,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             if not q:
                 del waiting[key]
             seq += 1
-            done = arrival if arrival > posted else posted
-            if copy:
-                done = copying(d, done if done > cpu_free[d] else cpu_free[d], copy, nb)
-                cpu_free[d] = done
-            push(heap, (done, seq, d, j))
+            ready = arrival if arrival > posted else posted
+            if copy:  # (the core is claimed when the copy starts: see _COPY_STARTS)
+                copying_in[seq] = (d, j, copy, nb)
+                push(heap, (ready, seq, _COPY_STARTS, seq))
+            else:
+                push(heap, (ready, seq, d, j))
         elif key in mailbox:
             mailbox[key].append((arrival, copy, nb))
         else:
@@ -230,6 +244,15 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
         if r == _RANK_STARTS:
             r, t = i, starts[i]
             p = programs[r]
+        elif r == _COPY_STARTS:  # a message there for its posted receive: the receiver's core copies it
+            d, j, copy, nb = copying_in.pop(i)
+            if dies and t > dies.get(d, math.inf):
+                continue
+            end = copying(d, t if t > cpu_free[d] else cpu_free[d], copy, nb)
+            cpu_free[d] = end
+            seq += 1
+            push(heap, (end, seq, d, j))
+            continue
         else:
             if r == _FLOW_STARTS:
                 src, _, d, _, _, nb = sending[i]
@@ -296,7 +319,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                         b = rx_free[d]
                     if cpu_copies and r // ppn == d // ppn:  # (the receiver's core copies it in once
                         push(heap, (t0, seq, r, i))  # it has its receive: the send is done)
-                        if not dies or t0 <= dies.get(r, math.inf):
+                        if not dies or t0 + alpha <= dies.get(r, math.inf):  # (there before it died)
                             deliver(d, r, p.steps[i], t0 + alpha, nb * per_byte * factor[d], nb)
                     else:
                         end = b + nb * per_byte * factor[r]
@@ -314,11 +337,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                     if not q:
                         del mailbox[key]
                     seq += 1
-                    done = arrival if arrival > t0 else t0
-                    if copy:
-                        done = copying(r, done if done > cpu_free[r] else cpu_free[r], copy, nb)
-                        cpu_free[r] = done
-                    push(heap, (done, seq, r, i))
+                    ready = arrival if arrival > t0 else t0
+                    if copy:  # (the core is claimed when the copy starts)
+                        copying_in[seq] = (r, i, copy, nb)
+                        push(heap, (ready, seq, _COPY_STARTS, seq))
+                    else:
+                        push(heap, (ready, seq, r, i))
                 elif key in waiting:
                     waiting[key].append((i, t0))
                 else:

@@ -18,7 +18,8 @@ ranks' own cores): its send is done once posted, and its receiver copies it once
 (alpha after the send), its receive is posted and its core is free of other copies and reductions;
 without contention only; with ``together_by_size`` a copy (a message's, a copy's or a reduction's)
 takes that many times longer where another core of the node copies at the same time (their caches
-and memory are shared). ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
+and memory are shared: the copy that finds another under way is the one slowed, an approximation
+of both slowing). ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
 simulated loop's calls each begin with it).
 
 With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
@@ -258,6 +259,10 @@ def _sized(value: Any, read: Any, what: str) -> SizeTable:
             n = parse_bytes(size)
         except ConfigError:
             raise ValueError(f"not a size: {size!r} (e.g. 4096, 64KiB, 4MiB)") from None
+        if isinstance(v, (bool, dict, list)):
+            raise ValueError(f"{size} = {v!r}: not one of {what}")
+        if any(n == m for m, _ in rows):
+            raise ValueError(f"the size {size} twice (as {n} B)")
         x = read(v)
         if n <= 0 or not 0 <= x < math.inf or (read is rate and x == 0):
             raise ValueError(f"{size} = {v!r}: sizes must be positive, {what} positive and finite")
@@ -324,7 +329,10 @@ def from_dict(doc: Dict[str, Any], what: str = "machine") -> Machine:
                 known = sorted(k for t, k in _KEYS if t == table)
                 raise ValueError(f"{what}: unknown key {key!r} in [{table}] (known: {', '.join(known)})")
             name, read = _KEYS[table, key]
-            setattr(m, name, read(value))
+            try:
+                setattr(m, name, read(value))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{what}: [{table}] {key}: {exc}") from None
     if m.ppn < 1 or m.nics < 1:
         raise ValueError(f"{what}: ppn and nics must be at least 1")
     if m.nodes_per_leaf < 0 or m.oversubscription <= 0:

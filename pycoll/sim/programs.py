@@ -150,6 +150,13 @@ def programs(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any = "fl
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    parts = COMPOSITES.get((coll, algorithm))
+    if parts is not None:  # the parts one after the other, the second's steps after every rank's first
+        (c1, a1), (c2, a2) = parts
+        first = programs(c1, a1, size, nbytes, dtype, op, root, None, jobs)
+        second = programs(c2, a2, size, nbytes, dtype, op, root, progress, jobs)
+        offset = max((max(x.steps, default=-1) for x in first), default=-1) + 1
+        return [chain(x, y, offset) for x, y in zip(first, second)]
     jobs = min(jobs, size // SHARE_MIN)
     if jobs <= 1 or size < PARALLEL_FROM or not may_fork():
         return _record_ranks(coll, algorithm, size, nbytes, dtype, op, root, 0, size, progress)
@@ -219,14 +226,6 @@ def _record_share(send: Any, share: tuple) -> None:
 def _record_ranks(coll: str, algorithm: str, size: int, nbytes: int, dtype: Any, op: str, root: int,
                   lo: int, hi: int, progress: Optional[Callable[[int], None]] = None) -> List[Compact]:
     """The compact programs of ranks ``lo`` to ``hi - 1`` (of ``size``), recorded in this process."""
-    parts = COMPOSITES.get((coll, algorithm))
-    if parts is not None:
-        first, second = (_record_ranks(c, a, size, nbytes, dtype, op, root, lo, hi) for c, a in parts)
-        out = [chain(x, y) for x, y in zip(first, second)]
-        if progress is not None:
-            for rank in range(lo, hi):
-                progress(rank)
-        return out
     dt = np.dtype(dtype)
     count = elements(coll, nbytes, size, dt.itemsize)
     teams = local_teams(size)

@@ -1,8 +1,8 @@
 """A simulated run's timeline in the Trace Event Format that ``PYCOLL_TRACE`` writes (load it in
 https://ui.perfetto.dev or ``chrome://tracing``): one process per rank, each instruction a
 complete event from when it was issued to when it was done (a send: posted to left; a receive:
-posted to arrived; a reduction or copy: its compute), on as many lanes as overlap. Times are the
-simulated microseconds from the start."""
+posted to arrived; a reduction or copy: its compute; a call's start, ``pycoll sim --calls``), on
+as many lanes as overlap. Times are the simulated microseconds from the start."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from pycoll.trace import write_json
 
-_NAMES = ("send", "recv", "reduce", "copy", "avg")
-_CATS = ("comm", "comm", "subtask", "subtask", "subtask")
+_NAMES = ("send", "recv", "reduce", "copy", "avg", "call")  # (pycoll.sim.engine's kinds, in order)
+_CATS = ("comm", "comm", "subtask", "subtask", "subtask", "subtask")
 
 
 def document(spans: Sequence[Tuple[int, int, int, int, float, float]], title: str) -> Dict[str, Any]:

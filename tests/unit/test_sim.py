@@ -282,7 +282,7 @@ for coll, alg, nbytes in cases:
     assert len(alone) == len(shared) == n
     for a, b in zip(alone, shared):
         assert all(getattr(a, f) == getattr(b, f) for f in fields), (coll, alg)
-assert forked == [3, 3, 3], forked  # (jobs=1 records here; jobs=3 in three processes)
+assert forked == [3, 3, 3, 3], forked  # (jobs=1 here; jobs=3 in three processes; the ring: two parts)
 try:  # a worker's error reaches the caller
     programs("allreduce", "shm", n, 1 << 20, jobs=2)
     raise SystemExit("no NotLowerable")

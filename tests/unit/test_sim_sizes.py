@@ -63,8 +63,10 @@ def test_a_message_within_a_node_is_copied_by_its_receivers_core():
     base = dict(ppn=2, node_alpha=alpha, node_bandwidth=bw, reduce_bw=math.inf, copy_bw=copy_bw)
     cores = Machine(cpu_copies=True, **base)
     assert run(_exchange_and_copy(n, False), cores).time == pytest.approx(alpha + n / bw)
-    # (rank 1 copies its peer's message in first, there alpha after the start, then its own data)
-    assert run(_exchange_and_copy(n, True), cores).time == pytest.approx(alpha + n / bw + n / copy_bw)
+    assert run(_exchange_and_copy(n, True), cores).time == pytest.approx(n / copy_bw + n / bw)
+    # a receive posted before the send: the copy it will make does not hold the core before it starts
+    first = [Compact.build([RECV, SEND], [1 - r, 1 - r], [0, 0], [n, n], [[], []]) for r in range(2)]
+    assert run(first, cores).time == pytest.approx(alpha + n / bw)
     assert run(_exchange_and_copy(n, True), Machine(**base)).time == pytest.approx(n / bw + alpha)
 
 
@@ -115,3 +117,35 @@ def test_copies_of_two_cores_of_a_node_at_once_take_longer():
     assert late == pytest.approx(2 * n / copy_bw)
     with pytest.raises(ValueError):
         from_dict({"node": {"together_by_size": {"4K": 0.5}}})
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 8])
+def test_a_composite_allreduce_on_any_rank_count_finishes(n):
+    """Rabenseifner's and the ring's two parts are chained with the second's steps after every
+    rank's first (a rank whose first part ends at an earlier step still matches its peers)."""
+    for alg in ("rabenseifner", "ring"):
+        res = run(programs("allreduce", alg, n, 1 << 20), Machine(reduce_bw=5e9))
+        assert not res.unmatched and res.time > 0, (alg, n, res.unmatched[:1])
+
+
+def test_a_measured_hosts_model_refuses_shared_links_and_the_cli_says_so(tmp_path, capsys):
+    m = Machine(ppn=2, cpu_copies=True, contention=True)
+    with pytest.raises(ValueError, match="do not combine with shared links"):
+        run(programs("allreduce", "rd", 2, 1024), m)
+    machine = tmp_path / "m.toml"
+    machine.write_text('[node]\nppn = 2\ncpu_copies = true\n[fabric]\nnodes_per_leaf = 1\n')
+    assert cli(["sim", "allreduce", "-n", "2", "--machine", str(machine)]) == 2
+    machine.write_text('[node]\ntogether_by_size = {"4KiB" = "x"}\n')
+    assert cli(["sim", "allreduce", "-n", "2", "--machine", str(machine)]) == 2
+    assert "[node] together_by_size" in capsys.readouterr().err
+
+
+def test_a_sender_that_dies_before_its_message_is_there_loses_it():
+    """With cpu_copies a send is done once posted, but its message is lost if the sender dies
+    before it is there (alpha later): the receiver fails when it learns of the death."""
+    m = Machine(ppn=2, node_alpha=10e-6, node_bandwidth=1e9, cpu_copies=True)
+    progs = [Compact.build([SEND], [1], [0], [4096], [[]]), Compact.build([RECV], [0], [0], [4096], [[]])]
+    assert not run(progs, m).errors
+    res = run(progs, m, fail={0: (5e-6, 1e-3)})
+    assert res.errors == {1: pytest.approx(5e-6 + 1e-3)}, res
+    assert not run(progs, m, fail={0: (11e-6, 1e-3)}).errors  # (there before it died)
