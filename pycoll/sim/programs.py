@@ -113,10 +113,18 @@ def looped(programs: List[Compact], calls: int, call: bool = False) -> List[Comp
     span = max((max(p.steps, default=-1) for p in programs), default=-1) + 1
     if call:
         programs = [called(p) for p in programs]
-    out = list(programs)
-    for k in range(1, calls):
-        out = [chain(o, p, k * span) for o, p in zip(out, programs)]
-    return out
+    # by doubling (a block of 2^k calls chained to itself), each call's steps k * span on
+    out: Optional[List[Compact]] = None
+    block, size, done = list(programs), 1, 0
+    while calls:
+        if calls & 1:
+            out = block if out is None else [chain(o, b, done * span) for o, b in zip(out, block)]
+            done += size
+        calls >>= 1
+        if calls:
+            block = [chain(b, b, size * span) for b in block]
+            size *= 2
+    return out if out is not None else []
 
 
 #: The fewest ranks whose programs are recorded by several processes (below, one process is quicker).

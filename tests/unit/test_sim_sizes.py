@@ -77,8 +77,9 @@ def test_a_loop_of_calls_pays_each_calls_start_and_overlaps_the_latency():
     n, k, c, o, alpha, bw = 1 << 16, 4, 2e-6, 3e-6, 20e-6, 4e9
     m = Machine(ppn=2, node_alpha=alpha, node_bandwidth=bw, cpu_copies=True, call=c, overhead=o,
                 reduce_bw=math.inf, copy_bw=math.inf)
-    progs = looped(programs("bcast", "knomial", 2, n), k, call=True)
-    assert run(progs, m).time == pytest.approx(k * (c + o + n / bw) + alpha)
+    for k in (2, 3, 4, 5, 7):  # (built by doubling: every count)
+        progs = looped(programs("bcast", "knomial", 2, n), k, call=True)
+        assert run(progs, m).time == pytest.approx(k * (c + o + n / bw) + alpha), k
     assert run(looped(programs("bcast", "knomial", 2, n), 1, call=True), m).time == pytest.approx(
         c + o + alpha + n / bw)
 
