@@ -401,8 +401,10 @@ def finish(args: CollArgs) -> None:
 
 
 def copy_block(dst: np.ndarray, src: np.ndarray) -> None:
-    """Copy a rank's own block into place, unless it is already there (in place)."""
-    if src.size and not (src.ctypes.data == dst.ctypes.data and src.nbytes == dst.nbytes):
+    """Copy a rank's own block into place, unless it is already there (in place). The overlap
+    test comes first: an array's address (``.ctypes``) costs 2 us, ten copies of a 2 KiB block."""
+    if src.size and not (np.may_share_memory(src, dst) and src.ctypes.data == dst.ctypes.data
+                         and src.nbytes == dst.nbytes):
         copy_into(dst, src)
 
 
