@@ -169,6 +169,36 @@ def test_alltoall_bruck(n):
         assert np.array_equal(bufs[d], np.concatenate([orig[s][d * count:(d + 1) * count] for s in range(n)]))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_pairwise_alltoall_follows_its_buffers_from_call_to_call(n):
+    """Pairwise keeps its blocks' views for the buffers a call repeats: calls on new arrays, on
+    the first ones again (their data changed), and v-calls of other counts all move the right
+    blocks."""
+    teams = pycoll.local_teams(n)
+    count = 4
+    first = [np.arange(n * count, dtype=np.int64) + 100 * s for s in range(n)]
+    second = [np.arange(n * count, dtype=np.int64) * 7 + 1000 * s for s in range(n)]
+    outs = [np.full(n * count, -1, np.int64) for _ in range(n)]
+    for ins in (first, second, first, first):
+        for x in ins:
+            x += 1  # (the same arrays may hold other data the next time)
+        pycoll.wait_all([t.alltoall(ins[r], outs[r], algorithm="pairwise") for r, t in enumerate(teams)])
+        for d in range(n):
+            want = np.concatenate([ins[s][d * count:(d + 1) * count] for s in range(n)])
+            assert np.array_equal(outs[d], want), (n, d)
+    for counts in ([2] * n, [(k % 3) + 1 for k in range(n)]):
+        rc = [[counts[d]] * n for d in range(n)]  # rank s sends counts[d] to every d
+        sc = [[counts[d] for d in range(n)] for _ in range(n)]
+        send = [np.concatenate([np.arange(counts[d]) + 100 * s + 10 * d for d in range(n)]).astype(np.int64)
+                for s in range(n)]
+        recv = [np.full(sum(rc[d]), -1, np.int64) for d in range(n)]
+        pycoll.wait_all([t.alltoallv(send[r], recv[r], sc[r], rc[r], algorithm="pairwise")
+                         for r, t in enumerate(teams)])
+        for d in range(n):
+            want = np.concatenate([np.arange(counts[d]) + 100 * s + 10 * d for s in range(n)])
+            assert np.array_equal(recv[d], want), (n, d, counts)
+
+
 def test_bruck_alltoall_is_not_a_v_algorithm():
     assert "bruck" in algorithms.ALGORITHMS["alltoall"]
     assert "bruck" not in algorithms.ALGORITHMS["alltoallv"]
