@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -78,31 +78,30 @@ def exchange(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float
     return (time.perf_counter() - t0) / steps
 
 
-def bcasts(team: Any, buf: np.ndarray, calls: int, alternate: bool) -> float:
-    """Seconds per call of ``calls`` broadcasts of ``buf`` (k-nomial: on 2 ranks one message)
-    called in a loop, as ``pycoll perf`` calls a collective: from rank 0 every time (how many
-    such messages a second the ranks sustain, their latency overlapped), or ``alternate`` roots
-    (each call waits for the last one's message: its latency). Collective (a barrier first)."""
-    roots = (0, 1) if alternate else (0, 0)
-    for k in range(4):  # (warm: the calls' plans built and kept)
-        team.bcast(buf, roots[k % 2], algorithm="knomial").wait()
+def timed_calls(team: Any, call: Callable[[int], Any], calls: int) -> float:
+    """Seconds per call of ``call(k).wait()`` for k in 0..calls-1 in a loop, as ``pycoll perf``
+    calls a collective (after 4 calls that build and keep its plans, and a barrier). Collective."""
+    for k in range(4):
+        call(k).wait()
     team.barrier().wait()
     t0 = time.perf_counter()
     for k in range(calls):
-        team.bcast(buf, roots[k % 2], algorithm="knomial").wait()
+        call(k).wait()
     return (time.perf_counter() - t0) / calls
+
+
+def bcasts(team: Any, buf: np.ndarray, calls: int, alternate: bool) -> float:
+    """Seconds per call of ``calls`` broadcasts of ``buf`` (k-nomial: on 2 ranks one message) in a
+    loop: from rank 0 every time (how many such messages a second the ranks sustain, their latency
+    overlapped), or ``alternate`` roots (each call waits for the last one's message: its latency)."""
+    roots = (0, 1) if alternate else (0, 0)
+    return timed_calls(team, lambda k: team.bcast(buf, roots[k % 2], algorithm="knomial"), calls)
 
 
 def allreduces(team: Any, src: np.ndarray, dst: np.ndarray, calls: int) -> float:
     """Seconds per call of ``calls`` recursive-doubling allreduces (on 2 ranks: one exchange, two
-    messages a rank) called in a loop. Collective (a barrier first)."""
-    for _ in range(4):
-        team.allreduce(src, dst, algorithm="rd").wait()
-    team.barrier().wait()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        team.allreduce(src, dst, algorithm="rd").wait()
-    return (time.perf_counter() - t0) / calls
+    messages a rank) in a loop."""
+    return timed_calls(team, lambda k: team.allreduce(src, dst, algorithm="rd"), calls)
 
 
 def together(team: Any, nbytes: int, repeats: int) -> float:
