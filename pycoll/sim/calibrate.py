@@ -36,8 +36,11 @@ TABLE_SIZES = tuple(4096 << (2 * k) for k in range(8))
 #: The size whose broadcasts give the overhead and alpha of :func:`by_size` (smaller ones may take
 #: other paths).
 SMALL = 1024
-#: About how many bytes each table size moves in one of its runs (fewer steps as sizes grow).
+#: About how many bytes each table size moves in one of its runs (fewer steps as sizes grow), and
+#: the fewest calls a run makes (as ``pycoll perf``'s loops, which make 10 or more: a loop of a few
+#: large calls times how far the transport's buffers let a root run ahead more than its rate).
 TABLE_BYTES = 64 << 20
+MIN_CALLS = 8
 
 
 def ping_pong(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
@@ -80,14 +83,19 @@ def exchange(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float
 
 def timed_calls(team: Any, call: Callable[[int], Any], calls: int) -> float:
     """Seconds per call of ``call(k).wait()`` for k in 0..calls-1 in a loop, as ``pycoll perf``
-    calls a collective (after 4 calls that build and keep its plans, and a barrier). Collective."""
+    times a collective (after 4 calls that build and keep its plans, and a barrier), on the
+    slowest rank (a broadcast's reader, not its root, which may run ahead: the simulator's time is
+    its last rank's too). Collective."""
     for k in range(4):
         call(k).wait()
     team.barrier().wait()
     t0 = time.perf_counter()
     for k in range(calls):
         call(k).wait()
-    return (time.perf_counter() - t0) / calls
+    mine = np.array([(time.perf_counter() - t0) / calls])
+    every = np.zeros(team.size)
+    team.allgather(mine, every).wait()
+    return float(every.max())
 
 
 def bcasts(team: Any, buf: np.ndarray, calls: int, alternate: bool) -> float:
@@ -132,7 +140,7 @@ def by_size(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
     bufs = {n: np.ones(n, np.uint8) for n in (SMALL, *TABLE_SIZES)}  # (one per size, as perf has)
 
     def med(nbytes: int, alternate: bool) -> float:
-        calls = max(4, min(steps, TABLE_BYTES // nbytes))
+        calls = max(MIN_CALLS, min(steps, TABLE_BYTES // nbytes))
         return float(np.median([bcasts(team, bufs[nbytes], calls, alternate) for _ in range(repeats)]))
 
     for n in bufs:  # (a first pass: the first calls of a size and of a root are slower for a while)
@@ -140,7 +148,7 @@ def by_size(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
 
     loop = med(SMALL, False)  # (a call of one message: the call's start and the message's overhead)
     src, dst = np.ones(SMALL // 4, np.float32), np.empty(SMALL // 4, np.float32)
-    calls = max(4, min(steps, TABLE_BYTES // SMALL))
+    calls = max(MIN_CALLS, min(steps, TABLE_BYTES // SMALL))
     two = float(np.median([allreduces(team, src, dst, calls) for _ in range(repeats)]))
     overhead = min(max(two - loop, 0.0), loop)  # (a call of two messages: one overhead more)
     alpha = max(med(SMALL, True) - loop, 0.0)
@@ -216,8 +224,9 @@ def pairs(nodes: Tuple[int, ...]) -> Dict[str, Tuple[int, int]]:
 
 
 def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str, float]:
-    """alpha, bandwidth and the protocol switch between the ranks of ``pair``, on rank ``pair[0]``
-    (medians of ``repeats`` runs; every rank takes part in the barriers)."""
+    """alpha, bandwidth, the protocol switch and the time of a ``BIG`` exchange (``exchange``)
+    between the ranks of ``pair``, on rank ``pair[0]`` (medians of ``repeats`` runs; every rank
+    takes part in the barriers)."""
     times: Dict[int, List[float]] = {n: [] for n in PING_SIZES}
     big: List[float] = []
     for _ in range(repeats):
@@ -228,7 +237,8 @@ def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str
     alpha = one_way[8]
     bandwidth = BIG / max(float(np.median(big)) - alpha, 1e-12)
     limit, extra = rendezvous({n: t for n, t in one_way.items() if n > 8}, alpha, bandwidth)
-    return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra}
+    return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra,
+            "exchange": float(np.median(big))}
 
 
 def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
@@ -248,6 +258,13 @@ def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
             "copy_by_size": {n: throughput_at("copy", n, repeats) for n in TABLE_SIZES}}
 
 
+def half_duplex(exchange: float, rates: Dict[int, float]) -> bool:
+    """Whether two ranks sending ``BIG`` bytes to each other at once (``exchange`` seconds) take
+    half again as long as one way (the rates of broadcasts, which move one way) or more: their
+    sends and receives take turns (full duplex: 1x one way; half: 2x)."""
+    return exchange >= 1.5 * BIG / rates[BIG]
+
+
 def _table(values: Dict[int, float], unit: str) -> str:
     """A ``*_by_size`` table's TOML text (``unit``: ``GB/s`` for rates, ``us`` for times)."""
     scale = 1e-9 if unit == "GB/s" else 1e6
@@ -258,7 +275,8 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
     """The TOML text of a machine file with the measured parameters. Where a pair's collectives
     were measured (``p["by_size"]``, :func:`by_size`) and not ``plain``: their overhead, alpha,
     rates and latencies by size, the reduction's and copy's rates by size, and a node's messages
-    holding its cores (``cpu_copies``: ranks on one host copy with their own cores); else one
+    holding its cores (``cpu_copies``: ranks on one host copy with their own cores), or between
+    hosts whether the ranks' sends and receives take turns (:func:`half_duplex`); else one
     bandwidth, alpha from Python ping-pongs and the protocol switch (``rendezvous``)."""
     sized = None if plain else p.get("by_size")
     alpha, node_alpha = (sized["alpha"], sized["alpha"]) if sized else (p["alpha"], p["node_alpha"])
@@ -269,6 +287,8 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
         tables = (f"bandwidth_by_size = {_table(sized['rates'], 'GB/s')}\n"
                   f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
         network = tables
+        if p.get("nodes", 1) > 1 and half_duplex(p["exchange"], sized["rates"]):
+            network += "half_duplex = true\n"
         factors = ", ".join(f'"{n}" = {f:.3f}' for n, f in sorted(sized["together"].items()))
         if p.get("nodes", 1) == 1:  # (a pair on one host: its messages are the node's, copied by cores)
             node = tables + f"cpu_copies = true\ntogether_by_size = {{{factors}}}\n"

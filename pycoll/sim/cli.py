@@ -237,8 +237,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if m.contention and m.by_size:
-        print("pycoll sim: a machine's *_by_size tables, cpu_copies, together_by_size and call model one "
-              "host's measured costs; they do not combine with shared links (--contention, [fabric])",
+        print("pycoll sim: a machine's *_by_size tables, cpu_copies, together_by_size, call and "
+              "half_duplex model one host's measured costs; they do not combine with shared links "
+              "(--contention, [fabric])",
               file=sys.stderr)
         return 2
     if args.jobs is not None and args.jobs < 1:

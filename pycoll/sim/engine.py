@@ -11,11 +11,12 @@ arrives ``alpha`` later. Only sizes travel: no payload. The clock jumps from one
 the next (a heap of completion times).
 
 A measured host's model (:class:`Machine`'s ``*_by_size`` tables, ``cpu_copies``,
-``together_by_size``, ``call``) changes this within a node: a send is done once posted and its
-message is there ``alpha`` later, then copied in by its receiver's core once its receive is posted
-and the core is free (a copy that overlaps another core's on the node takes longer); rates and
-latencies are the tables' at the message's size; ``CALL`` instructions (a loop of calls,
-:func:`pycoll.sim.programs.looped`) hold the rank for ``call``.
+``together_by_size``, ``call``, ``half_duplex``) changes this: within a node a send is done once
+posted and its message is there ``alpha`` later, then copied in by its receiver's core once its
+receive is posted and the core is free (a copy that overlaps another core's on the node takes
+longer); rates and latencies are the tables' at the message's size; ``CALL`` instructions (a loop
+of calls, :func:`pycoll.sim.programs.looped`) hold the rank for ``call``; with ``half_duplex`` a
+rank's link out and link in are one link, booked by its sends and receives alike.
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     (``Machine.by_size``)."""
     wall0 = time.perf_counter()
     if machine.contention and machine.by_size:
-        raise ValueError("a machine's *_by_size tables, cpu_copies, together_by_size and call model one "
-                         "host's measured costs; they do not combine with shared links (contention)")
+        raise ValueError("a machine's *_by_size tables, cpu_copies, together_by_size, call and half_duplex "
+                         "model one host's measured costs; they do not combine with shared links "
+                         "(contention)")
     n = len(programs)
     starts = [0.0] * n
     factor = [1.0] * n
@@ -155,7 +157,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     left = [len(p.kinds) for p in programs]
     finish = list(starts)
     tx_free = [0.0] * n
-    rx_free = [0.0] * n
+    rx_free = tx_free if machine.half_duplex else [0.0] * n  # (half duplex: one link each way)
     cpu_free = list(starts)
     # (receiver, sender, step) -> the messages no receive was posted for yet (arrival, seconds its
     # receiver's core copies it with cpu_copies, bytes), and

@@ -20,7 +20,9 @@ without contention only; with ``together_by_size`` a copy (a message's, a copy's
 takes that many times longer where another core of the node copies at the same time (their caches
 and memory are shared: the copy that finds another under way is the one slowed, an approximation
 of both slowing). ``call`` is a rank's time starting a call (``pycoll sim --calls``: the
-simulated loop's calls each begin with it).
+simulated loop's calls each begin with it). With ``half_duplex`` a rank's messages out and in
+share one link (its sends and receives take turns: a host whose transport copies with its own
+core, as TCP's stack does, sends and receives at once no faster than one after the other).
 
 With ``contention`` the links are shared instead (:mod:`pycoll.sim.flows`, max-min fair): within
 a node each rank's link out and in (``node_bandwidth``); between nodes the NICs (``nics`` per
@@ -36,6 +38,7 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     rendezvous_bytes = 8192 # messages of this size and more pay ``rendezvous`` more latency
     rendezvous = "4us"     # (a protocol switch, as MPI's eager to rendezvous; LogGOPS's S)
     bandwidth_by_size = {"64KiB" = "8GB/s", "16MiB" = "10GB/s"}  # (instead of bandwidth, where given)
+    half_duplex = true     # a rank's sends and receives share its link (take turns)
     [node]                 # within a node
     ppn = 8
     nics = 1               # NICs (rails) per node
@@ -132,6 +135,7 @@ class Machine:
     nodes_per_leaf: int = 0
     oversubscription: float = 1.0
     cpu_copies: bool = False
+    half_duplex: bool = False
     #: Rates by size, ((bytes, bytes per second), ...) in size order (empty: the scalar holds).
     bandwidth_by_size: SizeTable = ()
     node_bandwidth_by_size: SizeTable = ()
@@ -148,9 +152,9 @@ class Machine:
     def by_size(self) -> bool:
         """Whether any rate depends on the size (or messages hold cores): the simulation then
         runs in Python (``native/sim.c`` has the plain model only)."""
-        return bool(self.call or self.cpu_copies or self.bandwidth_by_size or self.node_bandwidth_by_size
-                    or self.alpha_by_size or self.node_alpha_by_size or self.reduce_by_size
-                    or self.copy_by_size or self.together_by_size)
+        return bool(self.call or self.cpu_copies or self.half_duplex or self.bandwidth_by_size
+                    or self.node_bandwidth_by_size or self.alpha_by_size or self.node_alpha_by_size
+                    or self.reduce_by_size or self.copy_by_size or self.together_by_size)
 
     def message(self, a: int, b: int, nbytes: int) -> tuple[float, float]:
         """(alpha, seconds per byte) of a message of ``nbytes`` from rank ``a`` to rank ``b``; the
@@ -221,6 +225,7 @@ class Machine:
         rdv = ""
         if self.by_size:
             rdv = (" (rates and latencies by size" + (", messages copied by cores" if self.cpu_copies else "")
+                   + (", half duplex" if self.half_duplex else "")
                    + (f", call {self.call * 1e6:g}us" if self.call else "") + ")")
         elif self.rendezvous_bytes:
             rdv = f", +{self.rendezvous * 1e6:g}us from {self.rendezvous_bytes} B"
@@ -309,7 +314,7 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("node", "bandwidth_by_size"): ("node_bandwidth_by_size", size_table),
          ("network", "alpha_by_size"): ("alpha_by_size", time_table),
          ("node", "alpha_by_size"): ("node_alpha_by_size", time_table),
-         ("node", "cpu_copies"): ("cpu_copies", flag),
+         ("node", "cpu_copies"): ("cpu_copies", flag), ("network", "half_duplex"): ("half_duplex", flag),
          ("compute", "reduce_by_size"): ("reduce_by_size", size_table),
          ("compute", "copy_by_size"): ("copy_by_size", size_table),
          ("compute", "call"): ("call", seconds),

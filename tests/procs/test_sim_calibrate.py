@@ -45,3 +45,30 @@ def test_calibrate_across_two_hosts_measures_the_network_and_the_node_apart(host
     assert m.ppn == 2 and 0 < m.alpha < 1e-2 and 0 < m.node_alpha < 1e-2, text
     assert m.bandwidth > 1e6 and m.node_bandwidth > 1e6, text
     assert (m.alpha, m.bandwidth) != (m.node_alpha, m.node_bandwidth), text  # (two pairs measured)
+
+
+def test_the_fit_across_two_hosts_calibrates_times_and_simulates_one_rank_a_host():
+    """``benchmarks/sim_accuracy.py --hosts``: 1 + 1 ranks in two network namespaces (UCX over
+    TCP) calibrate the measured model across the hosts, time the collective as ``pycoll perf``
+    does, and the simulation of each size is printed beside the measured time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.launch import need_ucx, netns_unavailable
+
+    need_ucx()
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "benchmarks/sim_accuracy.py", "--hosts", "-n", "2", "--cases",
+                          "allreduce:rd,bcast:knomial", "--min-bytes", "4K", "--max-bytes", "16K"],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.split()[:1] in (["allreduce"], ["bcast"])]
+    assert [(r[0], int(r[2])) for r in rows] == [("allreduce", 4096), ("allreduce", 16384), ("bcast", 4096),
+                                                 ("bcast", 16384)], out.stdout
+    assert all(float(r[3]) > 0 and float(r[5]) > 0 for r in rows), out.stdout
+    assert "two hosts" in out.stdout and "all: " in out.stdout and "of 4 within 25%" in out.stdout, out.stdout

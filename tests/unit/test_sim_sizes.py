@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import tomllib
 
 from pycoll.cli import main as cli
 from pycoll.sim import Machine, programs, run
@@ -150,3 +151,42 @@ def test_a_sender_that_dies_before_its_message_is_there_loses_it():
     res = run(progs, m, fail={0: (5e-6, 1e-3)})
     assert res.errors == {1: pytest.approx(5e-6 + 1e-3)}, res
     assert not run(progs, m, fail={0: (11e-6, 1e-3)}).errors  # (there before it died)
+
+
+def test_a_half_duplex_link_takes_an_exchanges_two_messages_one_after_the_other():
+    """Two ranks on two nodes exchange ``n`` bytes: on full-duplex links both messages move at once
+    (alpha + n / bw); with ``half_duplex`` a rank's send and receive share its link (alpha + 2n / bw);
+    a message one way costs the same either way."""
+    n, alpha, bw = 1 << 20, 5e-6, 1e9
+    full = Machine(alpha=alpha, bandwidth=bw, reduce_bw=math.inf, copy_bw=math.inf)
+    half = Machine(alpha=alpha, bandwidth=bw, reduce_bw=math.inf, copy_bw=math.inf, half_duplex=True)
+    exchange = _exchange_and_copy(n, False)
+    assert run(exchange, full).time == pytest.approx(alpha + n / bw)
+    assert run(exchange, half).time == pytest.approx(alpha + 2 * n / bw)
+    one_way = [Compact.build([SEND], [1], [0], [n], [[]]), Compact.build([RECV], [0], [0], [n], [[]])]
+    assert run(one_way, half).time == pytest.approx(run(one_way, full).time)
+    assert half.by_size and "half duplex" in half.describe()
+    assert from_dict({"network": {"half_duplex": True}}).half_duplex
+    with pytest.raises(ValueError, match="half_duplex"):
+        from_dict({"network": {"half_duplex": "yes"}})
+
+
+def test_the_calibration_calls_a_link_half_duplex_from_its_exchange_and_writes_it_across_hosts():
+    """An exchange of ``BIG`` bytes that takes 1.5x the one-way time or more (the broadcasts'
+    rate) is half duplex; the machine file says so for a pair on two hosts, never on one."""
+    from pycoll.sim.calibrate import BIG, TABLE_SIZES, half_duplex, machine_file
+
+    rates = {n: 1e9 for n in TABLE_SIZES}
+    one_way = BIG / 1e9
+    assert half_duplex(2 * one_way, rates) and half_duplex(1.5 * one_way, rates)
+    assert not half_duplex(1.1 * one_way, rates)
+    sized = {"rates": rates, "latency": {1024: 2e-6, **{n: 3e-6 for n in TABLE_SIZES}}, "alpha": 2e-6,
+             "together": {n: 1.0 for n in TABLE_SIZES}, "overhead": 1e-6, "call": 1e-6}
+    p = {"alpha": 2e-6, "bandwidth": 1e9, "node_alpha": 2e-6, "node_bandwidth": 1e9, "ppn": 1, "nodes": 2,
+         "rendezvous_bytes": 0, "rendezvous": 0.0, "reduce": 5e9, "copy": 5e9, "exchange": 2 * one_way,
+         "by_size": sized, "reduce_by_size": rates, "copy_by_size": rates}
+    across = from_dict(tomllib.loads(machine_file(p, "test")))
+    assert across.half_duplex and across.bandwidth_by_size and not across.cpu_copies
+    one_host = dict(p, nodes=1, ppn=2)
+    assert not from_dict(tomllib.loads(machine_file(one_host, "test"))).half_duplex
+    assert not from_dict(tomllib.loads(machine_file(dict(p, exchange=one_way), "t"))).half_duplex
