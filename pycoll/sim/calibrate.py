@@ -41,6 +41,10 @@ SMALL = 1024
 #: large calls times how far the transport's buffers let a root run ahead more than its rate).
 TABLE_BYTES = 64 << 20
 MIN_CALLS = 8
+#: The size whose exchanges and broadcasts tell a half-duplex link (:func:`duplex`; a table size,
+#: large: a socket's buffers take smaller messages both ways at once), and the calls of its loops.
+DUPLEX_BYTES = 16 << 20
+DUPLEX_CALLS = 8
 
 
 def ping_pong(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
@@ -110,6 +114,17 @@ def allreduces(team: Any, src: np.ndarray, dst: np.ndarray, calls: int) -> float
     """Seconds per call of ``calls`` recursive-doubling allreduces (on 2 ranks: one exchange, two
     messages a rank) in a loop."""
     return timed_calls(team, lambda k: team.allreduce(src, dst, algorithm="rd"), calls)
+
+
+def duplex(team: Any, one_way: float, reduce_rate: float, repeats: int) -> float:
+    """How many times longer a 2-rank team's messages of ``DUPLEX_BYTES`` take both ways at once
+    than one way: a loop of recursive-doubling allreduces (one exchange and a reduction a call,
+    less the reduction at ``reduce_rate``) against ``one_way``, the seconds a loop of broadcasts
+    takes a message (:func:`by_size`'s rate at that size). About 1 where the link moves both at
+    once, 2 where they take turns. Collective; medians of ``repeats`` runs."""
+    src, dst = np.ones(DUPLEX_BYTES // 4, np.float32), np.empty(DUPLEX_BYTES // 4, np.float32)
+    call = float(np.median([allreduces(team, src, dst, DUPLEX_CALLS) for _ in range(repeats)]))
+    return max(call - DUPLEX_BYTES / reduce_rate, 0.0) / max(one_way, 1e-12)
 
 
 def together(team: Any, nbytes: int, repeats: int) -> float:
@@ -224,9 +239,8 @@ def pairs(nodes: Tuple[int, ...]) -> Dict[str, Tuple[int, int]]:
 
 
 def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str, float]:
-    """alpha, bandwidth, the protocol switch and the time of a ``BIG`` exchange (``exchange``)
-    between the ranks of ``pair``, on rank ``pair[0]`` (medians of ``repeats`` runs; every rank
-    takes part in the barriers)."""
+    """alpha, bandwidth and the protocol switch between the ranks of ``pair``, on rank ``pair[0]``
+    (medians of ``repeats`` runs; every rank takes part in the barriers)."""
     times: Dict[int, List[float]] = {n: [] for n in PING_SIZES}
     big: List[float] = []
     for _ in range(repeats):
@@ -237,8 +251,7 @@ def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str
     alpha = one_way[8]
     bandwidth = BIG / max(float(np.median(big)) - alpha, 1e-12)
     limit, extra = rendezvous({n: t for n, t in one_way.items() if n > 8}, alpha, bandwidth)
-    return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra,
-            "exchange": float(np.median(big))}
+    return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra}
 
 
 def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
@@ -251,18 +264,21 @@ def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
     node = net if which.get("node", which["network"]) == which["network"] else \
         link(team, which["node"], steps, repeats)
     sized = by_size(team, steps, repeats) if team.size == 2 else None  # (a pair: its collectives)
+    reduce_by_size = {n: throughput_at("reduce", n, repeats) for n in TABLE_SIZES}
+    if sized is not None and len(set(nodes)) > 1:  # (a pair on two hosts: do its messages take turns?)
+        sized["duplex"] = duplex(team, DUPLEX_BYTES / sized["rates"][DUPLEX_BYTES],
+                                 reduce_by_size[DUPLEX_BYTES], repeats)
     return {**net, "node_alpha": node["alpha"], "node_bandwidth": node["bandwidth"], "by_size": sized,
             "ppn": nodes.count(nodes[0]), "nodes": len(set(nodes)),
             "reduce": throughput("reduce", repeats * 4), "copy": throughput("copy", repeats * 4),
-            "reduce_by_size": {n: throughput_at("reduce", n, repeats) for n in TABLE_SIZES},
+            "reduce_by_size": reduce_by_size,
             "copy_by_size": {n: throughput_at("copy", n, repeats) for n in TABLE_SIZES}}
 
 
-def half_duplex(exchange: float, rates: Dict[int, float]) -> bool:
-    """Whether two ranks sending ``BIG`` bytes to each other at once (``exchange`` seconds) take
-    half again as long as one way (the rates of broadcasts, which move one way) or more: their
-    sends and receives take turns (full duplex: 1x one way; half: 2x)."""
-    return exchange >= 1.5 * BIG / rates[BIG]
+def half_duplex(ratio: float) -> bool:
+    """Whether messages both ways at once that take ``ratio`` times as long as one way
+    (:func:`duplex`) take turns: half again as long or more (full duplex: 1x; half: 2x)."""
+    return ratio >= 1.5
 
 
 def _table(values: Dict[int, float], unit: str) -> str:
@@ -287,8 +303,9 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
         tables = (f"bandwidth_by_size = {_table(sized['rates'], 'GB/s')}\n"
                   f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
         network = tables
-        if p.get("nodes", 1) > 1 and half_duplex(p["exchange"], sized["rates"]):
-            network += "half_duplex = true\n"
+        if p.get("nodes", 1) > 1 and "duplex" in sized:
+            network += (f"# {DUPLEX_BYTES >> 20} MiB both ways at once: {sized['duplex']:.2f}x one way\n"
+                        + ("half_duplex = true\n" if half_duplex(sized["duplex"]) else ""))
         factors = ", ".join(f'"{n}" = {f:.3f}' for n, f in sorted(sized["together"].items()))
         if p.get("nodes", 1) == 1:  # (a pair on one host: its messages are the node's, copied by cores)
             node = tables + f"cpu_copies = true\ntogether_by_size = {{{factors}}}\n"

@@ -72,3 +72,21 @@ def test_the_fit_across_two_hosts_calibrates_times_and_simulates_one_rank_a_host
                                                  ("bcast", 16384)], out.stdout
     assert all(float(r[3]) > 0 and float(r[5]) > 0 for r in rows), out.stdout
     assert "two hosts" in out.stdout and "all: " in out.stdout and "of 4 within 25%" in out.stdout, out.stdout
+
+
+def test_a_pair_on_two_hosts_calibrates_the_measured_model_of_the_network(hosts, tmp_path):
+    """1 + 1 ranks in two network namespaces (UCX over TCP): the network gets the pair's rates and
+    latencies by size, no node copies, and how much longer its messages take both ways at once
+    than one way (``half_duplex`` where 1.5x or more), and the file loads."""
+    from tests.launch import need_ucx
+
+    need_ucx()
+    out = tmp_path / "pair.toml"
+    hosts("tests/procs/scripts/calibrate_hosts.py", [1, 1], str(out), "--steps", "200", "--repeats", "2",
+          timeout=150, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
+    text = out.read_text()
+    m = load(str(out))
+    assert "2 ranks on 2 nodes (1 on rank 0's)" in text and m.ppn == 1, text
+    assert len(m.bandwidth_by_size) == 8 and m.alpha_by_size and not m.cpu_copies, text
+    ratio = float(text.split("both ways at once: ")[1].split("x")[0])
+    assert 0.3 < ratio < 10 and m.half_duplex == (ratio >= 1.5), text

@@ -172,21 +172,20 @@ def test_a_half_duplex_link_takes_an_exchanges_two_messages_one_after_the_other(
 
 
 def test_the_calibration_calls_a_link_half_duplex_from_its_exchange_and_writes_it_across_hosts():
-    """An exchange of ``BIG`` bytes that takes 1.5x the one-way time or more (the broadcasts'
-    rate) is half duplex; the machine file says so for a pair on two hosts, never on one."""
-    from pycoll.sim.calibrate import BIG, TABLE_SIZES, half_duplex, machine_file
+    """Messages both ways at once that take 1.5x the time of one way or more are half duplex; the
+    machine file says so for a pair on two hosts, never on one."""
+    from pycoll.sim.calibrate import TABLE_SIZES, half_duplex, machine_file
 
+    assert half_duplex(2.0) and half_duplex(1.5) and not half_duplex(1.1)
     rates = {n: 1e9 for n in TABLE_SIZES}
-    one_way = BIG / 1e9
-    assert half_duplex(2 * one_way, rates) and half_duplex(1.5 * one_way, rates)
-    assert not half_duplex(1.1 * one_way, rates)
     sized = {"rates": rates, "latency": {1024: 2e-6, **{n: 3e-6 for n in TABLE_SIZES}}, "alpha": 2e-6,
-             "together": {n: 1.0 for n in TABLE_SIZES}, "overhead": 1e-6, "call": 1e-6}
+             "together": {n: 1.0 for n in TABLE_SIZES}, "overhead": 1e-6, "call": 1e-6, "duplex": 1.9}
     p = {"alpha": 2e-6, "bandwidth": 1e9, "node_alpha": 2e-6, "node_bandwidth": 1e9, "ppn": 1, "nodes": 2,
-         "rendezvous_bytes": 0, "rendezvous": 0.0, "reduce": 5e9, "copy": 5e9, "exchange": 2 * one_way,
-         "by_size": sized, "reduce_by_size": rates, "copy_by_size": rates}
+         "rendezvous_bytes": 0, "rendezvous": 0.0, "reduce": 5e9, "copy": 5e9, "by_size": sized,
+         "reduce_by_size": rates, "copy_by_size": rates}
     across = from_dict(tomllib.loads(machine_file(p, "test")))
     assert across.half_duplex and across.bandwidth_by_size and not across.cpu_copies
     one_host = dict(p, nodes=1, ppn=2)
     assert not from_dict(tomllib.loads(machine_file(one_host, "test"))).half_duplex
-    assert not from_dict(tomllib.loads(machine_file(dict(p, exchange=one_way), "t"))).half_duplex
+    full = dict(p, by_size=dict(sized, duplex=1.05))
+    assert not from_dict(tomllib.loads(machine_file(full, "test"))).half_duplex
