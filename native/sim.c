@@ -243,10 +243,10 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
             const int64_t g = base + i;
             const int k = kinds[g];
             if (k == K_SEND) {
-                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + o * f;
-                cpu_free[r] = t0;
                 int32_t d = peers[g];
                 int64_t nb = nbytes[g];
+                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + (o + (double)nb * m->overhead_per_byte) * f;
+                cpu_free[r] = t0;
                 int near = m->ppn > 1 && r / m->ppn == d / m->ppn;
                 double alpha = near ? m->node_alpha : m->alpha, per_byte = near ? m->node_per_byte : m->per_byte;
                 if (m->rendezvous_bytes && nb >= m->rendezvous_bytes) alpha += m->rendezvous;
@@ -257,7 +257,7 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
                 if (b < t0) b = t0;
                 if (b < rx_free[d]) b = rx_free[d];
                 double end = b + (double)nb * per_byte * f;
-                tx_free[r] = rx_free[d] = end;
+                tx_free[r] = rx_free[d] = end > b + m->gap ? end : b + m->gap;
                 if (heap_push(&heap, end, seq, r, i)) goto out;
                 /* deliver: to the receive posted for it, or to the mailbox */
                 double arrival = end + alpha;
@@ -272,7 +272,7 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
                     if (item_append(&box, slot, arrival, -1)) goto out;
                 }
             } else if (k == K_RECV) {
-                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + o * f;
+                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + (o + (double)nbytes[g] * m->overhead_per_byte) * f;
                 cpu_free[r] = t0;
                 uint64_t key = box_key(r, peers[g], steps[g]);
                 slot_t *slot = box_find(&box, key);

@@ -9,6 +9,7 @@
  * computes them (1 / bandwidth), bandwidths of reductions and copies (inf: free). */
 typedef struct {
     double alpha, per_byte, node_alpha, node_per_byte, overhead, reduce_bw, copy_bw, rendezvous;
+    double overhead_per_byte, gap; /* LogGOPS's O and LogGP's g */
     int64_t rendezvous_bytes;
     int32_t ppn;
 } pc_sim_machine_t;

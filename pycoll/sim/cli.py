@@ -50,6 +50,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bandwidth", help="network bandwidth per link (e.g. 12.5GB/s)")
     p.add_argument("--ppn", type=int, help="ranks per node (the node's alpha and bandwidth within one)")
     p.add_argument("--reduce", help="reduction throughput per rank (e.g. 5GB/s)")
+    p.add_argument("--overhead", help="a rank's time posting a send or a receive (LogGP's o; e.g. 0.5us)")
+    p.add_argument("--overhead-per-byte", help="and per byte of the message (LogGOPS's O; e.g. 0.1ns)")
+    p.add_argument("--gap", help="the least time between two messages' starts on a rank's link out, or "
+                                 "arrivals on its link in (LogGP's g; e.g. 1us)")
     p.add_argument("--contention", action="store_true",
                    help="links shared by the messages crossing them, max-min fair (NICs; with "
                         "--nodes-per-leaf a fat tree's uplinks too)")
@@ -201,17 +205,26 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         m = machine.load(args.machine) if args.machine else machine.Machine()
+        if args.alpha:  # (a value given here replaces the machine file's table of it)
+            m.alpha, m.alpha_by_size = machine.seconds(args.alpha), ()
+        if args.bandwidth:
+            m.bandwidth, m.bandwidth_by_size = machine.rate(args.bandwidth), ()
+        if args.reduce:
+            m.reduce_bw, m.reduce_by_size = machine.rate(args.reduce), ()
+        if args.overhead:
+            m.overhead = machine.seconds(args.overhead)
+        if args.overhead_per_byte:
+            m.overhead_per_byte = machine.seconds(args.overhead_per_byte)
+        if args.gap:
+            m.gap = machine.seconds(args.gap)
+        if min(m.alpha, m.overhead, m.overhead_per_byte, m.gap) < 0 or not m.bandwidth > 0 < m.reduce_bw:
+            raise ValueError("--alpha, --overhead, --overhead-per-byte and --gap must be at least 0, "
+                             "--bandwidth and --reduce positive")
     except (OSError, ValueError) as exc:
         print(f"pycoll sim: {exc}", file=sys.stderr)
         return 2
-    if args.alpha:  # (a value given here replaces the machine file's table of it)
-        m.alpha, m.alpha_by_size = machine.seconds(args.alpha), ()
-    if args.bandwidth:
-        m.bandwidth, m.bandwidth_by_size = machine.rate(args.bandwidth), ()
     if args.ppn:
         m.ppn = args.ppn
-    if args.reduce:
-        m.reduce_bw, m.reduce_by_size = machine.rate(args.reduce), ()
     if args.nics:
         m.nics = args.nics
     if args.nodes_per_leaf is not None:

@@ -2,8 +2,10 @@
 
 Each rank runs its program as the executors do: instructions are issued in order, each once
 those it depends on are done (a reduction or copy holds the rank until it is done; a send or a
-receive only for the ``overhead`` of posting it). A send books the sender's link out and the
-receiver's link in for its bytes (after those already booked) and arrives ``alpha`` later; a
+receive only for the ``overhead`` of posting it, and ``overhead_per_byte`` for each byte). A send
+books the sender's link out and the receiver's link in for its bytes (after those already booked;
+each link is free again ``gap`` after a message started on it at the earliest) and arrives
+``alpha`` later; a
 receive is done when its message has arrived and it was posted (messages between two ranks match
 by step, in order). With the machine's ``contention`` a send is a flow instead, sharing the links
 it crosses with the others in flight (:mod:`pycoll.sim.flows`): it is done when drained, and
@@ -168,7 +170,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     push = heapq.heappush
     seq = 0
     messages = sent = 0
-    o = machine.overhead
+    o, o_byte, gap = machine.overhead, machine.overhead_per_byte, machine.gap
     link = machine.link
     flat = (machine.alpha, 1.0 / machine.bandwidth) if machine.ppn == 1 else None  # (one link kind: no call)
     rbw, cbw = machine.reduce_bw, machine.copy_bw
@@ -297,10 +299,10 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
             if payload is not None:
                 payload.begin(r, i)
             if k == SEND:
-                t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
-                cpu_free[r] = t0
                 d = p.peers[i]
                 nb = p.nbytes[i]
+                t0 = (t if t > cpu_free[r] else cpu_free[r]) + (o + nb * o_byte) * factor[r]
+                cpu_free[r] = t0
                 if by_size:  # (the rendezvous latency in alpha where it applies)
                     alpha, per_byte = message(r, d, nb)
                 else:
@@ -325,12 +327,12 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
                             deliver(d, r, p.steps[i], t0 + alpha, nb * per_byte * factor[d], nb)
                     else:
                         end = b + nb * per_byte * factor[r]
-                        tx_free[r] = rx_free[d] = end
+                        tx_free[r] = rx_free[d] = end if end > b + gap else b + gap
                         push(heap, (end, seq, r, i))
                         if not dies or end <= dies.get(r, math.inf):
                             deliver(d, r, p.steps[i], end + alpha)
             elif k == RECV:
-                t0 = (t if t > cpu_free[r] else cpu_free[r]) + o * factor[r]
+                t0 = (t if t > cpu_free[r] else cpu_free[r]) + (o + p.nbytes[i] * o_byte) * factor[r]
                 cpu_free[r] = t0
                 key = (r, p.peers[i], p.steps[i])
                 q = mailbox.get(key)
@@ -410,6 +412,7 @@ def _run_native(programs: Sequence[Compact], machine: Machine, starts: List[floa
     m.alpha, m.per_byte = machine.alpha, 1.0 / machine.bandwidth
     m.node_alpha, m.node_per_byte = machine.node_alpha, 1.0 / machine.node_bandwidth
     m.overhead, m.reduce_bw, m.copy_bw = machine.overhead, machine.reduce_bw, machine.copy_bw
+    m.overhead_per_byte, m.gap = machine.overhead_per_byte, machine.gap
     m.rendezvous, m.rendezvous_bytes, m.ppn = machine.rendezvous, machine.rendezvous_bytes or 0, machine.ppn
     finish = ffi.new("double[]", n)
     left = ffi.new("int64_t[]", n)

@@ -5,8 +5,13 @@ Between two ranks a message of ``n`` bytes takes ``alpha + n / bandwidth``: ``al
 and ``bandwidth`` are the network's between nodes and the node's within one (``ppn`` ranks per
 node, consecutive ranks together). Each rank has one link out and one in: its messages go out one
 after another, and arrive one after another. A reduction costs ``n / reduce_bw`` of the rank's
-time, a copy ``n / copy_bw``, and posting a message ``overhead`` (LogGP's o). A message of
-``rendezvous_bytes`` or more (where set) takes ``rendezvous`` longer, within a node or not.
+time, a copy ``n / copy_bw``, and posting a message ``overhead`` plus ``overhead_per_byte`` for
+each of its bytes. A message of ``rendezvous_bytes`` or more (where set) takes ``rendezvous``
+longer, within a node or not. These are LogGP's (LogGOPS's) parameters: L is ``alpha``, o
+``overhead``, G ``1 / bandwidth``, O ``overhead_per_byte`` (paid by the sender and the receiver
+as they post the message), and g ``gap``: two messages start on a rank's link out (or arrive on
+its link in) at least ``gap`` apart, however small they are (without ``contention``: flows share
+the links instead).
 
 Measured hosts move data at rates that depend on the size (caches, a transport's protocols): a
 ``*_by_size`` table (``{"4KiB" = "1GB/s", "1MiB" = "9GB/s", "64MiB" = "5GB/s"}``) gives the rate
@@ -37,6 +42,7 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     bandwidth = "12.5GB/s" # per NIC
     rendezvous_bytes = 8192 # messages of this size and more pay ``rendezvous`` more latency
     rendezvous = "4us"     # (a protocol switch, as MPI's eager to rendezvous; LogGOPS's S)
+    gap = "1us"            # LogGP's g: the least time between two messages' starts on a link
     bandwidth_by_size = {"64KiB" = "8GB/s", "16MiB" = "10GB/s"}  # (instead of bandwidth, where given)
     half_duplex = true     # a rank's sends and receives share its link (take turns)
     [node]                 # within a node
@@ -57,7 +63,8 @@ the uplinks of a leaf count as one, as if ECMP spread the flows evenly). A machi
     [compute]
     reduce = "5GB/s"       # the reduction's throughput (bytes of output per second)
     copy = "10GB/s"        # 0 or "inf": free
-    overhead = "0.2us"     # the time a rank spends posting a send or a receive
+    overhead = "0.2us"     # the time a rank spends posting a send or a receive (LogGP's o)
+    overhead_per_byte = "0.05ns"  # and per byte of it (LogGOPS's O)
     call = "3us"           # the time a rank spends starting a call (pycoll sim --calls: each call)
     reduce_by_size = {"64KiB" = "20GB/s", "64MiB" = "5GB/s"}
     copy_by_size = {"64KiB" = "30GB/s", "64MiB" = "8GB/s"}
@@ -125,6 +132,8 @@ class Machine:
     reduce_bw: float = 5e9
     copy_bw: float = 10e9
     overhead: float = 0.0
+    overhead_per_byte: float = 0.0
+    gap: float = 0.0
     call: float = 0.0
     nics: int = 1
     rendezvous_bytes: int = 0
@@ -229,8 +238,11 @@ class Machine:
                    + (f", call {self.call * 1e6:g}us" if self.call else "") + ")")
         elif self.rendezvous_bytes:
             rdv = f", +{self.rendezvous * 1e6:g}us from {self.rendezvous_bytes} B"
-        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{rdv}{node}{fabric}; "
-                f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us")
+        gap = f", gap {self.gap * 1e6:g}us" if self.gap else ""
+        per_byte = f" + {self.overhead_per_byte * 1e9:g}ns/B" if self.overhead_per_byte else ""
+        return (f"network alpha {self.alpha * 1e6:g}us, {bw(self.bandwidth)}{nics}{gap}{rdv}{node}{fabric}; "
+                f"reduce {bw(self.reduce_bw)}, copy {bw(self.copy_bw)}, overhead {self.overhead * 1e6:g}us"
+                f"{per_byte}")
 
 
 def interpolate(table: SizeTable, nbytes: int) -> float:
@@ -306,7 +318,9 @@ _KEYS = {("network", "alpha"): ("alpha", seconds), ("network", "bandwidth"): ("b
          ("node", "bandwidth"): ("node_bandwidth", rate), ("compute", "reduce"): ("reduce_bw", rate),
          ("compute", "copy"): ("copy_bw", rate), ("compute", "overhead"): ("overhead", seconds),
          ("node", "nics"): ("nics", int), ("network", "rendezvous_bytes"): ("rendezvous_bytes", int),
-         ("network", "rendezvous"): ("rendezvous", seconds), ("faults", "detect"): ("detect", seconds),
+         ("network", "rendezvous"): ("rendezvous", seconds), ("network", "gap"): ("gap", seconds),
+         ("compute", "overhead_per_byte"): ("overhead_per_byte", seconds),
+         ("faults", "detect"): ("detect", seconds),
          ("faults", "silence"): ("silence", seconds), ("fabric", "contention"): ("contention", flag),
          ("fabric", "nodes_per_leaf"): ("nodes_per_leaf", int),
          ("fabric", "oversubscription"): ("oversubscription", float),

@@ -116,10 +116,11 @@ def test_tune_writes_rules_pycoll_reads(capsys):
 def test_the_native_loop_gives_the_python_loops_times_to_the_bit(coll, alg, n, nbytes):
     """Without contention, deaths, timeline or payload the loop runs in C: the same events in the
     same order, so every time, count and finish is the Python loop's exactly (late and slow ranks,
-    nodes, overhead and rendezvous included)."""
+    nodes, overhead, rendezvous and LogGP's gap and per-byte overhead included)."""
     progs = programs(coll, alg, n, nbytes)
     machines = [Machine(), Machine(ppn=4, overhead=1e-6, rendezvous_bytes=8192, rendezvous=3e-6,
-                                   reduce_bw=math.inf)]
+                                   reduce_bw=math.inf),
+                Machine(ppn=2, overhead=0.3e-6, overhead_per_byte=0.2e-9, gap=1.5e-6)]
     for m in machines:
         for kw in ({}, {"start": {1: 3e-6}, "slow": {2: 1.5}}):
             a, b = run(progs, m, native=False, **kw), run(progs, m, **kw)
@@ -326,3 +327,42 @@ def test_a_recording_of_sizes_refuses_what_the_full_one_refuses():
             rec.computation("copy", {"src": strided, "dst": strided})
     with pytest.raises(ValueError, match="jobs must be at least 1"):
         programs("allreduce", "rd", 4, 8, jobs=0)
+
+
+def test_loggp_gap_and_per_byte_overhead_give_the_logp_times():
+    """LogGP(S): k messages of n bytes from rank 0 to rank 1, posted at once, start on the link
+    ``gap`` apart (g > o + nO): the last arrives at o + nO + (k - 1) g + nG + L; with g = 0 they
+    leave as fast as the sender posts them (posting being slower than the link here),
+    o + nO + (k - 1)(o + nO) + nG + L. The C loop and the Python loop agree."""
+    from pycoll.sim.engine import RECV, SEND, Compact
+
+    k, n, L, o, O, G = 5, 1000, 2e-6, 0.5e-6, 0.1e-9, 0.1e-9  # noqa: N806, E741 - LogGP's names
+    send = Compact.build([SEND] * k, [1] * k, list(range(k)), [n] * k, [[] for _ in range(k)])
+    recv = Compact.build([RECV] * k, [0] * k, list(range(k)), [n] * k, [[] for _ in range(k)])
+    post = o + n * O
+    for g, want in ((3e-6, post + (k - 1) * 3e-6 + n * G + L), (0.0, post + (k - 1) * post + n * G + L)):
+        m = Machine(alpha=L, bandwidth=1 / G, overhead=o, overhead_per_byte=O, gap=g)
+        for native in (False, True):
+            assert run([send, recv], m, native=native).time == pytest.approx(want, rel=1e-12), (g, native)
+    m = from_dict({"network": {"gap": "2us"}, "compute": {"overhead_per_byte": "0.1ns"}})
+    assert m.gap == pytest.approx(2e-6) and m.overhead_per_byte == pytest.approx(1e-10)
+    assert "gap 2us" in m.describe() and "0.1ns/B" in m.describe()
+
+
+def test_the_cli_takes_loggps_parameters_and_refuses_bad_values(tmp_path, capsys):
+    """``--overhead``, ``--overhead-per-byte`` and ``--gap`` set o, O and g (a 2-rank exchange of
+    1 KiB: o + 1024 O to post, then the link); a value that is not a time is a clear error (exit
+    2), not a traceback, as is a negative one."""
+    out = tmp_path / "rows.json"
+    assert cli(["sim", "allreduce", "-n", "2", "--algorithm", "rd", "--min-bytes", "1K", "--max-bytes", "1K",
+                "--alpha", "2us", "--bandwidth", "1GB/s", "--reduce", "inf", "--overhead", "1us",
+                "--overhead-per-byte", "1ns", "--gap", "5us", "--json", str(out)]) == 0
+    assert "gap 5us" in capsys.readouterr().out
+    row = json.loads(out.read_text())["rows"][0]
+    # each rank posts its send (o + 1024 O = 2.024 us), whose 1 KiB leaves then (1.024 us) and
+    # arrives alpha later (5.048 us), after the rank posted its receive (4.048 us); the gap binds no
+    # second message
+    assert row["time_us"] == pytest.approx(2.024 + 1.024 + 2, rel=1e-9)
+    for bad in (["--alpha", "soon"], ["--gap=-1us"], ["--overhead", "fast"]):
+        assert cli(["sim", "allreduce", "-n", "4", *bad]) == 2, bad
+        assert "pycoll sim:" in capsys.readouterr().err
