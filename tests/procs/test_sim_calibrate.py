@@ -18,8 +18,11 @@ def test_calibrate_writes_a_machine_file_the_simulator_runs(cli, tmp_path):
     assert isinstance(m, Machine) and m.ppn == 2 and m.cpu_copies, out.read_text()
     assert len(m.node_bandwidth_by_size) == 8 and len(m.reduce_by_size) == 8 and m.node_alpha_by_size
     assert 0 < m.overhead < 1e-3 and 0 <= m.call < 1e-3 and 0 <= m.alpha < 1e-3, out.read_text()
+    assert all(f >= 1 for _, f in m.together_by_size), out.read_text()
     # one step: each rank posts its send and its receive (an overhead each); the peer's message is
-    # there alpha after its send was posted, then this rank's core copies it in and reduces
+    # there alpha after its send was posted, then this rank's core copies it in and reduces (the two
+    # ranks copy at once: without the factor a loaded machine may measure for that, 1.0-1.3 at 4 KiB)
+    m.together_by_size = ()
     o, (alpha, per_byte) = m.overhead, m.message(0, 1, 8)
     assert run(programs("allreduce", "rd", 2, 8), m).time == pytest.approx(
         max(o + alpha, 2 * o) + 8 * per_byte + m.compute(True, 8), rel=1e-6)
