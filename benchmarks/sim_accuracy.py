@@ -88,29 +88,33 @@ def pin_to_host() -> None:
     os.sched_setaffinity(0, cores[host * half:(host + 1) * half] or cores[-half:])
 
 
-def calibrate_rank(out: str, plain: bool) -> None:
+def calibrate_rank(out: str, plain: bool, steps: int, repeats: int) -> None:
     """One rank of ``--hosts``'s calibration: pinned as the timed ranks are, the calibration's own
     rank code (``python -m pycoll.sim.calibrate``), then ``RANK r OK``."""
     from pycoll.sim import calibrate  # noqa: PLC0415
 
     pin_to_host()
-    sys.argv = [sys.argv[0], "--out", out, *(["--plain"] if plain else [])]
+    sys.argv = [sys.argv[0], "--out", out, "--steps", str(steps), "--repeats", str(repeats),
+                *(["--plain"] if plain else [])]
     calibrate.main()
     print(f"RANK {os.environ['RANK']} OK", flush=True)
 
 
-def rank_main(cases: List[Tuple[str, str]], sizes: List[int]) -> None:
+def rank_main(cases: List[Tuple[str, str]], sizes: List[int], rows_out: str) -> None:
     """One rank of ``--hosts`` (tests.launch.run_hosts sets RANK, WORLD_SIZE, MASTER_ADDR/PORT):
     pinned to its host's half of the cores, it times each case at each size as ``pycoll perf``
     does (warm-up, then ``ROUNDS`` timed loops of ``auto_iters`` calls after a barrier; the mean);
-    rank 0 prints ``ROW coll alg bytes us`` with the ranks' mean, then every rank ``RANK r OK``."""
+    rank 0 writes ``coll alg bytes us`` lines to ``rows_out`` (the ranks' mean; the bytes the call
+    moves, as the simulator counts them), then every rank prints ``RANK r OK``."""
     import numpy as np  # noqa: PLC0415
 
     from pycoll.perf import ROUNDS, auto_iters  # noqa: PLC0415
     from pycoll.sim.calibrate import rank_team  # noqa: PLC0415
+    from pycoll.sim.programs import moved  # noqa: PLC0415
 
     pin_to_host()
     team = rank_team()
+    lines = []
     for coll, alg in cases:
         for nbytes in sizes:
             call = host_call(team, coll, alg, nbytes)
@@ -126,8 +130,10 @@ def rank_main(cases: List[Tuple[str, str]], sizes: List[int]) -> None:
                 rounds.append((time.perf_counter() - t0) / iters)
             every = np.zeros(team.size)
             team.allgather(np.array([float(np.mean(rounds))]), every).wait()
-            if team.rank == 0:
-                print(f"ROW {coll} {alg} {nbytes} {every.mean() * 1e6:.3f}", flush=True)
+            lines.append(f"{coll} {alg} {moved(coll, alg, nbytes, team.size, 4)} {every.mean() * 1e6:.3f}\n")
+    if team.rank == 0:
+        with open(rows_out, "w") as f:
+            f.writelines(lines)
     team.close()
     print(f"RANK {os.environ['RANK']} OK", flush=True)
 
@@ -139,19 +145,25 @@ def on_hosts(args: argparse.Namespace, cases: List[Tuple[str, str]], hosts: Dict
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.launch import run_hosts  # noqa: PLC0415 - the test bed's namespaces
 
-    per_host = [args.ranks // 2, args.ranks - args.ranks // 2]
+    per_host = [args.ranks // 2] * 2
     env = {"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp,sm,self"}
     for model, path in hosts.items():
-        run_hosts("benchmarks/sim_accuracy.py", per_host, "--rank", "--calibrate-out", path,
+        run_hosts("benchmarks/sim_accuracy.py", per_host, "--rank", "--calibrate-out", path, "--steps",
+                  str(args.steps), "--repeats", str(args.repeats),
                   *(["--plain"] if model == "plain" else []), timeout=300, env=env)
     spec = ",".join(f"{c}:{a}" for c, a in cases)
-    out = run_hosts("benchmarks/sim_accuracy.py", per_host, "--rank", "--cases", spec, "--min-bytes",
-                    args.min_bytes, "--max-bytes", args.max_bytes, timeout=900, env=env)
+    rows_out = str(Path(next(iter(hosts.values()))).with_name("hosts_rows.txt"))
+    run_hosts("benchmarks/sim_accuracy.py", per_host, "--rank", "--cases", spec, "--min-bytes",
+              args.min_bytes, "--max-bytes", args.max_bytes, "--rows-out", rows_out, timeout=900, env=env)
     measured: Dict[Tuple[str, str], Dict[int, float]] = {}
-    for line in out.splitlines():
-        if line.startswith("ROW "):
-            _, coll, alg, nbytes, us = line.split()
-            measured.setdefault((coll, alg), {})[int(nbytes)] = float(us)
+    with open(rows_out) as f:
+        lines = f.read().split()
+    for k in range(0, len(lines), 4):
+        coll, alg, nbytes, us = lines[k:k + 4]
+        measured.setdefault((coll, alg), {})[int(nbytes)] = float(us)
+    if len(lines) != 4 * len(cases) * len(sizes):
+        raise SystemExit(f"sim_accuracy: the ranks timed {len(lines) // 4} cases x sizes, not "
+                         f"{len(cases) * len(sizes)}")
     return measured
 
 
@@ -171,19 +183,22 @@ def main() -> None:
                     help="half the ranks on each of two hosts (network namespaces; root)")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate-out", help=argparse.SUPPRESS)
+    ap.add_argument("--rows-out", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=1000, help="the calibration's steps (pycoll sim calibrate)")
+    ap.add_argument("--repeats", type=int, default=5, help="the calibration's repeats (the median is kept)")
     args = ap.parse_args()
     if args.cases:
         cases = [tuple(c.split(":", 1)) for c in args.cases.split(",")]
     else:
         cases = [(args.coll, a) for a in args.algorithm.split(",")]
     if args.rank and args.calibrate_out:
-        calibrate_rank(args.calibrate_out, args.plain)
+        calibrate_rank(args.calibrate_out, args.plain, args.steps, args.repeats)
         return
     if args.rank:
-        rank_main(cases, sim_sizes(args.min_bytes, args.max_bytes))
+        rank_main(cases, sim_sizes(args.min_bytes, args.max_bytes), args.rows_out)
         return
-    if args.hosts and args.ranks < 2:
-        ap.error("--hosts needs at least 2 ranks (one a host)")
+    if args.hosts and (args.ranks < 2 or args.ranks % 2):
+        ap.error("--hosts needs an even number of ranks, at least 2 (half on each host)")
     env = dict(os.environ, PYCOLL_TLS="ucx" if args.hosts else os.environ.get("PYCOLL_TLS", "mpi"))
     if args.hosts:
         env["UCX_TLS"] = "tcp,sm,self"
@@ -203,8 +218,8 @@ def main() -> None:
                 across = on_hosts(args, cases, hosts, sim_sizes(args.min_bytes, args.max_bytes))
             else:
                 for model, host in hosts.items():
-                    pycoll("sim", "calibrate", "--out", host, *(["--plain"] if model == "plain" else []),
-                           env=env)
+                    pycoll("sim", "calibrate", "--out", host, "--steps", str(args.steps), "--repeats",
+                       str(args.repeats), *(["--plain"] if model == "plain" else []), env=env)
             print(f"run {run + 1}")
             print(f"{'collective':>14} {'algorithm':>14} {'bytes':>10} {'measured_us':>12} "
                   + " ".join(f"{m + ' sim_us':>14} {'sim/meas':>9}" for m in models))

@@ -9,7 +9,13 @@ messages pay a protocol's extra latency (MPI's rendezvous: ``rendezvous_bytes``,
 both ranks sending 4 MiB at once, as a recursive-doubling step does, give the ``bandwidth``.
 numpy's reduction (``np.add`` into a buffer) and copy of 4 MiB give ``reduce`` and ``copy``.
 Every figure is the median of ``--repeats`` runs. On one host the file sets the node's parameters
-and the network's alike, with ``ppn`` the ranks that ran. Across hosts (ranks started on each
+and the network's alike, with ``ppn`` the ranks that ran.
+
+That is the plain model (``--plain``). By default a pair of ranks measures through its own
+collectives instead (:func:`by_size`: loops timed on their slowest rank, as the simulator's time is
+its last rank's): rates and latencies by size, a call's and a message's cost, the reduction and
+copy by size; on two hosts also whether its messages take turns both ways (:func:`duplex`,
+``half_duplex``). Across hosts (ranks started on each
 host as ``python -m pycoll.sim.calibrate --out FILE`` under a launcher that spans them, MPI's or
 one that sets ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``) the network's parameters are
 measured between rank 0 and the first rank on another node, the node's between two ranks on rank
@@ -45,6 +51,10 @@ MIN_CALLS = 8
 #: large: a socket's buffers take smaller messages both ways at once), and the calls of its loops.
 DUPLEX_BYTES = 16 << 20
 DUPLEX_CALLS = 8
+assert DUPLEX_BYTES in TABLE_SIZES
+#: Both ways at once this many times as long as one way or more: the link takes turns (half
+#: duplex: 2x; full: 1x; the midpoint splits the two).
+HALF_DUPLEX = 1.5
 
 
 def ping_pong(team: Any, pair: Tuple[int, int], nbytes: int, steps: int) -> float:
@@ -254,16 +264,18 @@ def link(team: Any, pair: Tuple[int, int], steps: int, repeats: int) -> Dict[str
     return {"alpha": alpha, "bandwidth": bandwidth, "rendezvous_bytes": limit, "rendezvous": extra}
 
 
-def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
+def measure(team: Any, steps: int, repeats: int, plain: bool = False) -> Dict[str, Any]:
     """Run on every rank of ``team``: the parameters, on rank 0. Across hosts (the team's topology
     has several nodes) the network's come from rank 0 and a rank on another node, the node's from
-    two ranks on rank 0's node (where it has two), ``ppn`` is the ranks of rank 0's node."""
+    two ranks on rank 0's node (where it has two), ``ppn`` is the ranks of rank 0's node. A pair
+    (2 ranks) also measures its collectives (:func:`by_size`) unless ``plain``, and a pair on two
+    hosts whether its messages take turns both ways (:func:`duplex`)."""
     nodes = tuple(team.topology.nodes)
     which = pairs(nodes)
     net = link(team, which["network"], steps, repeats)
     node = net if which.get("node", which["network"]) == which["network"] else \
         link(team, which["node"], steps, repeats)
-    sized = by_size(team, steps, repeats) if team.size == 2 else None  # (a pair: its collectives)
+    sized = by_size(team, steps, repeats) if team.size == 2 and not plain else None  # (a pair's collectives)
     reduce_by_size = {n: throughput_at("reduce", n, repeats) for n in TABLE_SIZES}
     if sized is not None and len(set(nodes)) > 1:  # (a pair on two hosts: do its messages take turns?)
         sized["duplex"] = duplex(team, DUPLEX_BYTES / sized["rates"][DUPLEX_BYTES],
@@ -278,7 +290,7 @@ def measure(team: Any, steps: int, repeats: int) -> Dict[str, Any]:
 def half_duplex(ratio: float) -> bool:
     """Whether messages both ways at once that take ``ratio`` times as long as one way
     (:func:`duplex`) take turns: half again as long or more (full duplex: 1x; half: 2x)."""
-    return ratio >= 1.5
+    return ratio >= HALF_DUPLEX
 
 
 def _table(values: Dict[int, float], unit: str) -> str:
@@ -304,7 +316,7 @@ def machine_file(p: Dict[str, Any], what: str, plain: bool = False) -> str:
                   f"alpha_by_size = {_table(sized['latency'], 'us')}\n")
         network = tables
         if p.get("nodes", 1) > 1 and "duplex" in sized:
-            network += (f"# {DUPLEX_BYTES >> 20} MiB both ways at once: {sized['duplex']:.2f}x one way\n"
+            network += (f"# {DUPLEX_BYTES >> 20} MiB both ways at once: {sized['duplex']:.4f}x one way\n"
                         + ("half_duplex = true\n" if half_duplex(sized["duplex"]) else ""))
         factors = ", ".join(f'"{n}" = {f:.3f}' for n, f in sorted(sized["together"].items()))
         if p.get("nodes", 1) == 1:  # (a pair on one host: its messages are the node's, copied by cores)
@@ -350,7 +362,7 @@ def main() -> None:
     args = ap.parse_args()
     team = rank_team()
     try:
-        params = measure(team, args.steps, args.repeats)
+        params = measure(team, args.steps, args.repeats, args.plain)
         if team.rank == 0:
             tls = os.environ.get("PYCOLL_TLS", "mpi")
             where = (f"{int(params['ppn'])} ranks on {os.uname().nodename}" if params["nodes"] == 1 else

@@ -51,9 +51,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ppn", type=int, help="ranks per node (the node's alpha and bandwidth within one)")
     p.add_argument("--reduce", help="reduction throughput per rank (e.g. 5GB/s)")
     p.add_argument("--overhead", help="a rank's time posting a send or a receive (LogGP's o; e.g. 0.5us)")
-    p.add_argument("--overhead-per-byte", help="and per byte of the message (LogGOPS's O; e.g. 0.1ns)")
+    p.add_argument("--overhead-per-byte",
+                   help="a rank's time posting a message, per byte of it (LogGOPS's O; e.g. 0.1ns)")
     p.add_argument("--gap", help="the least time between two messages' starts on a rank's link out, or "
-                                 "arrivals on its link in (LogGP's g; e.g. 1us)")
+                                 "arrivals on its link in (LogGP's g; e.g. 1us; not with --contention, "
+                                 "whose flows share the links, nor for a node's messages its cores copy)")
     p.add_argument("--contention", action="store_true",
                    help="links shared by the messages crossing them, max-min fair (NICs; with "
                         "--nodes-per-leaf a fat tree's uplinks too)")
@@ -110,12 +112,17 @@ def add_parser(sub: Any) -> None:
 
 
 def _pairs(items: List[str], what: str, convert: Any) -> Dict[int, float]:
+    """``--late``/``--slow``/``--kill``'s ``RANK:VALUE`` items as {rank: value}; ValueError names
+    a malformed one."""
     out = {}
     for item in items:
         rank, _, value = item.partition(":")
-        if not value:
-            raise SystemExit(f"pycoll sim: --{what} takes RANK:VALUE, not {item!r}")
-        out[int(rank)] = convert(value)
+        try:
+            if not value:
+                raise ValueError("no value")
+            out[int(rank)] = convert(value)
+        except ValueError as exc:
+            raise ValueError(f"--{what} takes RANK:VALUE, not {item!r} ({exc})") from None
     return out
 
 
@@ -235,12 +242,16 @@ def run(args: argparse.Namespace) -> int:
         args.oversubscription)
     if args.coll == "train":
         return train(args, m)
-    late = _pairs(args.late, "late", machine.seconds)
-    slow = _pairs(args.slow, "slow", float)
     n = args.ranks
-    fail = {r: (t, m.detect) for r, t in _pairs(args.kill, "kill", machine.seconds).items()}
-    for node, t in _pairs(args.kill_node, "kill-node", machine.seconds).items():
-        fail.update({r: (t, m.silence) for r in range(node * m.ppn, min(n, (node + 1) * m.ppn))})
+    try:
+        late = _pairs(args.late, "late", machine.seconds)
+        slow = _pairs(args.slow, "slow", float)
+        fail = {r: (t, m.detect) for r, t in _pairs(args.kill, "kill", machine.seconds).items()}
+        for node, t in _pairs(args.kill_node, "kill-node", machine.seconds).items():
+            fail.update({r: (t, m.silence) for r in range(node * m.ppn, min(n, (node + 1) * m.ppn))})
+    except ValueError as exc:
+        print(f"pycoll sim: {exc}", file=sys.stderr)
+        return 2
     if n < 1 or any(not 0 <= r < n for r in list(late) + list(slow) + list(fail)):
         print("pycoll sim: -n must be at least 1, and --late/--slow/--kill ranks (--kill-node nodes) "
               "within it", file=sys.stderr)
@@ -251,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if m.contention and m.by_size:
         print("pycoll sim: a machine's *_by_size tables, cpu_copies, together_by_size, call and "
-              "half_duplex model one host's measured costs; they do not combine with shared links "
+              "half_duplex model measured hosts' costs; they do not combine with shared links "
               "(--contention, [fabric])",
               file=sys.stderr)
         return 2

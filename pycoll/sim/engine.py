@@ -139,7 +139,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     wall0 = time.perf_counter()
     if machine.contention and machine.by_size:
         raise ValueError("a machine's *_by_size tables, cpu_copies, together_by_size, call and half_duplex "
-                         "model one host's measured costs; they do not combine with shared links "
+                         "model measured hosts' costs; they do not combine with shared links "
                          "(contention)")
     n = len(programs)
     starts = [0.0] * n

@@ -10,8 +10,9 @@ each of its bytes. A message of ``rendezvous_bytes`` or more (where set) takes `
 longer, within a node or not. These are LogGP's (LogGOPS's) parameters: L is ``alpha``, o
 ``overhead``, G ``1 / bandwidth``, O ``overhead_per_byte`` (paid by the sender and the receiver
 as they post the message), and g ``gap``: two messages start on a rank's link out (or arrive on
-its link in) at least ``gap`` apart, however small they are (without ``contention``: flows share
-the links instead).
+its link in) at least ``gap`` apart, however small they are (on every link a message books:
+not with ``contention``, whose flows share the links instead, nor for a node's messages its cores
+copy with ``cpu_copies``; a slow rank's ``--slow`` factor does not stretch it).
 
 Measured hosts move data at rates that depend on the size (caches, a transport's protocols): a
 ``*_by_size`` table (``{"4KiB" = "1GB/s", "1MiB" = "9GB/s", "64MiB" = "5GB/s"}``) gives the rate
@@ -159,8 +160,9 @@ class Machine:
 
     @property
     def by_size(self) -> bool:
-        """Whether any rate depends on the size (or messages hold cores): the simulation then
-        runs in Python (``native/sim.c`` has the plain model only)."""
+        """Whether the machine has any part of a measured host's model (rates by size, messages
+        copied by cores, a call's cost, half-duplex links): the simulation then runs in Python
+        (``native/sim.c`` has the plain model, LogGP's parameters included, only)."""
         return bool(self.call or self.cpu_copies or self.half_duplex or self.bandwidth_by_size
                     or self.node_bandwidth_by_size or self.alpha_by_size or self.node_alpha_by_size
                     or self.reduce_by_size or self.copy_by_size or self.together_by_size)
@@ -233,9 +235,13 @@ class Machine:
                            f"oversubscribed {self.oversubscription:g}:1")
         rdv = ""
         if self.by_size:
-            rdv = (" (rates and latencies by size" + (", messages copied by cores" if self.cpu_copies else "")
-                   + (", half duplex" if self.half_duplex else "")
-                   + (f", call {self.call * 1e6:g}us" if self.call else "") + ")")
+            sized = any((self.bandwidth_by_size, self.node_bandwidth_by_size, self.alpha_by_size,
+                         self.node_alpha_by_size, self.reduce_by_size, self.copy_by_size))
+            parts = [what for what, on in (("rates and latencies by size", sized),
+                                           ("messages copied by cores", self.cpu_copies),
+                                           ("half duplex", self.half_duplex),
+                                           (f"call {self.call * 1e6:g}us", self.call)) if on]
+            rdv = f" ({', '.join(parts)})" if parts else ""
         elif self.rendezvous_bytes:
             rdv = f", +{self.rendezvous * 1e6:g}us from {self.rendezvous_bytes} B"
         gap = f", gap {self.gap * 1e6:g}us" if self.gap else ""

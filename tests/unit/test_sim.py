@@ -331,7 +331,7 @@ def test_a_recording_of_sizes_refuses_what_the_full_one_refuses():
 
 def test_loggp_gap_and_per_byte_overhead_give_the_logp_times():
     """LogGP(S): k messages of n bytes from rank 0 to rank 1, posted at once, start on the link
-    ``gap`` apart (g > o + nO): the last arrives at o + nO + (k - 1) g + nG + L; with g = 0 they
+    ``gap`` apart (g above o + nO and nG): the last arrives at o + nO + (k - 1) g + nG + L; with g = 0 they
     leave as fast as the sender posts them (posting being slower than the link here),
     o + nO + (k - 1)(o + nO) + nG + L. The C loop and the Python loop agree."""
     from pycoll.sim.engine import RECV, SEND, Compact
@@ -363,6 +363,7 @@ def test_the_cli_takes_loggps_parameters_and_refuses_bad_values(tmp_path, capsys
     # arrives alpha later (5.048 us), after the rank posted its receive (4.048 us); the gap binds no
     # second message
     assert row["time_us"] == pytest.approx(2.024 + 1.024 + 2, rel=1e-9)
-    for bad in (["--alpha", "soon"], ["--gap=-1us"], ["--overhead", "fast"]):
+    for bad in (["--alpha", "soon"], ["--gap=-1us"], ["--overhead", "fast"], ["--late", "1:soon"],
+                ["--slow", "2"]):
         assert cli(["sim", "allreduce", "-n", "4", *bad]) == 2, bad
         assert "pycoll sim:" in capsys.readouterr().err
