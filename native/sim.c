@@ -245,7 +245,8 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
             if (k == K_SEND) {
                 int32_t d = peers[g];
                 int64_t nb = nbytes[g];
-                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + (o + (double)nb * m->overhead_per_byte) * f;
+                double post = o + (double)nb * m->overhead_per_byte; /* LogGOPS's o + nO */
+                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + post * f;
                 cpu_free[r] = t0;
                 int near = m->ppn > 1 && r / m->ppn == d / m->ppn;
                 double alpha = near ? m->node_alpha : m->alpha, per_byte = near ? m->node_per_byte : m->per_byte;
@@ -257,7 +258,7 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
                 if (b < t0) b = t0;
                 if (b < rx_free[d]) b = rx_free[d];
                 double end = b + (double)nb * per_byte * f;
-                tx_free[r] = rx_free[d] = end > b + m->gap ? end : b + m->gap;
+                tx_free[r] = rx_free[d] = end > b + m->gap ? end : b + m->gap; /* LogGP's g */
                 if (heap_push(&heap, end, seq, r, i)) goto out;
                 /* deliver: to the receive posted for it, or to the mailbox */
                 double arrival = end + alpha;
@@ -272,7 +273,8 @@ int pycoll_sim_run(int32_t n, const int64_t *ioff, const int8_t *kinds, const in
                     if (item_append(&box, slot, arrival, -1)) goto out;
                 }
             } else if (k == K_RECV) {
-                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + (o + (double)nbytes[g] * m->overhead_per_byte) * f;
+                double post = o + (double)nbytes[g] * m->overhead_per_byte; /* LogGOPS's o + nO */
+                double t0 = (t > cpu_free[r] ? t : cpu_free[r]) + post * f;
                 cpu_free[r] = t0;
                 uint64_t key = box_key(r, peers[g], steps[g]);
                 slot_t *slot = box_find(&box, key);

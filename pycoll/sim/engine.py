@@ -5,12 +5,11 @@ those it depends on are done (a reduction or copy holds the rank until it is don
 receive only for the ``overhead`` of posting it, and ``overhead_per_byte`` for each byte). A send
 books the sender's link out and the receiver's link in for its bytes (after those already booked;
 each link is free again ``gap`` after a message started on it at the earliest) and arrives
-``alpha`` later; a
-receive is done when its message has arrived and it was posted (messages between two ranks match
-by step, in order). With the machine's ``contention`` a send is a flow instead, sharing the links
-it crosses with the others in flight (:mod:`pycoll.sim.flows`): it is done when drained, and
-arrives ``alpha`` later. Only sizes travel: no payload. The clock jumps from one completion to
-the next (a heap of completion times).
+``alpha`` later; a receive is done when its message has arrived and it was posted (messages
+between two ranks match by step, in order). With the machine's ``contention`` a send is a flow
+instead, sharing the links it crosses with the others in flight (:mod:`pycoll.sim.flows`): it is
+done when drained, and arrives ``alpha`` later. Only sizes travel: no payload. The clock jumps
+from one completion to the next (a heap of completion times).
 
 A measured host's model (:class:`Machine`'s ``*_by_size`` tables, ``cpu_copies``,
 ``together_by_size``, ``call``, ``half_duplex``) changes this: within a node a send is done once
@@ -159,7 +158,7 @@ def run(programs: Sequence[Compact], machine: Machine, start: Optional[Dict[int,
     left = [len(p.kinds) for p in programs]
     finish = list(starts)
     tx_free = [0.0] * n
-    rx_free = tx_free if machine.half_duplex else [0.0] * n  # (half duplex: one link each way)
+    rx_free = tx_free if machine.half_duplex else [0.0] * n  # (half duplex: one link both ways)
     cpu_free = list(starts)
     # (receiver, sender, step) -> the messages no receive was posted for yet (arrival, seconds its
     # receiver's core copies it with cpu_copies, bytes), and
