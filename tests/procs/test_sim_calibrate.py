@@ -33,17 +33,21 @@ def test_calibrate_writes_a_machine_file_the_simulator_runs(cli, tmp_path):
                                                                           + 8 / m.reduce_bw, rel=1e-6)
 
 
-def test_calibrate_across_two_hosts_measures_the_network_and_the_node_apart(hosts, tmp_path):
-    """2 + 2 ranks in two network namespaces (UCX over TCP): the network's parameters come from rank
-    0 and a rank of the other host, the node's from the two ranks of rank 0's; ppn is 2."""
+def _calibrated_across(hosts, per_host, out, steps):
+    """Calibrate ``per_host`` ranks on two network namespaces (UCX over TCP) into ``out``: the
+    file's text and its machine."""
     from tests.launch import need_ucx
 
     need_ucx()
-    out = tmp_path / "hosts.toml"
-    hosts("tests/procs/scripts/calibrate_hosts.py", [2, 2], str(out), "--steps", "100", "--repeats", "2",
+    hosts("tests/procs/scripts/calibrate_hosts.py", per_host, str(out), "--steps", steps, "--repeats", "2",
           timeout=150, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
-    text = out.read_text()
-    m = load(str(out))
+    return out.read_text(), load(str(out))
+
+
+def test_calibrate_across_two_hosts_measures_the_network_and_the_node_apart(hosts, tmp_path):
+    """2 + 2 ranks in two network namespaces (UCX over TCP): the network's parameters come from rank
+    0 and a rank of the other host, the node's from the two ranks of rank 0's; ppn is 2."""
+    text, m = _calibrated_across(hosts, [2, 2], tmp_path / "hosts.toml", "100")
     assert "4 ranks on 2 nodes (2 on rank 0's)" in text, text
     assert m.ppn == 2 and 0 < m.alpha < 1e-2 and 0 < m.node_alpha < 1e-2, text
     assert m.bandwidth > 1e6 and m.node_bandwidth > 1e6, text
@@ -83,14 +87,8 @@ def test_a_pair_on_two_hosts_calibrates_the_measured_model_of_the_network(hosts,
     latencies by size, no node copies, and how much longer its messages take both ways at once
     than one way (``half_duplex`` where 1.5x or more), and the file loads."""
     from pycoll.sim.calibrate import HALF_DUPLEX
-    from tests.launch import need_ucx
 
-    need_ucx()
-    out = tmp_path / "pair.toml"
-    hosts("tests/procs/scripts/calibrate_hosts.py", [1, 1], str(out), "--steps", "200", "--repeats", "2",
-          timeout=150, env={"PYCOLL_TLS": "ucx", "UCX_TLS": "tcp"})
-    text = out.read_text()
-    m = load(str(out))
+    text, m = _calibrated_across(hosts, [1, 1], tmp_path / "pair.toml", "200")
     assert "2 ranks on 2 nodes (1 on rank 0's)" in text and m.ppn == 1, text
     assert len(m.bandwidth_by_size) == 8 and m.alpha_by_size and not m.cpu_copies, text
     ratio = float(text.split("both ways at once: ")[1].split("x")[0])
