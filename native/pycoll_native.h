@@ -91,10 +91,17 @@ int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
 #define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
 /* A collective's signature: what each rank says it calls, written when it starts the collective
  * (first generation gen0), in entry (its number of signed collectives) % PC_SIGS of its control
- * block; every rank compares the others' with its own before it returns. So no rank finishes a
- * collective before every rank has signed it: a rank is at most one signed collective ahead of
- * another, and an entry is not overwritten while a peer may still read it. */
+ * block; a rank compares the others' (or, on the other ranks of a rooted collective, the root's:
+ * see pc_shm_coll_t's check) with its own before it returns. No rank writes a slot of generation
+ * g before every rank is done with g - 2, and every collective that signs takes a generation, so
+ * a rank is at most a few signed collectives ahead of another and an entry is not overwritten
+ * while a peer may still read it. */
 #define PC_SIGS 8
+/* pc_shm_coll_t's check (PYCOLL_CHECK): auto, all, or off (the root's signature alone) */
+enum { PC_CHECK_AUTO = 0, PC_CHECK_ALL = 1, PC_CHECK_ROOT = 2 };
+/* under auto, the other ranks of a rooted collective check every rank's signature on a segment's
+ * first PC_CHECK_FIRST collectives and on those whose number is a power of two */
+#define PC_CHECK_FIRST 8
 #define PC_LEFT_WHY 48
 enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED = 3, PC_LEFT_FAILED = 4,
        PC_LEFT_REVOKED = 5 };
@@ -230,6 +237,13 @@ typedef struct {
      * region_bytes) and its id (equal on every rank: a peer that names another is an error) */
     char *region[2];
     uint64_t region_bytes[2], region_id[2];
+    /* whose signatures the other ranks of a rooted collective (bcast, reduce, gather(v),
+     * scatter(v)) wait for before they return (PC_CHECK_*): every rank's, or the root's alone. The
+     * root, and every rank of the other collectives, waits for every rank's: it waits for their
+     * data anyway. */
+    int check;
+    /* gather: every block is the size of this rank's (not gatherv): the chunks are known to all */
+    int equal;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

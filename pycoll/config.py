@@ -227,8 +227,12 @@ _declare("PYCOLL_CHECK", "auto", parse_check,
          "exchange a fingerprint of the call (collective, count, dtype, op, root) so that ranks that "
          "disagree raise pycoll.MismatchError instead of computing a wrong result: auto = the first 8 "
          "collectives of each team (and uses of each tag), then those whose number is a power of two; "
-         "all = every one; off = none. (The segment's collectives always check.) Must be equal on all "
-         "ranks.")
+         "all = every one; off = none. On the shared segment every call is checked, but the other ranks "
+         "of a rooted collective (bcast, reduce, gather(v), scatter(v)) check the root's call alone "
+         "(auto: past the first 8 collectives, but on the powers of two; off: always; all: never): a rank "
+         "whose call matches the root's then returns while the root and the ranks that differ raise, "
+         "and its next call raises PeerLostError (a gather's other ranks return without waiting for the "
+         "root, and learn of it within two calls). Must be equal on all ranks.")
 _declare("PYCOLL_NATIVE_PROGRAMS", "1", parse_flag,
          "1: the point-to-point algorithms that lower to programs (pycoll info lists them) run as native "
          "programs where the team's transport has an executor (UCX, one host's shared memory), for "

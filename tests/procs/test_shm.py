@@ -88,7 +88,8 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
         rank, size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
         coll, _, alg = sys.argv[4].partition("-")
         alg = alg or "shm"
-        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+        store = TCPStore("127.0.0.1", port, timeout=30)
+        team = Team.from_store(store, rank, size)
         assert team.shared is not None and (alg == "shm" or team.shared.cma)
         for _ in range(3 if alg in ("shm", "cma", "mapped") else 11):  # (a program: unchecked from 11)
             team.allreduce(np.ones(1000)).wait()
@@ -129,6 +130,9 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
             print(f"RANK {rank} NO ERROR", flush=True)
         except pycoll.PycollError as exc:
             print(f"RANK {rank} ERROR {type(exc).__name__}: {exc}", flush=True)
+        # a survivor that exits while another still waits for it would be that one's lost peer
+        store.set(f"reported/{rank}", b"1")
+        store.wait([f"reported/{r}" for r in range(size - 1)], timeout=60)
     """)
     before = shm_entries()
     native = coll.endswith(("-rd", "-pairwise"))
@@ -154,6 +158,19 @@ def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
     v-counts on the shared segment, through the Team API and pycoll.mpi.Comm: MismatchError on
     every rank, naming each rank's call; never a result."""
     mpirun(n, "tests/procs/scripts/mismatch.py", "segment", timeout=120)
+
+
+@pytest.mark.parametrize("coll", ["bcast", "gather"])
+@pytest.mark.parametrize("mode,at", [("auto", 11), ("auto", 16), ("all", 11)])
+def test_a_late_mismatch_of_a_rooted_collective(coll, mode, at, mpirun):
+    """Ranks that disagree on a bcast or gather, collective number ``at`` of the segment: under auto,
+    past the first 8 and off the powers of two, the root raises MismatchError, and so does a bcast's
+    rank that differs from it; the others return (a bcast's with the root's data; a gather's
+    without waiting for the root) and raise PeerLostError at their next call (a gather's: at one of
+    the next two). On collective 16,
+    and on any under PYCOLL_CHECK=all, every rank raises MismatchError."""
+    mpirun(3, "tests/procs/scripts/mismatch_sampled.py", coll, mode, str(at), timeout=120,
+           env={"PYCOLL_CHECK": mode})
 
 
 def test_ranks_that_disagree_off_the_segment_raise_mismatch_errors(mpirun):

@@ -5,7 +5,10 @@ but the root copies its piece of its block into its slot and goes on (eager: it 
 once the root has said how many chunks there are); the root copies the pieces out into their
 blocks of recvbuf. Only the root needs the blocks (``gatherv`` may leave ``counts`` to the root):
 it says at the first chunk how many chunks there are, and checks every rank's block size against
-its counts (ranks that disagree get an error, never a short copy).
+its counts (ranks that disagree get an error, never a short copy). In a ``gather`` every rank
+knows the chunks (equal blocks), so past the first collectives the others do not wait for the
+root's word at all: each goes on once its pieces are in its slot (``eager_leaf`` in
+``native/shm.c``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ KIND = 6  # PC_COLL_GATHER
 
 
 class ShmGather(BlockSegmentTask):
+    def __init__(self, args: CollArgs, kind: int, name: str) -> None:
+        super().__init__(args, kind, name)
+        self.native.equal = args.coll == "gather"  # (every block the size of this rank's: not gatherv)
+
     def layouts(self, a: CollArgs) -> tuple:
         return (dst_blocks(a, self.name) if a.rank == a.root else None), None
 

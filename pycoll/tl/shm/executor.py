@@ -109,7 +109,8 @@ class ShmProgramTask(NativeProgramTask):
         e, t = self.e, self.prepared.transport
         ins = self.prepared.instrs[i]
         why = _WHY.get(e.status, f"status {e.status}")
-        lost = t.lost(ins.peer) if e.status == _LOST else self._unreadable if e.status == _CMA else None
+        lost = (t.lost(ins.peer) or t.first_lost) if e.status == _LOST else \
+            self._unreadable if e.status == _CMA else None
         if isinstance(lost, PeerLostError):  # (its first cause, as the transport names them)
             return PeerLostError(f"{what} failed: {lost}", rank=lost.rank, pid=lost.pid, how=lost.how)
         if lost is not None:

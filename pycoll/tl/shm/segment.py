@@ -24,6 +24,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 
 import numpy as np
 
+from pycoll import config
 from pycoll.calls import REJECTED
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import MismatchError, PeerLostError, RevokedError, TransportError
@@ -58,6 +59,9 @@ POLLS_PER_CALL = 4000
 MIN_POLLS_PER_CALL = 64
 #: The native error of a failed read of a peer's memory (PC_ECMA).
 CMA_FAILED = -6
+#: ``PYCOLL_CHECK`` -> the native state's ``check`` (``PC_CHECK_*``): whose signatures the other
+#: ranks of a rooted collective wait for (``native/shm.c``, ``checks_every_rank``)
+CHECK_CODES = {"auto": 0, "all": 1, "off": 2}
 #: The native errors of ranks whose blocks' sizes (PC_EDISAGREE) or signatures of a collective
 #: (PC_EMISMATCH) differ.
 DISAGREE, MISMATCH = -5, -7
@@ -205,6 +209,7 @@ class ShmSegment:
         #: read when a collective's native state is made.
         self.cma_inline: Optional[int] = None
         self._polls = POLLS_PER_CALL
+        self._check = CHECK_CODES[config.get("PYCOLL_CHECK")]
         #: Yield the core every this many polls of a flag not ready (0: spin); set before the
         #: first collective, for ranks that outnumber the cores (see :meth:`oversubscribed`).
         self.yield_every = 0
@@ -231,6 +236,15 @@ class ShmSegment:
         """The generation the next collective on the segment starts at (equal on every rank)."""
         return int(self._gen[0])
 
+    @property
+    def signed(self) -> int:
+        """How many collectives this rank has signed on the segment (each one that moves data or
+        synchronizes); the next one it signs is number ``signed + 1`` (``PYCOLL_CHECK=auto`` counts
+        these)."""
+        out = self.ffi.new("uint64_t[4]")
+        found = self.lib.pycoll_shm_last(self.base, self.total, self.size, self.rank, out)
+        return int(out[0]) if found == 1 else 0
+
     def ticket(self) -> int:
         """A place in the segment's order for a new collective (called when it is posted)."""
         t = self.tickets
@@ -243,6 +257,7 @@ class ShmSegment:
         st.base, st.mapped, st.rank, st.nranks = self.base, self.total, self.rank, self.size
         st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
         st.yield_every = self.yield_every
+        st.check = self._check
         st.inline_max = self.cma_inline if self.cma_inline is not None else CMA_INLINE_BYTES[self.cma_slow]
         return st
 

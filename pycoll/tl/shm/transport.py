@@ -130,7 +130,9 @@ class ShmTransport(Transport):
         self._outstanding: List[deque] = [deque() for _ in range(self.size)]  # posted, not consumed
         self._queued: List[deque] = [deque() for _ in range(self.size)]  # waiting for a free slot
         self._recv_slot = ffi.new("uint32_t[]", self.size)
-        self._errflags = ffi.new("int32_t[]", self.size)  # nonzero: that peer is lost (for the executor)
+        # nonzero: the executor's programs fail on that peer (1: it is lost; 2: another is)
+        self._errflags = ffi.new("int32_t[]", self.size)
+        self._first_lost: Optional[TransportError] = None
         self._pids = ffi.new("int64_t[]", list(seg.pids))
         self._native: Dict[int, Any] = {}  # key hash -> the native program task running that collective
         self._held: List[Tuple[Any, Callable[[], bool]]] = []  # given-up programs peers may still read
@@ -328,13 +330,23 @@ class ShmTransport(Transport):
         lost.sort()
         text = "; ".join(f"rank {r} (pid {pid}) {how}" for _, r, pid, how in lost)
         _, first, pid, how = lost[0]
-        for _, r, _, _ in lost:
+        for order, r, _, _ in lost:
             if r not in self._dead:
-                self._lose(r, PeerLostError(f"shm: {text}", rank=first, pid=pid, how=how))
+                self._lose(r, PeerLostError(f"shm: {text}", rank=first, pid=pid, how=how), order == 0)
 
-    def _lose(self, peer: int, err: TransportError) -> None:
-        """Fail every operation with ``peer``; later ones fail at once."""
+    def _lose(self, peer: int, err: TransportError, crashed: bool = False) -> None:
+        """Fail every operation with ``peer``; later ones fail at once. ``crashed``: the peer died
+        or raised (it did not exit after its part): the native programs (collectives, which need
+        every rank of the team) fail too, whichever peer they wait on, or a live peer that failed on
+        the lost one would keep them waiting until the timeout. (Not for a peer that exited or
+        closed the team: it may have done its part of a collective another rank still finishes.)"""
         self._dead[peer] = err
+        if crashed:
+            if self._first_lost is None:
+                self._first_lost = err
+            for r in range(self.size):
+                if not self._errflags[r]:
+                    self._errflags[r] = 2  # (that peer lives: the executor names first_lost)
         self._errflags[peer] = 1
         for req in list(self._outstanding[peer]) + list(self._queued[peer]):
             req.error = err
@@ -396,6 +408,11 @@ class ShmTransport(Transport):
     def lost(self, peer: int) -> Optional[TransportError]:
         """The error that lost ``peer`` (None while it is not lost)."""
         return self._dead.get(peer)
+
+    @property
+    def first_lost(self) -> Optional[TransportError]:
+        """The error of the first peer this transport lost that died or raised (None: none did)."""
+        return self._first_lost
 
     def program_task(self, args: Any, program: Any, credit_bytes: int, check: Optional[tuple] = None) -> Any:
         """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.shm.executor`), or

@@ -1,0 +1,71 @@
+"""Run under mpiexec (3 ranks) by tests/procs/test_shm.py: ranks that disagree on a rooted
+collective on the segment (``bcast`` or ``gather``, root 0; rank 2's count differs) past its first
+collectives. Under ``PYCOLL_CHECK=auto`` the other ranks of a rooted collective check the root's
+call alone on collectives 9-15 of the segment (then on all but those whose number is a power of
+two), and a gather's do not wait for the root at all: the root and (bcast) the rank whose call
+differs raise MismatchError; a rank that returned (bcast: with the root's data) raises
+PeerLostError naming the root at its next call (gather: at one of its next two, as it runs up to
+one collective ahead of the root), within a second. On collective 16, and on every
+one under ``PYCOLL_CHECK=all``, every rank raises MismatchError."""
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pycoll
+from pycoll import Team
+from tests.rank import run_rank
+
+
+def call(team, coll, r, count):
+    x = np.full(count, float(r), np.float32)
+    if coll == "bcast":
+        team.bcast(x, root=0).wait(timeout=30)
+        return x
+    out = np.empty(3 * count, np.float32) if r == 0 else None
+    team.gather(x, out, root=0).wait(timeout=30)
+    return out
+
+
+def main(coll, mode, at):
+    world = MPI.COMM_WORLD
+    r, n = world.rank, world.size
+    assert n == 3
+    team = Team.from_mpi(world)
+    segment = team.shared
+    while segment.signed + 1 < at:
+        out = call(team, coll, r, 100)
+        if coll == "bcast":
+            assert (out == 0).all()
+        elif r == 0:
+            assert (out == np.repeat(np.arange(3.0), 100)).all()
+    assert segment.signed + 1 == at, (segment.signed, at)
+    every = mode == "all" or at <= 8 or not at & (at - 1)
+    words = {"bcast": ("rank 0: bcast 400 x uint8", "rank 2: bcast 404 x uint8"),
+             "gather": ("rank 0: gather 100 x float32", "rank 2: gather 101 x float32")}[coll]
+    if r == 2:  # (late: a rank that waits sees no differing signature before it may return)
+        time.sleep(0.3)
+    try:
+        out = call(team, coll, r, 100 + (r == 2))
+    except pycoll.MismatchError as exc:
+        assert every or r == 0 or (coll == "bcast" and r == 2), f"rank {r} raised: {exc}"
+        assert words[1] in str(exc) and (r != 0 or words[0] in str(exc)), exc
+    else:
+        assert not every and r != 0 and (coll == "gather" or r == 1), f"rank {r} got a result"
+        if coll == "bcast":
+            assert (out == 0).all()
+        t0 = time.monotonic()
+        try:  # (a gather's rank goes on without the root: its next call may too, not the one after)
+            for _ in range(1 if coll == "bcast" else 2):
+                call(team, coll, r, 100)
+        except pycoll.PeerLostError as exc:
+            assert "rank 0" in str(exc) and time.monotonic() - t0 < 1.0, (exc, time.monotonic() - t0)
+        else:
+            raise AssertionError(f"rank {r}'s next calls returned")
+    world.Barrier()
+
+
+if __name__ == "__main__":
+    run_rank(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
