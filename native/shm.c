@@ -1036,8 +1036,9 @@ static int scan(const pc_shm_coll_t *c) {
 /* Whether this rank waits for every rank's signature (1) or the root's alone (0). The other ranks
  * of a rooted collective wait for nobody but the root (and the slots' previous readers), so every
  * rank's signature would make each call a barrier: where ranks outnumber the cores, every one
- * of them must run again after the last has started before any returns (measured on 16 ranks, 2
- * cores, 4 KiB: gather 0.43-0.51x MPI with it, 0.58-0.61 without; bcast 0.59-0.69, 0.82-0.85).
+ * of them must run again after the last has started before any returns (16 ranks on 2 cores,
+ * 4 KiB, three runs each: bcast 0.45-0.56x MPI with it, 0.64-0.83 without; scatter 0.45-0.50
+ * and 0.60-0.85; scatterv 0.39-0.54 and 0.64-0.81).
  * So, as off the segment, they check every rank's on the first PC_CHECK_FIRST collectives and
  * on those whose number is a power of two (PYCOLL_CHECK=auto), on all (all), or never (off). A
  * rank that checks the root's alone raises if its call differs from the root's; one whose call
@@ -1055,7 +1056,8 @@ static int checks_every_rank(const pc_shm_coll_t *c) {
  * send does (where ranks outnumber the cores it need not run again before its next call: 16 ranks
  * on 2 cores, 4 KiB, 0.42-0.89x MPI, median 0.66, against 0.47-0.64, median 0.58, in 7 runs each).
  * It checks nothing: the root checks every rank's signature and block size and raises, and this
- * rank learns of it at its next call (the root's leaving mark). */
+ * rank, up to one collective ahead of the root, learns of it within its next two calls (the
+ * root's leaving mark). */
 static int eager_leaf(const pc_shm_coll_t *c) {
     return c->coll == PC_COLL_GATHER && c->equal && (int)c->rank != c->root && !checks_every_rank(c);
 }
