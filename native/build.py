@@ -30,7 +30,7 @@ typedef struct {
     const uint64_t *rlayout; uint32_t wait_rank; int wait_which; uint64_t wait_gen;
     uint32_t yield_every; uint64_t gen0, seq; int avg;
     uint64_t inline_max; int lent;
-    char *region[2]; uint64_t region_bytes[2], region_id[2]; int check, equal;
+    char *region[2]; uint64_t region_bytes[2], region_id[2]; int check, equal, eager;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);

@@ -352,7 +352,8 @@ int pc_sx_reap(pc_sx_t *e)
         }
         int st = pycoll_p2p_state(e->base, e->mapped, (uint32_t)e->size, (uint32_t)e->rank, (uint32_t)in->peer,
                                   e->slot[i]);
-        if (st == PC_DESC_CONSUMED || st < 0 || e->errflags[in->peer]) {
+        /* (errflags 2: another peer was lost; this one lives and may still read the buffer) */
+        if (st == PC_DESC_CONSUMED || st < 0 || e->errflags[in->peer] == 1) {
             if (st == PC_DESC_CONSUMED)
                 pycoll_p2p_free(e->base, e->mapped, (uint32_t)e->size, (uint32_t)e->rank, (uint32_t)in->peer,
                                 e->slot[i]);

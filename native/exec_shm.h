@@ -29,7 +29,7 @@ typedef struct {
     const int64_t *pids;      /* every rank's process (the one its memory is read from) */
     uint32_t *send_slot;      /* per peer: the next descriptor to post (shared with ShmTransport) */
     uint32_t *recv_slot;      /* per peer: the next descriptor to read (shared with ShmTransport) */
-    const int32_t *errflags;  /* per peer: nonzero once it is lost (set by ShmTransport) */
+    const int32_t *errflags;  /* per peer: 1 once it is lost, 2 once another died or raised (set by ShmTransport) */
     const int32_t *rpeers;    /* the peers the program receives from */
     const pc_instr_t *ins;
     const int32_t *deps;

@@ -28,6 +28,8 @@ enum { PC_SUM, PC_PROD, PC_MIN, PC_MAX, PC_BAND, PC_BOR, PC_BXOR, PC_LAND, PC_LO
 #define PC_EMISMATCH -7   /* the ranks called different collectives, or the same one with other
                            * arguments (count, dtype, op, root): their signatures differ */
 #define PC_ENOMEM -8      /* a native work buffer could not be allocated */
+#define PC_EMISMATCH_EARLIER -9 /* an earlier gather this rank went on from without waiting for
+                                 * the root (eager) differs from the root's call */
 
 int pycoll_reduce(int op, int dtype, void *out, const void *a, const void *b, size_t n);
 int pycoll_reduce_n(int op, int dtype, void *out, const void *const *ins, int nin, size_t n);
@@ -35,7 +37,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 8
+#define PC_SHM_VERSION 9
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -87,7 +89,7 @@ int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t s
      * process pid's memory at addr); nbytes, or a PC_E* code (PC_ECMA: errno says why) */
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 
-#define PC_CTRL_BYTES 576
+#define PC_CTRL_BYTES 640
 #define PC_INLINE (PC_LINE - 24) /* bytes of inline data: 40 */
 /* A collective's signature: what each rank says it calls, written when it starts the collective
  * (first generation gen0), in entry (its number of signed collectives) % PC_SIGS of its control
@@ -103,6 +105,8 @@ enum { PC_CHECK_AUTO = 0, PC_CHECK_ALL = 1, PC_CHECK_ROOT = 2 };
  * first PC_CHECK_FIRST collectives and on those whose number is a power of two */
 #define PC_CHECK_FIRST 8
 #define PC_LEFT_WHY 48
+/* eager gathers a rank may have gone on from before it has checked their root's call */
+#define PC_OWED 2
 enum { PC_LEFT_HERE = 0, PC_LEFT_EXITED = 1, PC_LEFT_RAISED = 2, PC_LEFT_CLOSED = 3, PC_LEFT_FAILED = 4,
        PC_LEFT_REVOKED = 5 };
 typedef struct {
@@ -136,6 +140,10 @@ typedef struct {
     uint64_t info[2][2];
     pc_shm_sig_t sig[PC_SIGS];
     uint64_t signs;         /* collectives this rank has signed (written by this rank only) */
+    /* the first generations of the gathers (up to PC_OWED) this rank went on from without the
+     * root's signature (eager), until it has compared that signature with its own; 0: none (this
+     * rank only; after PC_EMISMATCH_EARLIER, owed[0] is the gather whose calls differ) */
+    uint64_t owed[PC_OWED];
     /* How this rank left (PC_LEFT_*; 0 while it is here), written once by the rank itself at
      * interpreter exit, on an uncaught exception, when it closes the team or when a collective
      * failed on it (the segment is unusable then), after left_why (a NUL-terminated text: the
@@ -143,14 +151,14 @@ typedef struct {
      * left (inside MPI_Finalize, or its launcher) is not waited for until the timeout. */
     uint64_t left;
     char left_why[PC_LEFT_WHY];
-    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 40 - 16 - PC_LEFT_WHY];
+    char pad2[PC_CTRL_BYTES - 2 * PC_LINE - 16 - 32 - PC_SIGS * 40 - 16 - 8 * PC_OWED - PC_LEFT_WHY];
 } pc_shm_ctrl_t;
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *out);
 int pycoll_shm_init(void *base, uint64_t total, const pc_shm_header_t *layout);
 int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
-uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid, left */
+uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid, left, owed */
 /* Rank `rank`'s last signed collective, for diagnostics (read while it may change): out = (its
  * number among the collectives it signed, what, count, first generation); 0 if it signed none. */
 int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out);
@@ -244,6 +252,9 @@ typedef struct {
     int check;
     /* gather: every block is the size of this rank's (not gatherv): the chunks are known to all */
     int equal;
+    /* set by the collective when it signs: this rank goes on without the root's signature (a
+     * gather's other rank: see eager_leaf in shm.c) */
+    int eager;
 } pc_shm_coll_t;
 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);

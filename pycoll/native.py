@@ -24,7 +24,8 @@ ERRORS = {-1: "invalid argument", -2: "the segment header is not valid (corrupte
           -5: "the ranks disagree on the sizes of the blocks (counts) of this collective",
           -6: "reading or writing a peer's memory (process_vm_readv/writev) failed",
           -7: "the ranks called different collectives, or the same one with different arguments",
-          -8: "out of memory for a native work buffer"}
+          -8: "out of memory for a native work buffer",
+          -9: "an earlier gather's calls differ (this rank went on from it without the root)"}
 
 
 def pointer(arr: np.ndarray) -> ffi.CData:

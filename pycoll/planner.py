@@ -611,8 +611,10 @@ class Planner:
         (:data:`pycoll.calls.REJECTION`) in the collective's place. Returns the error to raise:
         ``error`` when every rank rejected the call (the team stays usable); when some posted it,
         a :class:`~pycoll.errors.MismatchError` that gives this rank's reason (they raise
-        MismatchError too, as soon as they see this rank's mark); the engine's error (a timeout,
-        a lost peer) if the peers never come."""
+        MismatchError too, as soon as they see this rank's mark; on the shared segment, the other
+        ranks of a rooted collective that check the root's call alone may return, and raise
+        PeerLostError at a later call: ``PYCOLL_CHECK``); the engine's error (a timeout, a lost
+        peer) if the peers never come."""
         if self.team.size == 1 or self.revoked is not None:
             return error
         with self.ctx.lock:

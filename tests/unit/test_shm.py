@@ -271,7 +271,7 @@ def test_single_copy_allreduce_sums_and_checks_addresses():
         ins, outs = [np.arange(9, dtype=np.int32)] * 2, [np.full(9, -1, np.int32) for _ in range(2)]
         st1, rc1, keep1 = _run(segs[1], COLL_ALLREDUCE_CMA, ins[1], outs[1])
         assert rc1 == 0
-        pairs = np.frombuffer(segs[0].mm, np.uint64, count=4, offset=segs[0].slot_offset(st1.gen, 1))
+        pairs = np.frombuffer(segs[0].mm, np.uint64, count=5, offset=segs[0].slot_offset(st1.gen, 1))
         assert pairs[field] != 0 and pairs[3] == 9 * 4
         pairs[field] = 8
         st0, rc0, keep0 = _run(segs[0], COLL_ALLREDUCE_CMA, ins[0], outs[0])
@@ -459,11 +459,22 @@ def test_a_peer_that_left_is_lost_only_if_it_did_not_do_its_part():
     segs[0].close()
 
 
+def test_a_signature_names_the_call():
+    """A mismatch's text names each rank's call as it signed it; a gather (which signs its block
+    size, marked) and a gatherv (which does not) read apart."""
+    from pycoll.tl.shm.segment import COLL_NAMES, describe_signature
+
+    gather = COLL_NAMES.index("gather") | 0xff << 16 | 2 << 32  # (dtype code 0, no op, root 2)
+    assert describe_signature(gather, 5, 5 | 1 << 63).startswith("gather 5 x ")
+    assert describe_signature(gather, 5, 0).startswith("gatherv 5 x ")
+    assert describe_signature(gather, 5, 0).endswith(" root 2")
+
+
 def test_mapped_allreduce_checks_the_offsets_it_reads():
     """The allreduce of arrays every rank maps: each rank's own buffers must lie in its part of
     the region (else an error before anything is published), and the offsets and region a peer
-    publishes are checked before they are used (out of its part: out of bounds; another region:
-    disagree), nothing read or written."""
+    publishes are checked before they are used (out of its part: out of bounds; another region,
+    or pairs a slot kept from an earlier generation: disagree), nothing read or written."""
     import mmap
 
     import pycoll
@@ -507,13 +518,13 @@ def test_mapped_allreduce_checks_the_offsets_it_reads():
     for s in segs:
         s.close()
     # a peer's published offset past its part, or another region: nothing read or written
-    for field, value, rc in ((1, part - 8, -3), (0, 12, -5)):
+    for field, value, rc in ((1, part - 8, -3), (0, 12, -5), (4, 0, -5)):
         segs = two_rank_segments()
         ins, outs = parts(100), parts(100, 200)
         outs[0][:] = -1
         st1 = start(segs[1], 1, ins[1], outs[1])
         assert lib.pycoll_shm_progress(st1, 10) == 0
-        pairs = np.frombuffer(segs[0].mm, np.uint64, count=4, offset=segs[0].slot_offset(st1.gen, 1))
+        pairs = np.frombuffer(segs[0].mm, np.uint64, count=5, offset=segs[0].slot_offset(st1.gen, 1))
         assert pairs[0] == 11 and pairs[1] == 0 and pairs[3] == 200 * 4
         pairs[field] = value
         st0 = start(segs[0], 0, ins[0], outs[0])

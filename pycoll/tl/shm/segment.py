@@ -63,8 +63,9 @@ CMA_FAILED = -6
 #: ranks of a rooted collective wait for (``native/shm.c``, ``checks_every_rank``)
 CHECK_CODES = {"auto": 0, "all": 1, "off": 2}
 #: The native errors of ranks whose blocks' sizes (PC_EDISAGREE) or signatures of a collective
-#: (PC_EMISMATCH) differ.
-DISAGREE, MISMATCH = -5, -7
+#: (PC_EMISMATCH) differ, and of a rank whose earlier gather, which it went on from without the
+#: root (eager), differs from the root's (PC_EMISMATCH_EARLIER).
+DISAGREE, MISMATCH, MISMATCH_EARLIER = -5, -7, -9
 
 (COLL_ALLREDUCE, COLL_BCAST, COLL_BARRIER, COLL_REDUCE, COLL_ALLGATHER, COLL_REDUCE_SCATTER, COLL_GATHER,
  COLL_SCATTER, COLL_ALLTOALL, COLL_BCAST_CMA, COLL_GATHER_CMA, COLL_SCATTER_CMA,
@@ -86,6 +87,8 @@ def describe_signature(what: int, count: int, agree: int = 0) -> str:
     if coll == COLL_BARRIER and agree == REJECTED:
         return "a call it rejected (its arguments failed its own checks)"
     text = COLL_NAMES[coll] if coll < len(COLL_NAMES) else f"collective {coll}"
+    if text == "gather" and not agree >> 63:  # (a gather signs its block size, marked; a gatherv not)
+        text = "gatherv"
     if coll != COLL_BARRIER:
         text += f" {count} x {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')}"
     if op != 0xff:
@@ -356,13 +359,19 @@ class ShmSegment:
             raise self.broke(MismatchError(self.mismatch()))
         if rc == DISAGREE:
             raise self.broke(MismatchError(self.mismatch(sizes=True)))
+        if rc == MISMATCH_EARLIER:
+            gen0 = int(self.lib.pycoll_shm_load(self.base, self.rank, 5))
+            raise self.broke(MismatchError(
+                f"an earlier gather's calls differ (found by rank {self.rank}, which went on from it "
+                f"without waiting for the root): {self.mismatch(gen0=gen0)}"))
         raise self.broke(TransportError(f"shm: {self.errors.get(rc, rc)}"))
 
-    def mismatch(self, sizes: bool = False) -> str:
+    def mismatch(self, sizes: bool = False, gen0: Optional[int] = None) -> str:
         """What each rank called in the collective in progress (its signature in the segment), side
         by side: the text of a :class:`MismatchError`. ``sizes``: the ranks disagree on the sizes
-        of the blocks (a v-collective's counts), not on the call."""
-        gen0, out = self._gen[0], self.ffi.new("uint64_t[3]")
+        of the blocks (a v-collective's counts), not on the call. ``gen0``: the first generation
+        of another collective than the one in progress."""
+        gen0, out = self._gen[0] if gen0 is None else gen0, self.ffi.new("uint64_t[3]")
         calls = []
         for r in range(self.size):
             rc = self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, gen0, out)

@@ -2,11 +2,17 @@
 collective on the segment (``bcast`` or ``gather``, root 0; rank 2's count differs) past its first
 collectives. Under ``PYCOLL_CHECK=auto`` the other ranks of a rooted collective check the root's
 call alone on collectives 9-15 of the segment (then on all but those whose number is a power of
-two), and a gather's do not wait for the root at all: the root and (bcast) the rank whose call
-differs raise MismatchError; a rank that returned (bcast: with the root's data) raises
-PeerLostError naming the root at its next call (gather: at one of its next two, as it runs up to
-one collective ahead of the root), within a second. On collective 16, and on every
-one under ``PYCOLL_CHECK=all``, every rank raises MismatchError."""
+two), and a gather's do not wait for the root at all (they compare the root's call within their
+next two): the root and (bcast) the rank whose call differs raise MismatchError; a gather's rank
+that differs raises it within its next two calls; a rank whose call matches the root's returns
+(bcast: with the root's data) and raises PeerLostError naming the root at its next call (gather:
+naming the root or rank 2, at one of its next two, as it runs up to one collective ahead of the
+root), within a second. On collective 16, and on
+every one under ``PYCOLL_CHECK=all``, every rank raises MismatchError.
+
+``noroot``: every rank gathers to the next rank (no rank takes itself for the root): under auto,
+past the first collectives, every rank goes on and raises MismatchError (or PeerLostError, naming
+a rank that raised it) within its next two calls; at 16 or under all, MismatchError at once."""
 
 import sys
 import time
@@ -29,12 +35,43 @@ def call(team, coll, r, count):
     return out
 
 
+def no_root(team, r, every):
+    """Every rank gathers to the next one; then gathers to rank 0 (the second must not return)."""
+    x = np.full(100, float(r), np.float32)
+    try:
+        team.gather(x, None, root=(r + 1) % 3).wait(timeout=30)
+    except pycoll.MismatchError as exc:
+        assert every, f"rank {r} raised at once: {exc}"
+        return
+    assert not every, f"rank {r} returned"
+    try:  # (the next gather may go on without the root too: PC_OWED in native/shm.c)
+        for _ in range(2):
+            call(team, "gather", r, 100)
+    except pycoll.MismatchError as exc:
+        root = (r + 1) % 3  # (its call and its root's, side by side)
+        assert "an earlier gather's calls differ" in str(exc) and \
+            f"rank {r}: gather 100 x float32 root {root}" in str(exc) and \
+            f"rank {root}: gather 100 x float32 root {(r + 2) % 3}" in str(exc), exc
+    except pycoll.PeerLostError as exc:  # (a rank that raised it first: it failed)
+        assert "failed" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}'s next two calls returned")
+
+
 def main(coll, mode, at):
     world = MPI.COMM_WORLD
     r, n = world.rank, world.size
     assert n == 3
     team = Team.from_mpi(world)
     segment = team.shared
+    every = mode == "all" or at <= 8 or not at & (at - 1)
+    if coll == "noroot":
+        while segment.signed + 1 < at:
+            call(team, "gather", r, 100)
+        world.Barrier()  # (every rank's last gather settled: it may go on from the next one)
+        no_root(team, r, every)
+        world.Barrier()
+        return
     while segment.signed + 1 < at:
         out = call(team, coll, r, 100)
         if coll == "bcast":
@@ -42,7 +79,7 @@ def main(coll, mode, at):
         elif r == 0:
             assert (out == np.repeat(np.arange(3.0), 100)).all()
     assert segment.signed + 1 == at, (segment.signed, at)
-    every = mode == "all" or at <= 8 or not at & (at - 1)
+    world.Barrier()  # (every rank's last gather settled: it may go on from the next one)
     words = {"bcast": ("rank 0: bcast 400 x uint8", "rank 2: bcast 404 x uint8"),
              "gather": ("rank 0: gather 100 x float32", "rank 2: gather 101 x float32")}[coll]
     if r == 2:  # (late: a rank that waits sees no differing signature before it may return)
@@ -60,8 +97,12 @@ def main(coll, mode, at):
         try:  # (a gather's rank goes on without the root: its next call may too, not the one after)
             for _ in range(1 if coll == "bcast" else 2):
                 call(team, coll, r, 100)
+        except pycoll.MismatchError as exc:  # (the gather's rank that differs, within its next two)
+            assert coll == "gather" and r == 2 and words[1] in str(exc) and words[0] in str(exc), exc
         except pycoll.PeerLostError as exc:
-            assert "rank 0" in str(exc) and time.monotonic() - t0 < 1.0, (exc, time.monotonic() - t0)
+            assert r == 1 or coll == "bcast", (r, exc)  # (naming a rank that failed: the root, or 2)
+            assert ("rank 0" in str(exc) or coll == "gather" and "rank 2" in str(exc)) and \
+                time.monotonic() - t0 < 1.0, (exc, time.monotonic() - t0)
         else:
             raise AssertionError(f"rank {r}'s next calls returned")
     world.Barrier()
