@@ -46,6 +46,7 @@ int pycoll_shm_sig(const void *base, uint64_t mapped, uint32_t nranks, uint32_t 
 uint64_t pycoll_shm_chunks(const pc_shm_coll_t *c);
 uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
+int pycoll_shm_settle(pc_shm_coll_t *c, uint64_t max_polls);
 int pycoll_shm_run(pc_shm_coll_t *c, uint64_t *next_gen, uint64_t max_polls);
 int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);

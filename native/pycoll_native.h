@@ -160,7 +160,8 @@ int pycoll_shm_check(const void *base, uint64_t mapped, uint32_t nranks);
 void pycoll_shm_attach(void *base, uint32_t rank, uint64_t pid);
 uint64_t pycoll_shm_load(const void *base, uint32_t rank, int which); /* arrive, reduced, attached, pid, left, owed */
 /* Rank `rank`'s last signed collective, for diagnostics (read while it may change): out = (its
- * number among the collectives it signed, what, count, first generation); 0 if it signed none. */
+ * number among the collectives it signed, what, count, first generation, agree); 0 if it signed
+ * none. */
 int pycoll_shm_last(const void *base, uint64_t mapped, uint32_t nranks, uint32_t rank, uint64_t *out);
 /* This rank leaves (how: PC_LEFT_*; why: a text, cut to PC_LEFT_WHY - 1 bytes): written once,
  * the first call wins (but PC_LEFT_REVOKED replaces PC_LEFT_FAILED); wakes the peers asleep on its
@@ -262,6 +263,11 @@ uint64_t pycoll_shm_area(const pc_shm_coll_t *c, uint64_t gen);
 /* 1 done, 0 waiting, <0 error. A collective signs at its start, and is done only once every rank's
  * signature matches its own (else PC_EMISMATCH, as soon as a signature that differs is seen). */
 int pycoll_shm_progress(pc_shm_coll_t *c, uint64_t max_polls);
+/* The checks this rank owes of the gathers it went on from without their root (see goes_eagerly
+ * in shm.c), made now where the roots have signed them (waiting up to max_polls polls): 1 none
+ * owed any more, 0 some root has not signed yet, PC_EMISMATCH_EARLIER a root's call differs. For
+ * a team that closes: its last gathers are checked too. */
+int pycoll_shm_settle(pc_shm_coll_t *c, uint64_t max_polls);
 /* Start c (bound to its buffers) at generation *next_gen and progress it, in one call: the express
  * lane of a collective run again on the same buffers. As progress; when done, *next_gen is the
  * generation after it. */

@@ -232,9 +232,9 @@ _declare("PYCOLL_CHECK", "auto", parse_check,
          "(auto: past the first 8 collectives, but on the powers of two; off: always; all: never): a rank "
          "whose call matches the root's then returns while the root and the ranks that differ raise, "
          "and a later call (usually its next) raises PeerLostError (a gather's other ranks return "
-         "without waiting for the root and compare their call with the root's at their next call: "
-         "MismatchError there if it differed, else PeerLostError within two calls). Must be equal on "
-         "all ranks.")
+         "without waiting for the root and compare their call with the root's within their next two "
+         "calls or when the team closes: MismatchError if it differed, else PeerLostError within "
+         "three calls). Must be equal on all ranks.")
 _declare("PYCOLL_NATIVE_PROGRAMS", "1", parse_flag,
          "1: the point-to-point algorithms that lower to programs (pycoll info lists them) run as native "
          "programs where the team's transport has an executor (UCX, one host's shared memory), for "

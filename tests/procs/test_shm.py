@@ -160,7 +160,7 @@ def test_ranks_that_disagree_raise_mismatch_errors(n, mpirun):
     mpirun(n, "tests/procs/scripts/mismatch.py", "segment", timeout=120)
 
 
-@pytest.mark.parametrize("coll", ["bcast", "gather", "noroot"])
+@pytest.mark.parametrize("coll", ["bcast", "gather", "noroot", "noroot-close"])
 @pytest.mark.parametrize("mode,at", [("auto", 11), ("auto", 16), ("all", 11)])
 def test_a_late_mismatch_of_a_rooted_collective(coll, mode, at, mpirun):
     """Ranks that disagree on a bcast or gather, collective number ``at`` of the segment: under auto,
@@ -168,7 +168,8 @@ def test_a_late_mismatch_of_a_rooted_collective(coll, mode, at, mpirun):
     rank that differs from it; the others return (a bcast's with the root's data; a gather's
     without waiting for the root) and raise at a later call: a gather's rank that differs
     MismatchError, the others PeerLostError (a bcast's at the next; a gather's at one of the next
-    two). Ranks that each gather to another (noroot) all return and raise within their next two.
+    two). Ranks that each gather to another (noroot) all return and raise within their next two,
+    or when they close their team.
     On collective 16, and on any under PYCOLL_CHECK=all, every rank raises MismatchError at once."""
     mpirun(3, "tests/procs/scripts/mismatch_sampled.py", coll, mode, str(at), timeout=120,
            env={"PYCOLL_CHECK": mode})

@@ -8,7 +8,8 @@ it says at the first chunk how many chunks there are, and checks every rank's bl
 its counts (ranks that disagree get an error, never a short copy). In a ``gather`` every rank
 knows the chunks (equal blocks), so past the first collectives the others do not wait for the
 root's word at all: each goes on once its pieces are in its slot, and compares its call with the
-root's at its next call (``goes_eagerly`` and ``settle`` in ``native/shm.c``).
+root's within its next two calls or when its team closes (``goes_eagerly`` and ``settle`` in
+``native/shm.c``).
 """
 
 from __future__ import annotations

@@ -43,6 +43,9 @@ from pycoll.tl.shm.leaving import (
 )
 
 LIVENESS_S = 0.05
+#: How long a team that closes waits for the roots of the gathers it went on from without them to
+#: sign those (to compare their calls with its own), at most; past it, it closes unchecked.
+SETTLE_S = 1.0
 #: Bytes of one slot (a rank's share of a chunk in flight); chunks of a collective are this big.
 DEFAULT_SLOT_BYTES = 1 << 20
 #: A collective's phase while it checks the ranks' signatures after its last generation
@@ -244,7 +247,7 @@ class ShmSegment:
         """How many collectives this rank has signed on the segment (each one that moves data or
         synchronizes); the next one it signs is number ``signed + 1`` (``PYCOLL_CHECK=auto`` counts
         these)."""
-        out = self.ffi.new("uint64_t[4]")
+        out = self.ffi.new("uint64_t[5]")
         found = self.lib.pycoll_shm_last(self.base, self.total, self.size, self.rank, out)
         return int(out[0]) if found == 1 else 0
 
@@ -406,7 +409,7 @@ class ShmSegment:
         for a timeout's message: who has not entered it yet and what each one's last collective
         on the segment was, or where the others are. E.g. ``collective #42 on the segment, chunk
         0/1 (generation 57): rank 1 has not entered it (its last: #41, bcast 8 x float32 root 0)``."""
-        out = self.ffi.new("uint64_t[4]")
+        out = self.ffi.new("uint64_t[5]")
         sig = self.ffi.new("uint64_t[3]")
         load = self.lib.pycoll_shm_load
         peers = []
@@ -421,7 +424,7 @@ class ShmSegment:
                     peers.append(f"rank {r} is in it, at generation {arrive}/{reduced} (arrive/reduced)")
                 continue
             if self.lib.pycoll_shm_last(self.base, self.total, self.size, r, out) == 1:
-                last = f"#{out[0]}, {describe_signature(out[1], out[2])}"
+                last = f"#{out[0]}, {describe_signature(out[1], out[2], out[4])}"
             else:
                 last = "none"
             peers.append(f"rank {r} has not entered it (its last: {last})")
@@ -577,9 +580,33 @@ class ShmSegment:
         area = 0 if st is None else int(self.lib.pycoll_shm_area(st, gen))
         return int(header.slots_off) + ((gen & 1) * self.size + rank) * self.slot_bytes + area
 
+    def settle(self, timeout_s: float = SETTLE_S) -> Optional[BaseException]:
+        """Compare this rank's last gathers that went on without their root (a gather's other
+        ranks past a team's first collectives: see ``goes_eagerly`` in ``native/shm.c``) with
+        their roots' calls, waiting up to ``timeout_s`` for a root to sign: the
+        :class:`MismatchError` to raise if one differs (the segment is broken then), else None.
+        A team makes these checks at its later collectives; this makes them when it closes."""
+        st = self.new_state(COLL_BARRIER)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rc = self.lib.pycoll_shm_settle(st, self._polls)
+            if rc == 1:
+                return None
+            if rc < 0:
+                try:
+                    self.raise_native(rc)
+                except TransportError as exc:
+                    return exc
+            if time.monotonic() > deadline:
+                return None
+            self.sleep(st, 0.01)
+
     def close(self) -> None:
         """Unmap the segment; a collective posted on it later (an express lane kept by a
-        remembered call) finds it broken instead of touching the memory."""
+        remembered call) finds it broken instead of touching the memory. Raises
+        :class:`MismatchError` if one of this rank's last gathers differed from its root's call
+        (see :meth:`settle`), once closed."""
+        owed = self.settle() if self.broken is None and getattr(self, "base", None) is not None else None
         if self.broken is None:
             self.broken = TransportError("shm: the segment is closed (its team was closed)")
         self.leave(LEFT_CLOSED)
@@ -591,3 +618,5 @@ class ShmSegment:
             except BufferError:  # a view is still alive; the mapping goes with the process
                 pass
             self.mm = None
+        if owed is not None:
+            raise owed

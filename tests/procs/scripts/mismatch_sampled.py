@@ -12,7 +12,9 @@ every one under ``PYCOLL_CHECK=all``, every rank raises MismatchError.
 
 ``noroot``: every rank gathers to the next rank (no rank takes itself for the root): under auto,
 past the first collectives, every rank goes on and raises MismatchError (or PeerLostError, naming
-a rank that raised it) within its next two calls; at 16 or under all, MismatchError at once."""
+a rank that raised it) within its next two calls; at 16 or under all, MismatchError at once.
+``noroot-close``: the same, but every rank closes its team after that gather: the close raises
+MismatchError."""
 
 import sys
 import time
@@ -35,8 +37,9 @@ def call(team, coll, r, count):
     return out
 
 
-def no_root(team, r, every):
-    """Every rank gathers to the next one; then gathers to rank 0 (the second must not return)."""
+def no_root(team, r, every, then_close):
+    """Every rank gathers to the next one; then gathers to rank 0 (the second must not return), or
+    closes its team (which must raise)."""
     x = np.full(100, float(r), np.float32)
     try:
         team.gather(x, None, root=(r + 1) % 3).wait(timeout=30)
@@ -45,8 +48,11 @@ def no_root(team, r, every):
         return
     assert not every, f"rank {r} returned"
     try:  # (the next gather may go on without the root too: PC_OWED in native/shm.c)
-        for _ in range(2):
-            call(team, "gather", r, 100)
+        if then_close:
+            team.close()
+        else:
+            for _ in range(2):
+                call(team, "gather", r, 100)
     except pycoll.MismatchError as exc:
         root = (r + 1) % 3  # (its call and its root's, side by side)
         assert "an earlier gather's calls differ" in str(exc) and \
@@ -55,7 +61,8 @@ def no_root(team, r, every):
     except pycoll.PeerLostError as exc:  # (a rank that raised it first: it failed)
         assert "failed" in str(exc), exc
     else:
-        raise AssertionError(f"rank {r}'s next two calls returned")
+        raise AssertionError(f"rank {r}'s next two calls returned" if not then_close else
+                             f"rank {r}'s team closed without a word")
 
 
 def main(coll, mode, at):
@@ -65,11 +72,11 @@ def main(coll, mode, at):
     team = Team.from_mpi(world)
     segment = team.shared
     every = mode == "all" or at <= 8 or not at & (at - 1)
-    if coll == "noroot":
+    if coll.startswith("noroot"):
         while segment.signed + 1 < at:
             call(team, "gather", r, 100)
         world.Barrier()  # (every rank's last gather settled: it may go on from the next one)
-        no_root(team, r, every)
+        no_root(team, r, every, coll == "noroot-close")
         world.Barrier()
         return
     while segment.signed + 1 < at:
