@@ -277,8 +277,8 @@ def close(team: Team) -> None:
     team.ctx.remove_transport(team.transport)
     team.transport.close()
     if team.shared is not None:
-        team.shared.close()
-        team.shared = None
+        shared, team.shared = team.shared, None
+        shared.close()  # (last: it may raise MismatchError, see ShmSegment.settle)
 
 
 def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:

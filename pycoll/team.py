@@ -105,7 +105,9 @@ class Team:
         return arrays.alloc(self, shape, dtype)
 
     def close(self) -> None:
-        """Release the team's transport and shared segment (after its last collective)."""
+        """Release the team's transport and shared segment (after its last collective). Raises
+        :class:`pycoll.MismatchError` where this rank's last gathers on the shared segment went on
+        without their root and the root's call turns out to differ (they are checked here)."""
         bootstrap.close(self)
 
     # ------------------------------------------------------------------ after a failure

@@ -353,21 +353,26 @@ class ShmSegment:
         return False
 
     def raise_native(self, rc: int) -> None:
-        """Raise the TransportError of a native call that returned ``rc`` < 0 (the segment is
-        broken from now on). A peer's memory that cannot be read usually means the peer has
-        died: then the error names it."""
+        """Raise the error of a native call that returned ``rc`` < 0 (the segment is broken from
+        now on). A peer's memory that cannot be read usually means the peer has died: then the
+        error names it."""
         if rc == CMA_FAILED:
             self.check_peers(now=True)
+        raise self.native_error(rc)
+
+    def native_error(self, rc: int) -> BaseException:
+        """The error of a native call that returned ``rc`` < 0 (TransportError, MismatchError
+        where the ranks' calls differ), to raise: the segment is broken from now on."""
         if rc == MISMATCH:
-            raise self.broke(MismatchError(self.mismatch()))
+            return self.broke(MismatchError(self.mismatch()))
         if rc == DISAGREE:
-            raise self.broke(MismatchError(self.mismatch(sizes=True)))
+            return self.broke(MismatchError(self.mismatch(sizes=True)))
         if rc == MISMATCH_EARLIER:
             gen0 = int(self.lib.pycoll_shm_load(self.base, self.rank, 5))
-            raise self.broke(MismatchError(
+            return self.broke(MismatchError(
                 f"an earlier gather's calls differ (found by rank {self.rank}, which went on from it "
                 f"without waiting for the root): {self.mismatch(gen0=gen0)}"))
-        raise self.broke(TransportError(f"shm: {self.errors.get(rc, rc)}"))
+        return self.broke(TransportError(f"shm: {self.errors.get(rc, rc)}"))
 
     def mismatch(self, sizes: bool = False, gen0: Optional[int] = None) -> str:
         """What each rank called in the collective in progress (its signature in the segment), side
@@ -593,13 +598,9 @@ class ShmSegment:
             if rc == 1:
                 return None
             if rc < 0:
-                try:
-                    self.raise_native(rc)
-                except TransportError as exc:
-                    return exc
-            if time.monotonic() > deadline:
+                return self.native_error(rc)
+            if time.monotonic() > deadline or self.lib.pycoll_shm_sleep(st, 10_000_000) < 0:
                 return None
-            self.sleep(st, 0.01)
 
     def close(self) -> None:
         """Unmap the segment; a collective posted on it later (an express lane kept by a

@@ -49,7 +49,11 @@ def no_root(team, r, every, then_close):
     assert not every, f"rank {r} returned"
     try:  # (the next gather may go on without the root too: PC_OWED in native/shm.c)
         if then_close:
-            team.close()
+            segment = team.shared
+            try:
+                team.close()
+            finally:  # (closed all the same: unmapped, its peers told)
+                assert team.shared is None and segment.mm is None and segment.base is None
         else:
             for _ in range(2):
                 call(team, "gather", r, 100)
