@@ -31,3 +31,10 @@ def test_repeated_calls_run_as_persistent_collectives_in_the_express_lane(n, mpi
 def test_express_lane_repeat_whose_peer_never_calls_times_out(mpirun):
     out = mpirun(2, "tests/procs/scripts/lean_path.py", "repeat-timeout", timeout=120)
     assert "timed out after" in out and "waiting on:" in out
+
+
+def test_a_collective_that_owes_an_earlier_gathers_check_times_out_naming_it(mpirun):
+    """A gather's ranks that went on without its root (which never calls) owe the check of its call:
+    their next collective that checks signatures waits for it and times out saying so."""
+    out = mpirun(3, "tests/procs/scripts/lean_path.py", "owed-timeout", timeout=120)
+    assert "timed out waiting for the owed check" in out

@@ -461,13 +461,17 @@ def test_a_peer_that_left_is_lost_only_if_it_did_not_do_its_part():
 
 def test_a_signature_names_the_call():
     """A mismatch's text names each rank's call as it signed it; a gather (which signs its block
-    size, marked) and a gatherv (which does not) read apart."""
+    size, marked) and a gatherv (which does not) read apart, in the segment's form as in the
+    single-copy one."""
     from pycoll.tl.shm.segment import COLL_NAMES, describe_signature
 
     gather = COLL_NAMES.index("gather") | 0xff << 16 | 2 << 32  # (dtype code 0, no op, root 2)
     assert describe_signature(gather, 5, 5 | 1 << 63).startswith("gather 5 x ")
     assert describe_signature(gather, 5, 0).startswith("gatherv 5 x ")
     assert describe_signature(gather, 5, 0).endswith(" root 2")
+    single = COLL_NAMES.index("gather (single copy)") | 0xff << 16 | 2 << 32
+    assert describe_signature(single, 5, 5 | 1 << 63).startswith("gather (single copy) 5 x ")
+    assert describe_signature(single, 5, 0).startswith("gatherv (single copy) 5 x ")
 
 
 def test_mapped_allreduce_checks_the_offsets_it_reads():

@@ -90,8 +90,8 @@ def describe_signature(what: int, count: int, agree: int = 0) -> str:
     if coll == COLL_BARRIER and agree == REJECTED:
         return "a call it rejected (its arguments failed its own checks)"
     text = COLL_NAMES[coll] if coll < len(COLL_NAMES) else f"collective {coll}"
-    if text == "gather" and not agree >> 63:  # (a gather signs its block size, marked; a gatherv not)
-        text = "gatherv"
+    if coll in (COLL_GATHER, COLL_GATHER_CMA) and not agree >> 63:
+        text = text.replace("gather", "gatherv", 1)  # (a gather signs its block size, marked; a gatherv not)
     if coll != COLL_BARRIER:
         text += f" {count} x {_DTYPE_NAMES.get(dtype, f'dtype {dtype}')}"
     if op != 0xff:
@@ -417,6 +417,18 @@ class ShmSegment:
         out = self.ffi.new("uint64_t[5]")
         sig = self.ffi.new("uint64_t[3]")
         load = self.lib.pycoll_shm_load
+        where = (f"collective #{st.seq} on the segment" if st.seq else "a collective on the segment") + \
+            f", chunk {st.chunk}/{st.nchunks} (generation {st.gen})"
+        root = st.wait_rank
+        if st.seq and st.phase == PHASE_VERIFY and root < self.size and st.wait_gen != st.gen0:
+            # (done but for the check it owes of an earlier gather it went on from without the root)
+            if self.lib.pycoll_shm_last(self.base, self.total, self.size, root, out) == 1:
+                last = f"#{out[0]}, {describe_signature(out[1], out[2], out[4])}"
+            else:
+                last = "none"
+            return (f"{where}: done, but for the check of an earlier gather (generation {st.wait_gen}) "
+                    f"this rank went on from without its root: rank {root}, the root, has not entered "
+                    f"that gather (its last: {last})")
         peers = []
         for r in range(self.size):
             if r == self.rank:
@@ -433,8 +445,6 @@ class ShmSegment:
             else:
                 last = "none"
             peers.append(f"rank {r} has not entered it (its last: {last})")
-        where = (f"collective #{st.seq} on the segment" if st.seq else "a collective on the segment") + \
-            f", chunk {st.chunk}/{st.nchunks} (generation {st.gen})"
         return where + (": " + "; ".join(peers) if peers else ": every peer is there")
 
     def flags(self) -> str:

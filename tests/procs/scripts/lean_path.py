@@ -13,7 +13,11 @@ mode (argv[1]):
   while rank 1 makes new buffers every time, and a point-to-point collective after them still
   matches (the sequence numbers stayed in step);
 * ``repeat-timeout``: an express-lane repeat whose peer never calls fails with TimeoutError
-  within the engine's timeout.
+  within the engine's timeout;
+* ``owed-timeout`` (3 ranks): ranks 1 and 2 gather to rank 0, which never calls, going on without
+  it (past the segment's first collectives); rank 1's next collective, a bcast from rank 2, has
+  its data but waits to check that gather's call against the root's: TimeoutError naming the
+  earlier gather and its root.
 """
 
 import sys
@@ -194,13 +198,50 @@ def repeat_timeout(team: Team) -> None:
     MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
 
 
+def owed_timeout(team: Team) -> None:
+    n, r = team.size, team.rank
+    assert n == 3
+    x = np.full(100, float(r), np.float32)
+    out = np.empty(300, np.float32) if r == 0 else None
+    while team.shared.signed < 10:  # (the next: collective 11, past the first 8, no power of two)
+        team.gather(x, out, root=0).wait()
+    MPI.COMM_WORLD.Barrier()
+    if r == 0:
+        MPI.COMM_WORLD.Barrier()  # never calls that gather: waits here for the others
+        return
+    team.gather(x, None, root=0).wait()  # (returns: goes on without the root, owing the check)
+    y = np.full(1000, float(r), np.float32)  # (in a slot: a small one inline would wait for rank 0)
+    if r == 1:
+        t0 = time.monotonic()
+        try:
+            team.bcast(y, root=2, timeout=0.5).wait()
+        except pycoll.TimeoutError as exc:
+            text = str(exc)
+            assert time.monotonic() - t0 < 10 and "did not finish within 0.5 s" in text, text
+            assert "but for the check of an earlier gather" in text and \
+                "rank 0, the root, has not entered that gather (its last: #10, gather 100 x float32 root 0)" \
+                in text, text
+            assert (y == 2).all(), y  # (it has the data: only the check is owed)
+            print(f"timed out waiting for the owed check: {exc}", flush=True)
+        else:
+            raise AssertionError("the bcast returned while its rank owed a check")
+    else:  # (the root checks every rank's call: it waits for rank 0's signature, or learns of rank 1)
+        try:
+            team.bcast(y, root=2, timeout=0.5).wait()
+        except (pycoll.TimeoutError, pycoll.PeerLostError) as exc:
+            print(f"rank 2: {exc}", flush=True)
+        else:
+            raise AssertionError("the bcast's root returned without rank 0's call")
+    MPI.COMM_WORLD.Barrier()
+
+
 def main(mode: str) -> None:
     ctx = pycoll.Context(credit_bytes=4096 if mode == "mixed" else 0, partition_bytes=0,
                          timeout=1.0 if mode == "repeat-timeout" else 60)
     team = Team.from_mpi(MPI.COMM_WORLD, ctx)
     assert team.shared is not None, "the ranks share a host: the team has a segment"
     {"persistent": persistent, "mixed": mixed, "timeout": timeout, "repeated": repeated,
-     "repeat-timeout": repeat_timeout}[mode](team)
+     "repeat-timeout": repeat_timeout, "owed-timeout": owed_timeout}[mode](team)
     team.close()
 
 
