@@ -474,6 +474,25 @@ def test_a_signature_names_the_call():
     assert describe_signature(single, 5, 0).startswith("gatherv (single copy) 5 x ")
 
 
+def test_blocks_through_the_slot_by_the_single_copys_speed():
+    """The single-copy scatter(v) and alltoall(v) pass blocks up to CMA_INLINE_BYTES through the
+    sender's slot (more where the read is slow); on two ranks where it is slow, every block that
+    fits; ``cma_inline`` overrides both."""
+    from pycoll.tl.shm.segment import CMA_INLINE_BYTES
+
+    segs = two_rank_segments(slot_bytes=1 << 16)
+    seg = segs[0]
+    assert seg.cma_inline_bytes() == CMA_INLINE_BYTES[False] and seg.new_state(0).inline_max == 8 << 10
+    seg.cma_slow = True
+    assert seg.cma_inline_bytes() == seg.slot_bytes == 1 << 16 and seg.new_state(0).inline_max == 1 << 16
+    seg.size = 3  # (as a segment of three ranks would)
+    assert seg.cma_inline_bytes() == CMA_INLINE_BYTES[True]
+    seg.size, seg.cma_inline = 2, 0
+    assert seg.cma_inline_bytes() == 0
+    for s in segs:
+        s.close()
+
+
 def test_mapped_allreduce_checks_the_offsets_it_reads():
     """The allreduce of arrays every rank maps: each rank's own buffers must lie in its part of
     the region (else an error before anything is published), and the offsets and region a peer

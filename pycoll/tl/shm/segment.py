@@ -54,7 +54,8 @@ PHASE_VERIFY = 99
 #: The largest block of a single-copy scatter(v) or alltoall(v) that goes through the sender's slot
 #: (a copy in and one out) rather than being read from its memory, where the single copy is fast
 #: and where it is slow (``cma_slow``). Measured on 8 and 16 ranks of a 16-core x86 server: the
-#: single copy wins from blocks of 8-16 KiB (docs/selection.md).
+#: single copy wins from blocks of 8-16 KiB (docs/selection.md). On two ranks where it is slow, every
+#: block that fits the slot goes through it (``ShmSegment.cma_inline_bytes``).
 CMA_INLINE_BYTES = {False: 8 << 10, True: 64 << 10}
 #: Flag polls per native progress call before it returns to the engine.
 POLLS_PER_CALL = 4000
@@ -264,8 +265,22 @@ class ShmSegment:
         st.coll, st.op, st.dtype, st.root = coll, op, dtype, root
         st.yield_every = self.yield_every
         st.check = self._check
-        st.inline_max = self.cma_inline if self.cma_inline is not None else CMA_INLINE_BYTES[self.cma_slow]
+        st.inline_max = self.cma_inline_bytes()
         return st
+
+    def cma_inline_bytes(self) -> int:
+        """The largest block of a single-copy scatter(v) or alltoall(v) that goes through the
+        sender's slot: ``cma_inline`` if set, else :data:`CMA_INLINE_BYTES` by the copy's speed, but
+        on two ranks where the single copy is slow every block that fits (the one block that
+        travels is copied once in and once out, where the root of more ranks would copy every
+        block in turn while its readers wait: 2-core VM, scatterv 256 KiB 10.2-10.7 -> 4.3-4.6 us,
+        1 MiB 36-37 -> 18-20 us; alltoallv 12.3-12.6 -> 6.5-6.9 and 47-49 -> 30-31 us; on 8 ranks a
+        1 MiB scatterv went 64 -> 82 us; docs/selection.md)."""
+        if self.cma_inline is not None:
+            return self.cma_inline
+        if self.cma_slow and self.size == 2:
+            return self.slot_bytes
+        return CMA_INLINE_BYTES[self.cma_slow]
 
     def start(self, st: Any, src: np.ndarray, dst: np.ndarray, buffers_changed: bool) -> None:
         """Point ``st`` at a collective starting at the segment's next generation (a field of the

@@ -378,6 +378,10 @@ def main(mode):
             team.shared.cma_inline = 0
             check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
             team.shared.cma_inline = None
+        if n == 2:  # every block that fits through the slot (two ranks where the single copy is slow)
+            team.shared.cma_inline = team.shared.slot_bytes
+            check_data_moving(team, SMALL_SLOT_BYTES, alg="cma")
+            team.shared.cma_inline = None
         check_bcast_cma(team)
         return
     if mode == "matrix":
