@@ -27,6 +27,10 @@ def cases(r, n):
         yield (f"allreduce count 0 against {count}",
                lambda t, c=count: t.allreduce(np.ones(c if odd else 0, np.float32)),
                ["allreduce 0 x float32 sum", f"allreduce {count} x float32 sum"])
+    for count in (2, 1000):  # (small bcasts on 3+ ranks take the slots; with nothing to move, inline)
+        yield (f"bcast count 0 against {count}",
+               lambda t, c=count: t.bcast(np.ones(c if odd else 0, np.float32)),
+               ["bcast 0 x uint8", f"bcast {4 * count} x uint8"])  # (a bcast moves bytes)
     yield ("allreduce dtype", lambda t: t.allreduce(np.ones(100, np.float64 if odd else np.float32)),
            ["x float32", "x float64"])
     yield ("allreduce dtype of the same size",
