@@ -36,14 +36,14 @@ def test_priority_hook_partitions_and_orders(n, tls, torchrun):
 
 # (--priority-hook runs in the restart test below; --scheduled's optimizer in test_torch_scheduled.py)
 @pytest.mark.parametrize("hook", [None], ids=["default"])
-def test_example_under_torchrun(hook, run_cmd):
+def test_example_under_torchrun(hook, run_cmd, tmp_path):
     """examples/ddp_train.py for a few steps on 2 ranks: exits 0, rank 0 prints the loss."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "examples/ddp_train.py", "--steps", "5", "--log-every", "2"]
     if hook:
         cmd.append(hook)
-    rc, out, _ = run_cmd(cmd, timeout=60, env=child_env(drop=TORCH_VARS), merge=True,
-                         what="examples/ddp_train.py")
+    rc, out, _ = run_cmd(cmd, timeout=60, env=child_env({"TMPDIR": str(tmp_path)}, drop=TORCH_VARS),
+                         merge=True, what="examples/ddp_train.py")  # (TMPDIR: torchrun's own files)
     assert rc == 0, f"exit {rc}\n{out[-4000:]}"
     steps = re.findall(r"^step +(\d+) +loss (\d+\.\d+)$", out, re.MULTILINE)
     assert [s for s, _ in steps] == ["2", "4", "5"], f"expected rank 0's loss at steps 2, 4, 5\n{out[-4000:]}"
@@ -65,13 +65,15 @@ def test_example_restarts_under_torchrun_from_its_checkpoint(tmp_path, run_cmd):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "examples/ddp_train.py",
                "--steps", "10", "--log-every", "5", "--priority-hook", *extra]
-        rc, out, _ = run_cmd(cmd, timeout=120, env=child_env(drop=TORCH_VARS), merge=True,
-                             what="examples/ddp_train.py " + " ".join(extra))
+        scratch = tmp_path / "tmp"  # (TMPDIR: torchrun's own files, apart from the checkpoint)
+        scratch.mkdir(exist_ok=True)
+        rc, out, _ = run_cmd(cmd, timeout=120, env=child_env({"TMPDIR": str(scratch)}, drop=TORCH_VARS),
+                             merge=True, what="examples/ddp_train.py " + " ".join(extra))
         assert rc == 0, f"exit {rc}\n{out[-4000:]}"
         return out
 
     plain = run()
-    restarted = run("--checkpoint", str(tmp_path), "--checkpoint-every", "4", "--kill-at", "7")
+    restarted = run("--checkpoint", str(tmp_path / "checkpoint"), "--checkpoint-every", "4", "--kill-at", "7")
     assert "rank 1: killed at step 7" in restarted and "resumed from the checkpoint of step 4" in restarted, \
         restarted[-4000:]
     assert "Segmentation fault" not in restarted and "exitcode: -11" not in restarted, restarted[-4000:]

@@ -7,6 +7,7 @@ parameters must agree bit for bit; on more, pycoll sums in rank order and gloo i
 they agree within float32's rounding (``torch.testing.assert_close``'s float32 tolerances).
 """
 
+import shutil
 import sys
 import tempfile
 import warnings
@@ -91,6 +92,9 @@ def checkpoint(mesh, trained, r):
     state = {"model": get_model_state_dict(fresh)}
     dcp.load(state, checkpoint_id=path[0], process_group=mesh.get_group())
     set_model_state_dict(fresh, state["model"])
+    dist.barrier(group=mesh.get_group())  # (every rank has loaded it: rank 0 removes it)
+    if r == 0:
+        shutil.rmtree(path[0])
     return [p.full_tensor() for p in fresh.parameters()]
 
 
