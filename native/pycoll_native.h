@@ -123,9 +123,10 @@ typedef struct {
 typedef struct {
     uint64_t arrive;        /* generation whose slot data this rank has written (atomic) */
     uint32_t arrive_sleepers;  /* ranks asleep in the kernel on arrive (futex; atomic) */
-    /* Small allreduce, reduce and bcast data travels inline, on the arrive flag's cache line (a
-     * reader gets flag and data in one miss), with a header the readers check: its size in bytes
-     * and the generation it belongs to. Written before arrive is published. */
+    /* Small allreduce and reduce data (bcast, scan, exscan: on 2 ranks, or with nothing to move)
+     * travels inline, on the arrive flag's cache line (a reader gets flag and data in one miss),
+     * with a header the readers check: its size in bytes and the generation it belongs to.
+     * Written before arrive is published. */
     uint32_t inline_bytes;
     uint64_t inline_gen;
     char inline_data[PC_INLINE];

@@ -3,7 +3,7 @@ in ``native/shm.c``).
 
 Chunk by chunk (a slot's worth at a time, double buffered): every rank copies its chunk into its
 slot of the segment; rank r reduces the slots of ranks 0..r (exscan: 0..r-1), in rank order as
-MPI does, straight into its dst. Small messages travel inline next to each rank's flag. The
+MPI does, straight into its dst. Small messages on 2 ranks travel inline next to each rank's flag. The
 exscan leaves rank 0's dst as it was (MPI leaves it undefined), as ``rd`` does.
 """
 
