@@ -1092,6 +1092,19 @@ static int eager_leaf(const pc_shm_coll_t *c) {
     return c->eager;
 }
 
+/* Whether rank r went past generation gen0 without a collective of its own starting there: its
+ * arrive flag, which it publishes after it signs, is at gen0 or beyond, and its ring holds no
+ * signature of gen0 (none is overwritten while a peer may still look for it: see PC_SIGS). Its
+ * collectives then took other generations than this rank's, so their calls differ somewhere
+ * before; a rank that waited for that signature would wait on a flag already set until the
+ * timeout, spinning. */
+static int went_past(const pc_shm_coll_t *c, uint32_t r, uint64_t gen0) {
+    const pc_shm_ctrl_t *b = ctrl(c->base, r);
+    pc_shm_sig_t s;
+    return atomic_load_explicit((_Atomic uint64_t *)&b->arrive, memory_order_acquire) >= gen0 &&
+           !signature(c, r, gen0, &s); /* (looked at again after the flag: it orders after a signature) */
+}
+
 /* a free entry of this rank's owed checks (-1: none) */
 static int owed_free(const pc_shm_coll_t *c) {
     const pc_shm_ctrl_t *me = ctrl(c->base, c->rank);
@@ -1126,9 +1139,14 @@ static int settle(pc_shm_coll_t *c, uint64_t max_polls) {
         uint32_t root = (uint32_t)(mine.what >> 32);
         if (root >= c->nranks) return PC_ESTATE;
         int found;
-        while (!(found = signature(c, root, gen0, &theirs)) && max_polls) {
+        while (!(found = signature(c, root, gen0, &theirs)) && !went_past(c, root, gen0) && max_polls) {
             c->wait_rank = root, c->wait_which = 0, c->wait_gen = gen0; /* (one that sleeps: on its arrive) */
             if (!pause_poll(c, &polls, max_polls)) return 0;
+        }
+        if (!found && went_past(c, root, gen0)) { /* (the root's call of that gather: none) */
+            c->wait_rank = UINT32_MAX;
+            me->owed[k] = me->owed[0], me->owed[0] = gen0;
+            return PC_EMISMATCH_EARLIER;
         }
         if (!found) continue; /* not yet (not waiting): at a later call */
         c->wait_rank = UINT32_MAX;
@@ -1152,6 +1170,10 @@ static int verify(pc_shm_coll_t *c, uint64_t max_polls) {
     for (uint32_t r = 0; r < c->nranks; r++) {
         if (r == c->rank || (!every && (int)r != c->root)) continue;
         while (!signature(c, r, c->gen0, &theirs)) {
+            if (went_past(c, r, c->gen0)) {
+                c->wait_rank = UINT32_MAX;
+                return PC_EMISMATCH;
+            }
             /* not there yet: a rank that sleeps waits for r's arrive flag of the collective's first
              * generation, which r publishes after it signed */
             c->wait_rank = r, c->wait_which = 0, c->wait_gen = c->gen0;

@@ -76,8 +76,9 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
     """A rank SIGKILLed in the middle of a collective on the segment (its first chunks written;
     ``-cma``: the single-copy form, its addresses published; ``-mapped``: arrays of ``team.alloc``,
     its input published; ``-rd``, ``-pairwise``: a point-to-point algorithm, its program run natively
-    on the segment's descriptor rings): the survivors raise (the dead peer
-    named, or a timeout), nothing is left in /dev/shm. On 16 ranks too (8 per core on the
+    on the segment's descriptor rings; these survivors start once it has died, else one could read
+    all it published and finish): the survivors raise (the dead peer named, or a timeout), nothing
+    is left in /dev/shm. On 16 ranks too (8 per core on the
     development machine)."""
     script = textwrap.dedent("""
         import os, signal, sys, time
@@ -119,12 +120,23 @@ def test_killed_rank_gives_errors_and_leaves_nothing_behind(coll, size, store_ra
                                  algorithm=alg, timeout=timeout)
         if rank == size - 1:
             team.shared.polls, team.shared.yield_every = 1, 0  # never wait for the peers: go on at once
+            store.set("dying", str(os.getpid()).encode())
             req = post()  # posted, partly done: then the rank dies
             assert alg in ("shm", "cma", "mapped") or req.task.name.endswith("[native]"), req.task
             req.test()
             os.kill(os.getpid(), signal.SIGKILL)
-        if alg in ("cma", "mapped"):  # (one generation: come once the dying rank has posted and died)
-            time.sleep(0.5)
+        if alg != "shm":  # (one generation, or a program: come once the dying rank has posted and
+            # died, else a peer could read all it published first and finish)
+            store.wait(["dying"], timeout=30)
+            pid, t0 = int(store.get("dying")), time.monotonic()
+            while time.monotonic() < t0 + 30:
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as f:
+                        if f.read().rpartition(b")")[2][1:2] in (b"Z", b"X"):
+                            break  # (dead, not reaped yet)
+                except FileNotFoundError:
+                    break
+                time.sleep(0.01)
         try:
             post(timeout=20).wait()
             print(f"RANK {rank} NO ERROR", flush=True)

@@ -356,6 +356,53 @@ def test_inline_small_collectives_check_their_header():
         s.close()
 
 
+def test_a_peer_past_the_generation_without_its_signature_differs_at_once():
+    """A rank waiting for a peer's signature of a collective (its own, or an earlier gather's
+    root's) fails at once when the peer's flags went past that generation without one (the peer's
+    collectives took other generations: their calls differ) instead of polling a flag already
+    set until the timeout."""
+    import pycoll
+    from pycoll.native import lib
+    from pycoll.tl.shm.segment import COLL_BCAST
+
+    def arrive(seg, rank):  # rank's arrive flag
+        return np.frombuffer(seg.mm, np.uint64, count=1, offset=4096 + CTRL_BYTES * rank)
+
+    segs = two_rank_segments()
+    data = np.arange(100, dtype=np.int32)  # (400 B: through the slots)
+    st0, rc0, keep0 = _run(segs[0], COLL_BCAST, data, data)
+    assert rc0 == 0  # the root's part is done: it waits for rank 1's signature
+    arrive(segs[0], 1)[0] = st0.gen0  # rank 1's flag past it, no signature of it in its ring
+    spins = st0.spins
+    rc0 = lib.pycoll_shm_progress(st0, 1000)
+    assert rc0 == -7 and st0.spins - spins < 10, (rc0, st0.spins - spins)  # PC_EMISMATCH, no spinning
+    with pytest.raises(pycoll.MismatchError, match="rank 1: none began at this generation"):
+        segs[0].raise_native(rc0)
+    for s in segs:
+        s.close()
+    # an eager gather's owed check: rank 1 signed a call rooted at rank 0 at generation g and owes
+    # the check of it; rank 0's flag goes past g without a signature there
+    segs = two_rank_segments()
+    out = np.full(100, -1, np.int32)
+    st1, rc1, keep1 = _run(segs[1], COLL_BCAST, out, out)
+    assert rc1 == 0  # signed (root 0), waits for the root's data
+    g = st1.gen0
+    # (owed[0] in pc_shm_ctrl_t: two cache lines, pid, attached, info, the signatures, signs)
+    owed = np.frombuffer(segs[1].mm, np.uint64, count=1,
+                         offset=4096 + CTRL_BYTES + 2 * 64 + 16 + 32 + 8 * 40 + 8)  # (PC_SIGS 8)
+    owed[0] = g
+    assert lib.pycoll_shm_load(segs[1].base, 1, 5) == g  # (that is where the native code reads it)
+    assert lib.pycoll_shm_settle(st1, 0) == 0  # rank 0 not there yet: owed still
+    arrive(segs[1], 0)[0] = g
+    spins = st1.spins
+    assert lib.pycoll_shm_settle(st1, 1000) == -9 and st1.spins - spins < 10  # PC_EMISMATCH_EARLIER
+    owed[0] = g
+    assert lib.pycoll_shm_progress(st1, 1000) == -9  # (also where a call settles without waiting)
+    with pytest.raises(pycoll.MismatchError, match="rank 0: none began at this generation"):
+        segs[1].close()  # (the check still owed: it raises there too, once closed)
+    segs[0].close()
+
+
 def test_budget_of_a_native_call_never_exceeds_polls_and_a_closed_segment_is_broken():
     from pycoll.tl.shm.segment import COLL_BARRIER, ShmSegment
 

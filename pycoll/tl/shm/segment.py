@@ -398,7 +398,12 @@ class ShmSegment:
         calls = []
         for r in range(self.size):
             rc = self.lib.pycoll_shm_sig(self.base, self.total, self.size, r, gen0, out)
-            calls.append(describe_signature(out[0], out[2], out[1]) if rc == 1 else "not there yet")
+            if rc == 1:
+                calls.append(describe_signature(out[0], out[2], out[1]))
+            elif self.lib.pycoll_shm_load(self.base, r, 0) >= gen0:  # (its flag is past it: went_past)
+                calls.append("none began at this generation (its calls before took others)")
+            else:
+                calls.append("not there yet")
         side_by_side = "; ".join(f"rank {r}: {call}" for r, call in enumerate(calls))
         if sizes:
             return ("the ranks disagree on the sizes of the blocks (the counts) of this collective: a rank "
