@@ -464,7 +464,7 @@ static void tell(pc_shm_ctrl_t *me, uint64_t gen0, uint64_t chunks, uint64_t cou
  * waits for the readers in the collective itself: the next write waits (usually for nothing).
  * A bcast's root, though, then waits for every rank to have read its last, where its slot (two
  * generations apart) would not make it wait, and so does every rank of a scan: on more than two
- * ranks they take the slots (2-core VM, 8 B, bcast 4 ranks 6.3 -> 4.0 us, 8 ranks 18.8 -> 14.3,
+ * ranks they take the slots (2-core VM, 8 B, bcast 4 ranks 6.3 -> 4.0-6.2 us, 8 ranks 18.8 -> 14.3,
  * 16 ranks 67-80 -> 43; scan 8 ranks 25 -> 19-21, 16 ranks 103 -> 63; 2 ranks: the same), but
  * with nothing to move (count 0: inline, it still signs, so a rank whose count differs fails at
  * once rather than at the root's next call). */

@@ -442,13 +442,9 @@ class ShmSegment:
         root = st.wait_rank
         if st.seq and st.phase == PHASE_VERIFY and root < self.size and st.wait_gen != st.gen0:
             # (done but for the check it owes of an earlier gather it went on from without the root)
-            if self.lib.pycoll_shm_last(self.base, self.total, self.size, root, out) == 1:
-                last = f"#{out[0]}, {describe_signature(out[1], out[2], out[4])}"
-            else:
-                last = "none"
             return (f"{where}: done, but for the check of an earlier gather (generation {st.wait_gen}) "
                     f"this rank went on from without its root: rank {root}, the root, has not entered "
-                    f"that gather (its last: {last})")
+                    f"that gather (its last: {self._last_call(root, out)})")
         peers = []
         for r in range(self.size):
             if r == self.rank:
@@ -460,12 +456,15 @@ class ShmSegment:
                 if min(arrive, reduced) < st.gen:
                     peers.append(f"rank {r} is in it, at generation {arrive}/{reduced} (arrive/reduced)")
                 continue
-            if self.lib.pycoll_shm_last(self.base, self.total, self.size, r, out) == 1:
-                last = f"#{out[0]}, {describe_signature(out[1], out[2], out[4])}"
-            else:
-                last = "none"
-            peers.append(f"rank {r} has not entered it (its last: {last})")
+            peers.append(f"rank {r} has not entered it (its last: {self._last_call(r, out)})")
         return where + (": " + "; ".join(peers) if peers else ": every peer is there")
+
+    def _last_call(self, r: int, out: Any) -> str:
+        """Rank ``r``'s last collective on the segment as its signature says it (``#41, bcast 8 x
+        float32 root 0``; "none"); ``out``: a ``uint64_t[5]``."""
+        if self.lib.pycoll_shm_last(self.base, self.total, self.size, r, out) == 1:
+            return f"#{out[0]}, {describe_signature(out[1], out[2], out[4])}"
+        return "none"
 
     def flags(self) -> str:
         """Every rank's (arrive, reduced) generations, for diagnostics."""
