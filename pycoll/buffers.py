@@ -1,9 +1,9 @@
 """Turning user buffers (numpy arrays, anything with the buffer protocol, DLPack or numpy's array
 interface in host memory) into flat numpy views, and allocating the collectives' own scratch.
 
-Collectives and transports work on 1-D numpy views of the caller's memory: no copies. A
-non-contiguous buffer raises :class:`BufferError` with a clear message instead of being copied
-behind the caller's back.
+Collectives and transports work on 1-D numpy views of the caller's memory, in memory order: no
+copies. A non-contiguous buffer (neither C- nor Fortran-contiguous) raises :class:`BufferError`
+with a clear message instead of being copied behind the caller's back.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def scratch_array(size: int, dtype: Any) -> np.ndarray:
 
 
 def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:
-    """A 1-D numpy view of ``obj`` with its element type (no copy).
+    """A 1-D numpy view of ``obj`` with its element type (no copy), in memory order (a
+    Fortran-ordered array's elements as they lie, as mpi4py and MPI read it).
 
     Raises :class:`BufferError` if ``obj`` is not contiguous, or is read-only and ``writable``.
     """
@@ -50,10 +51,12 @@ def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.nd
         except TypeError:
             arr = _exported(obj, what)
         else:
-            if not view.c_contiguous:
+            if not view.contiguous:
                 raise BufferError(f"{what} is not contiguous; pass a contiguous copy "
                                   "(e.g. numpy.ascontiguousarray)")
             arr = np.asarray(view)
+    if not arr.flags.c_contiguous and arr.flags.f_contiguous:
+        arr = arr.T  # (Fortran order: its elements in memory order, as MPI reads a buffer)
     if not arr.flags.c_contiguous:
         raise BufferError(
             f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides}); "

@@ -13,7 +13,8 @@ Buffer arguments are what mpi4py accepts, read as mpi4py reads them: a buffer, `
 MPI.FLOAT]`` (a count of a buffer that holds one block per rank is one block's, as in MPI), the
 vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer (see
 :mod:`pycoll.mpispec`).
-Everything pycoll does not implement is passed through to the mpi4py communicator.
+Everything pycoll does not implement (other methods, ops it has not, derived datatypes, device
+memory) is passed through to the mpi4py communicator.
 
 pycoll's errors reach mpi4py callers as ``MPI.Exception`` (that are pycoll's errors too): ranks
 that disagree raise :class:`MismatchMPIError` (class ``MPI.ERR_TRUNCATE``), a peer that left
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,6 +45,7 @@ from pycoll.errors import (
     TransportError,
 )
 from pycoll.mpispec import alltoallw_bytes, as_buffer, as_vbuffer, device_memory
+from pycoll.ops import mpi_op_known
 from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
@@ -110,6 +113,28 @@ def mpi_error(exc: PycollError) -> BaseException:
     return exc
 
 
+def waitall(requests: Sequence[Any]) -> bool:
+    """Wait for every request of ``requests``: pycoll's (:class:`Request`, :class:`Prequest`) and
+    mpi4py's alike, in any mix. Each is tested in turn until all are done, so neither engine
+    waits while the other has work a peer needs (MPI progresses only inside MPI calls); between
+    rounds the rank yields its core."""
+    pending = [r for r in requests if not r.Test()]
+    spins = 0
+    while pending:
+        spins += 1
+        time.sleep(0 if spins < 1000 else 50e-6)  # (yield the core; a long wait naps)
+        pending = [r for r in pending if not r.Test()]
+    return True
+
+
+def testall(requests: Sequence[Any]) -> bool:
+    """Whether every request of ``requests`` (pycoll's and mpi4py's alike) is done; tests each."""
+    done = True
+    for r in requests:
+        done = r.Test() and done  # (each is tested: a test is what progresses it)
+    return done
+
+
 class Request:
     """What the ``I`` methods return: mpi4py's ``Wait()``/``Test()`` over a pycoll request."""
 
@@ -136,6 +161,10 @@ class Request:
 
     wait = Wait
     test = Test
+    #: mpi4py's ``Request.Waitall`` and ``Testall`` over pycoll's and mpi4py's requests (mpi4py's
+    #: own take only its own): see :func:`waitall`.
+    Waitall = staticmethod(waitall)
+    Testall = staticmethod(testall)
 
 
 class Handed:
@@ -160,6 +189,21 @@ class Handed:
 
 
 _told: set = set()
+
+
+def foreign_op(method: str, values: Dict[str, Any]) -> bool:
+    """Whether a reduction's op is one pycoll has not (user-defined from ``MPI.Op.Create``,
+    ``MAXLOC``, ``MINLOC``, ``REPLACE``, ``NO_OP``): then the Comm hands the call to MPI before
+    anything is sent, on every rank alike (MPI has every rank pass the same op), and says so once
+    in the debug log."""
+    op = values.get("op")
+    if not isinstance(op, MPI.Op) or mpi_op_known(op):
+        return False
+    if (method, "op") not in _told:
+        _told.add((method, "op"))
+        log.debug("pycoll.mpi.Comm: %s with an op pycoll has not (user-defined, MAXLOC, MINLOC, "
+                  "REPLACE, NO_OP) is handed to MPI", method)
+    return True
 
 
 def unreduced(method: str, kwargs: Dict[str, Any]) -> bool:
@@ -263,9 +307,13 @@ class Prequest:
         self.persistent.free()
 
     @staticmethod
-    def Startall(requests: Sequence[Prequest]) -> None:  # noqa: N802
+    def Startall(requests: Sequence[Any]) -> None:  # noqa: N802
+        """Start every persistent request of ``requests`` (pycoll's and mpi4py's alike)."""
         for req in requests:
             req.Start()
+
+    Waitall = staticmethod(waitall)
+    Testall = staticmethod(testall)
 
 
 #: What a check of a call's arguments raises (before anything is sent): a rank whose call raises
@@ -443,7 +491,8 @@ class Comm:
                 role = row.send if p == "sendbuf" else row.recv if p == "recvbuf" else ""
                 if role == "block" and row.mpi_in_place == "copy" and kw.get("sendbuf", 0) is None:
                     role = "blocks"  # (in place, the receive buffer holds the whole input)
-                blocks = self.team.size if role == "blocks" else 0  # a count there is one block's
+                # a count there is one block's; Reduce_scatter's (blocks of several counts) is the whole
+                blocks = self.team.size if role == "blocks" and not row.vector else 0
                 kw[p] = as_buffer(v, blocks=blocks, writable=p != "sendbuf", what=p)
         if "sendbuf" in kw and kw["sendbuf"] is None:
             if row.mpi_in_place == "swap":
@@ -541,7 +590,7 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         A reduction of a type pycoll cannot reduce goes to MPI instead (see :func:`unreduced`)."""
         try:
             values = _bind(row, args, kw)
-            if handed(row, method, values):
+            if handed(row, method, values) or foreign_op(method, values):
                 return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
             kwargs = self.arguments(row, values)
             if "op" in values and unreduced(method, kwargs):
@@ -561,7 +610,8 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
 
     def persistent(self: Comm, *args: Any, **kw: Any) -> Any:
         values = _bind(row, args, kw)
-        if handed(row, f"{row.mpi}_init", values):  # (MPI's own Prequest, with every MPI argument)
+        if handed(row, f"{row.mpi}_init", values) or foreign_op(f"{row.mpi}_init", values):
+            # (MPI's own Prequest, with every MPI argument)
             return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
         copies: list = []
         kwargs = self.arguments(row, values, copies)

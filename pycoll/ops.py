@@ -80,6 +80,18 @@ def as_op(op: Any) -> ReduceOp:
     raise TypeError(f"op must be a pycoll.ReduceOp, a name or an MPI.Op, not {type(op).__name__}")
 
 
+_KNOWN_MPI_OPS: set = set()  # the Fortran handles of the MPI ops in _MPI_NAMES, once mpi4py is loaded
+
+
+def mpi_op_known(op: Any) -> bool:
+    """Whether ``op``, an ``mpi4py.MPI.Op``, is one pycoll reduces with (SUM, PROD, MIN, MAX and the
+    bitwise and logical ops): not MAXLOC, MINLOC, REPLACE, NO_OP nor a user-defined op."""
+    if not _KNOWN_MPI_OPS:
+        mpi = sys.modules["mpi4py.MPI"]
+        _KNOWN_MPI_OPS.update(getattr(mpi, name).py2f() for name in _MPI_NAMES)
+    return op.py2f() in _KNOWN_MPI_OPS
+
+
 #: the ops each kind of dtype (:data:`pycoll.dtypes.KINDS`) allows.
 _VALID = {"float": _FLOAT_OPS, "complex": _COMPLEX_OPS, "int": _INT_OPS, "bool": _BOOL_OPS}
 _kind = KINDS.__getitem__  # the kind of a supported dtype (tests use it)

@@ -13,6 +13,7 @@ the call is a start of a persistent collective made of it, with no checks, selec
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -180,11 +181,15 @@ class Repeated:
     it is idle."""
 
     __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane", "nbytes",
-                 "other")
+                 "other", "pinned")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
                  timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
         self.args = args
+        #: Weak references to its ndarray arguments: numpy refuses to reallocate an array that has
+        #: one, even with ``resize(refcheck=False)``, so a remembered array keeps the memory its
+        #: persistent form points into (the repeat test compares objects, not addresses).
+        self.pinned = [weakref.ref(a) for a in args if type(a) is np.ndarray]
         self.dtypes = dtypes
         self.timeout = timeout  # the call's timeout keyword (a repeat gives the same)
         self.algorithm = algorithm  # the call's algorithm keyword (a repeat names the same)

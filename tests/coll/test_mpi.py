@@ -37,9 +37,10 @@ def test_comm_buffer_specifications_match_mpi4py(n, mpirun):
 
 @pytest.mark.parametrize(("n", "tls"), [(2, "shm,mpi"), (3, "mpi")])
 def test_comm_rejected_calls_leave_it_usable(n, tls, mpirun):
-    """A call the Comm rejects (a wrong count, an op it lacks, a root out of range, a malformed
+    """A call the Comm rejects (a wrong count, a root out of range, a malformed
     buffer specification, mixed dtypes) raises on every rank and the next collective is right;
-    long double and complex long double move as mpi4py moves them, their reductions go to MPI."""
+    long double and complex long double move as mpi4py moves them; their reductions, and ops
+    pycoll has not (user-defined, MAXLOC), go to MPI."""
     mpirun(n, "tests/coll/scripts/comm_rejected.py", timeout=120, env={"PYCOLL_TLS": tls})
 
 

@@ -376,6 +376,23 @@ def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
     assert all(b.dtype == np.int32 and (b == 3).all() for b in bufs), bufs
 
 
+def test_a_remembered_array_cannot_be_reallocated_under_its_persistent_form():
+    """The repeat test compares objects, not addresses: ``resize(refcheck=False)`` would move a
+    remembered array's memory under the persistent form that points into it. The team keeps a
+    weak reference to each, so numpy refuses (an error, not a run on freed memory)."""
+    teams = pycoll.local_teams(2)
+    xs, ys = [np.ones(4) for _ in teams], [np.zeros(4) for _ in teams]
+    for _ in range(2):
+        pycoll.wait_all([t.allreduce(x, y) for t, x, y in zip(teams, xs, ys)])
+    for arr in (xs[0], ys[0]):
+        with pytest.raises(ValueError, match="cannot resize"):
+            arr.resize(1000, refcheck=False)
+    for t in teams:
+        t.recent.clear()  # forgotten: the array is the caller's alone again
+    ys[0].resize(1000, refcheck=False)
+    assert ys[0].size == 1000
+
+
 @pytest.mark.parametrize("kind", ["list", "ndarray"])
 def test_a_repeat_whose_counts_or_displacements_changed_in_place_is_checked_again(kind):
     """The same counts and displacements objects with new values are a new call (a repeat on the

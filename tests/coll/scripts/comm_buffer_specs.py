@@ -75,6 +75,33 @@ def check_simple(world, comm, n, r):
             c.Scatter(dict(simple_forms(sb, M, 1))[form], rs, root=n - 1)
             outs.append(np.concatenate([rb, rs]))
         same("Alltoall/Scatter send", form, outs[1], outs[0])
+    # reduce-scatters: Reduce_scatter_block's send count is one block's, Reduce_scatter's the whole
+    # (the sum of its counts), in place too; uneven counts, so the two readings differ
+    counts = [M + i for i in range(n)]
+    total = sum(counts)
+    for form, _ in simple_forms(fresh(1), M, 1):
+        outs = []
+        for c in (world, comm):
+            sb = np.concatenate([[SENTINEL], blocks, [SENTINEL]]).astype(np.int32)
+            rb = fresh(M)
+            c.Reduce_scatter_block(dict(simple_forms(sb, M, 1))[form], rb, op=MPI.SUM)
+            vs = np.concatenate([[SENTINEL], np.arange(total) + r, [SENTINEL]]).astype(np.int32)
+            rv = fresh(counts[r])
+            c.Reduce_scatter(dict(simple_forms(vs, total, 1))[form], rv, counts, op=MPI.SUM)
+            vi = np.concatenate([[SENTINEL], np.arange(total) + r, [SENTINEL]]).astype(np.int32)
+            c.Reduce_scatter(MPI.IN_PLACE, dict(simple_forms(vi, total, 1))[form], counts, op=MPI.SUM)
+            outs.append(np.concatenate([rb, rv, vi[1:1 + counts[r]]]))
+        same("Reduce_scatter(_block)", form, outs[1], outs[0])
+    # Fortran-ordered arrays (and transposed views) are contiguous: taken in memory order, as MPI
+    outs = []
+    for c in (world, comm):
+        f = np.asfortranarray(np.arange(2 * M, dtype=np.int32).reshape(2, M) + 10 * r)
+        fs = np.full((2, M), SENTINEL, np.int32, order="F")
+        c.Allreduce(f, fs, op=MPI.SUM)
+        fg = np.full((M, 2 * n), SENTINEL, np.int32).T  # (a transposed view of a C array)
+        c.Allgather([f, MPI.INT], fg)
+        outs.append(np.concatenate([fs.ravel(order="K"), fg.ravel(order="K")]))
+    same("Allreduce/Allgather", "Fortran order", outs[1], outs[0])
     # Bcast with a count and displacement: only that part moves
     for form, _ in simple_forms(fresh(1), M, 2):
         outs = []

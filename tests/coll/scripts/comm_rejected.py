@@ -20,7 +20,8 @@ from tests.rank import run_rank
 def rejected(comm, r, n):
     """(name, call) of calls every rank rejects before anything is sent."""
     yield "recvbuf of the wrong size", lambda: comm.Allgather(np.ones(4), np.empty(4 * n - 1))
-    yield "op pycoll does not have", lambda: comm.Allreduce(np.ones(4), np.empty(4), op=MPI.MAXLOC)
+    yield "MAXLOC of doubles (handed to MPI, which refuses it)", lambda: comm.Allreduce(
+        np.ones(4), np.empty(4), op=MPI.MAXLOC)
     yield "root out of range", lambda: comm.Bcast(np.ones(4), root=n + 3)
     yield "malformed buffer specification", lambda: comm.Allreduce([np.ones(4), "x"], np.empty(4), op=MPI.SUM)
     yield "sendbuf and recvbuf of different dtypes", lambda: comm.Allreduce(
@@ -112,6 +113,44 @@ class DeviceLike:
         self.arr = arr
         self.__cuda_array_interface__ = {"shape": arr.shape, "typestr": arr.dtype.str,
                                          "data": (arr.ctypes.data, False), "version": 3}
+
+
+def user_ops(comm, world, r, n):
+    """Ops pycoll has not (user-defined from ``MPI.Op.Create``, commutative or not, MAXLOC with
+    a pair type) are handed to MPI, in every form: mpi4py's values."""
+    def add(a, b, t):
+        np.add(np.frombuffer(a), np.frombuffer(b), out=np.frombuffer(b))
+
+    def left(a, b, t):  # not commutative: keeps the lower rank's operand
+        np.frombuffer(b)[:] = np.frombuffer(a)
+
+    x = np.arange(5.0) * (r + 1)
+    for commute, fn in ((True, add), (False, left)):
+        op = MPI.Op.Create(fn, commute)
+        want = np.zeros(5)
+        world.Allreduce(x, want, op=op)
+        for form in ("blocking", "non-blocking", "persistent", "reduce"):
+            got = np.zeros(5)
+            if form == "blocking":
+                comm.Allreduce(x, got, op=op)
+            elif form == "non-blocking":
+                comm.Iallreduce(x, got, op=op).Wait()
+            elif form == "persistent":
+                req = comm.Allreduce_init(x, got, op=op)
+                req.Start()
+                req.Wait()
+                req.Free()
+            else:
+                comm.Reduce(x, got, op=op, root=n - 1)
+                if r != n - 1:
+                    continue
+            assert np.array_equal(got, want), f"{form} with a user op (commute={commute}): {got} != {want}"
+        op.Free()
+    pairs = np.array([(float(r), r), (float(-r), r)], dtype=np.dtype([("v", "f8"), ("i", "i4")], align=True))
+    got, want = np.zeros_like(pairs), np.zeros_like(pairs)
+    comm.Allreduce([pairs, MPI.DOUBLE_INT], [got, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    world.Allreduce([pairs, MPI.DOUBLE_INT], [want, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    assert (got == want).all(), f"MAXLOC: {got} != {want}"
 
 
 def handed_or_exported(comm, world, r, n):
@@ -243,6 +282,7 @@ def main():
         still_works(comm, r, n, name)
     untyped_elements(comm, world, r, n)
     handed_or_exported(comm, world, r, n)
+    user_ops(comm, world, r, n)
     still_works(comm, r, n, "the untyped elements")
     errors_everywhere(world, r, n)
 
