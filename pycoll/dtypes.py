@@ -47,9 +47,6 @@ DTYPE_CODES: Dict[np.dtype, int] = {DTYPES[name]: code for name, code, _ in _TAB
 KINDS: Dict[np.dtype, str] = {DTYPES[name]: kind for name, _, kind in _TABLE}
 #: 2-byte floats, which reductions combine in float32 and round once per step.
 HALF: Tuple[np.dtype, np.dtype] = (np.dtype(np.float16), BFLOAT16)
-#: names whose torch tensors ``Tensor.numpy()`` cannot read -> the torch dtype (same itemsize)
-#: to view such a tensor as first; the numpy array is then viewed as ``DTYPES[name]``.
-TORCH_VIEWS: Dict[str, str] = {"bfloat16": "int16"}
 
 _SUPPORTED = tuple(DTYPES.values())
 #: bytes per element -> the code of a native dtype of that size (what moving elements needs).

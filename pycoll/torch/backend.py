@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from pycoll import Team
 from pycoll.collectives import COLLECTIVES
-from pycoll.dtypes import DTYPES, TORCH_VIEWS, to_torch
+from pycoll.dtypes import DTYPES, to_torch
 from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
@@ -48,8 +48,8 @@ OPS: Dict[Any, ReduceOp] = {
     _RED.AVG: ReduceOp.AVG, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR, _RED.BXOR: ReduceOp.BXOR,
 }
 
-#: torch dtypes whose memory numpy reads through a view of another dtype.
-_VIEWED = {to_torch(n): (to_torch(v), DTYPES[n]) for n, v in TORCH_VIEWS.items()}
+#: The numpy dtype of each torch dtype pycoll supports.
+_NUMPY = {to_torch(n): dt for n, dt in DTYPES.items()}
 
 
 def reduce_op(op: Any) -> ReduceOp:
@@ -83,7 +83,16 @@ def scaled(x: torch.Tensor, factor: Any, in_place: bool) -> torch.Tensor:
     tensor the collective overwrites anyway, else a new one (an input the caller keeps)."""
     if factor is None:
         return x
-    return x.mul_(factor) if in_place else x * factor
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1:
+            raise ValueError(f"PREMUL_SUM: the factor must be one number, got a tensor of shape "
+                             f"{tuple(factor.shape)}")
+        factor = factor.reshape(())  # (a 0-dim input is scaled in place too)
+    if torch.result_type(x, factor) != x.dtype:
+        raise ValueError(f"PREMUL_SUM of {x.dtype}: the factor {factor} would change the type "
+                         "(give a factor of the tensor's kind)")
+    with torch.no_grad():  # (a parameter is scaled as it is reduced: in place, outside autograd)
+        return x.mul_(factor) if in_place else x * factor
 
 
 #: What torch's SUM and PRODUCT of bool tensors compute (as gloo does): logical OR and AND.
@@ -96,18 +105,36 @@ def op_for(arr: np.ndarray, op: ReduceOp) -> ReduceOp:
     return _LOGICAL.get(op, op) if arr.dtype == np.bool_ else op
 
 
+class _Memory:
+    """A contiguous CPU tensor's memory as numpy's array interface, bytes: the array made of it
+    keeps the tensor alive (its ``base``). Not ``Tensor.numpy()``, which marks the tensor's storage
+    as never to be resized again (``resize_``, an FSDP-style ``untyped_storage().resize_(0)``)."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.__array_interface__ = {"data": (t.data_ptr(), False), "shape": (t.numel() * t.element_size(),),
+                                    "typestr": "|u1", "version": 3}
+
+
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A flat numpy view of a contiguous CPU tensor's memory (no copy)."""
+    """A flat numpy view of a contiguous CPU tensor's memory (no copy); an input with a
+    conjugate or negative bit is resolved first (a copy)."""
     if t.device.type != "cpu":
         raise ValueError(f"pycoll backend: tensor on {t.device}; only CPU tensors are supported "
                          "(CUDA memory comes with the cupy transport)")
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
-    viewed = _VIEWED.get(t.dtype)
-    if viewed is not None:
-        return t.view(viewed[0]).numpy().reshape(-1).view(viewed[1])
-    return t.numpy().reshape(-1)
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        raise ValueError(f"pycoll backend: a non-contiguous tensor (strides {t.stride()}) has no flat view")
+    dtype = _NUMPY.get(t.dtype)
+    if dtype is None:  # (a type pycoll has not: numpy's own reading, or its error)
+        return t.numpy().reshape(-1)
+    return np.asarray(_Memory(t)).view(dtype)
 
 
 class Views:
@@ -150,13 +177,15 @@ class Staged:
 
     def __init__(self, tensor: torch.Tensor, output: bool = True, views: Optional[Views] = None) -> None:
         self.tensor = tensor
-        self.copied = not tensor.is_contiguous() and output
-        self.work = tensor.contiguous()
+        # (an output whose memory is not its values as they lie: strided, or a conjugate or negated view)
+        self.copied = output and not (tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg())
+        self.work = tensor.resolve_conj().resolve_neg().contiguous() if self.copied else tensor.contiguous()
         self.arr = views.of(tensor) if views is not None and self.work is tensor else as_numpy(self.work)
 
     def finish(self) -> None:
         if self.copied:
-            self.tensor.copy_(self.work)
+            with torch.no_grad():  # (a parameter that requires grad is written as gloo writes it)
+                self.tensor.copy_(self.work)
 
 
 class PycollWork(dist.Work):
@@ -168,7 +197,9 @@ class PycollWork(dist.Work):
                  source: Optional[Callable[[], int]] = None, background: bool = True) -> None:
         super().__init__()
         self._pg = pg
-        self._result = result
+        # (one list of outputs is the value itself, as gloo and NCCL give it: ``all_gather``'s
+        # future holds the gathered tensors, not a list around them)
+        self._result = result[0] if len(result) == 1 and isinstance(result[0], list) else result
         #: Local work when the collectives finished (copies out); a coalesced call takes it over.
         self.on_finish = finish
         self._timeout = timeout
@@ -390,7 +421,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                             timeout=timeout).wait()
             team.allgatherv(as_numpy(val), as_numpy(every_val), [int(c) * per for c in counts],
                             timeout=timeout).wait()
-            x.copy_(torch.sparse_coo_tensor(every_idx.t(), every_val, x.shape).coalesce())
+            with torch.no_grad():
+                x.copy_(torch.sparse_coo_tensor(every_idx.t(), every_val, x.shape).coalesce())
         return self._work([], tensors, None, timeout, opts=opts)
 
     def allreduce_scheduled(self, tensor: torch.Tensor, priority: int = 0, op: Any = dist.ReduceOp.SUM,
@@ -668,12 +700,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
 def _scatter_copies(copies: Sequence[Any]) -> None:
     """Copy each flat buffer's consecutive pieces into the list of tensors it stands for."""
-    for flat, outs in copies:
-        off = 0
-        for o in outs:
-            n = o.numel()
-            o.copy_(flat[off:off + n].view(o.shape))
-            off += n
+    with torch.no_grad():  # (outputs that require grad are written as gloo writes them)
+        for flat, outs in copies:
+            off = 0
+            for o in outs:
+                n = o.numel()
+                o.copy_(flat[off:off + n].view(o.shape))
+                off += n
 
 
 def _split_counts(t: torch.Tensor, splits: Sequence[int], n: int, what: str) -> List[int]:

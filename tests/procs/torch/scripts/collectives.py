@@ -473,6 +473,62 @@ def test_repeated(r, n):
     check(same_size, torch.full((64,), float(n)), "all_reduce after set_ to the same size")
 
 
+def test_tensors_as_users_hold_them(r, n, gloo):
+    """Parameters (leaves that require grad) in channels-last or transposed layout, negative
+    views, storage resized after a call, PREMUL_SUM edge cases and the future values of list
+    outputs: each as gloo (or, where gloo has none, the local reference)."""
+    torch.manual_seed(r)
+    for layout in ("channels_last", "transposed"):
+        conv = torch.nn.Conv2d(3, 4, 3)
+        if layout == "channels_last":
+            conv = conv.to(memory_format=torch.channels_last)
+            p = conv.weight
+        else:
+            p = torch.nn.Parameter(torch.randn(5, 3).t())
+        ref = p.detach().clone()
+        dist.broadcast(ref, src=0, group=gloo)
+        dist.broadcast(p, src=0)  # (the usual "sync the initial weights" loop)
+        check(p.detach(), ref, f"broadcast of a {layout} parameter")
+        want = p.detach().clone()
+        dist.all_reduce(want, group=gloo)
+        dist.all_reduce(p)
+        check(p.detach(), want, f"all_reduce of a {layout} parameter")
+    # a negated view: its values, as they read, reduced (and written back through it); (torch itself
+    # refuses a conjugate view of complex numbers before a backend sees it)
+    neg = torch.tensor([1.0, 2.0]) * (r + 1)
+    nv = torch._neg_view(neg)
+    dist.all_reduce(nv)
+    check(nv, -torch.tensor([1.0, 2.0]) * sum(range(1, n + 1)), "all_reduce through a negative view")
+    # a tensor's storage stays resizable after a call (gloo's does: FSDP frees storage so)
+    buf = torch.zeros(4)
+    for _ in range(3):  # (repeats: the call's view is kept)
+        dist.all_reduce(buf)
+    buf.resize_(8)
+    buf.untyped_storage().resize_(0)
+    buf = torch.ones(4)
+    dist.all_reduce(buf)
+    check(buf, torch.full((4,), float(n)), "all_reduce on a new tensor after a resized one")
+    # PREMUL_SUM: a one-element tensor factor scales a 0-dim input; a float factor of an int tensor
+    # is refused before anything is sent (on every rank alike)
+    s = torch.tensor(float(r + 1))
+    dist.all_reduce(s, op=dist._make_nccl_premul_sum(torch.tensor([2.0])))
+    check(s, torch.tensor(2.0 * sum(range(1, n + 1))), "PREMUL_SUM of a 0-dim tensor")
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist._make_nccl_premul_sum(0.5))
+    except ValueError as exc:
+        assert "PREMUL_SUM" in str(exc), exc
+    else:
+        raise AssertionError("PREMUL_SUM of int64 by 0.5 was not refused")
+    # a list output's future holds the tensors themselves (gloo's and NCCL's value)
+    for group in (None, gloo):
+        outs = [torch.zeros(2) for _ in range(n)]
+        work = dist.all_gather(outs, torch.full((2,), float(r)), group=group, async_op=True)
+        value = work.get_future().wait()
+        assert len(value) == n and all(isinstance(v, torch.Tensor) for v in value), (group, value)
+        check(torch.stack(value), torch.arange(float(n)).repeat_interleave(2).reshape(n, 2),
+              f"all_gather future value ({'gloo' if group else 'pycoll'})")
+
+
 def main(mode):
     if mode == "vanish":
         dist.init_process_group("pycoll", timeout=datetime.timedelta(seconds=60))
@@ -494,6 +550,7 @@ def main(mode):
         test_point_to_point(r, n)
         test_groups(r, n)
         test_errors(r, n, gloo)
+        test_tensors_as_users_hold_them(r, n, gloo)
     dist.destroy_process_group()
 
 
