@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,7 +33,7 @@ from mpi4py import MPI
 
 from pycoll.collectives import TABLE, Collective
 from pycoll.dtypes import is_supported
-from pycoll.engine.context import Context
+from pycoll.engine.context import Backoff, Context
 from pycoll.engine.request import Request as _PycollRequest
 from pycoll.errors import (
     MismatchError,
@@ -113,21 +112,24 @@ def mpi_error(exc: PycollError) -> BaseException:
     return exc
 
 
-def waitall(requests: Sequence[Any]) -> bool:
+def waitall(requests: Sequence[Any], statuses: Any = None) -> bool:
     """Wait for every request of ``requests``: pycoll's (:class:`Request`, :class:`Prequest`) and
     mpi4py's alike, in any mix. Each is tested in turn until all are done, so neither engine
     waits while the other has work a peer needs (MPI progresses only inside MPI calls); between
-    rounds the rank yields its core."""
+    rounds the rank yields its core. (``statuses``: mpi4py's parameter, not filled in.)"""
     pending = [r for r in requests if not r.Test()]
-    spins = 0
+    backoff = Backoff()  # (spin, yield the core, then nap: as a waiting rank of the engine)
     while pending:
-        spins += 1
-        time.sleep(0 if spins < 1000 else 50e-6)  # (yield the core; a long wait naps)
-        pending = [r for r in pending if not r.Test()]
+        left = [r for r in pending if not r.Test()]
+        if len(left) < len(pending):
+            backoff.reset()
+        else:
+            backoff.idle()
+        pending = left
     return True
 
 
-def testall(requests: Sequence[Any]) -> bool:
+def testall(requests: Sequence[Any], statuses: Any = None) -> bool:
     """Whether every request of ``requests`` (pycoll's and mpi4py's alike) is done; tests each."""
     done = True
     for r in requests:
