@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from pycoll import config
 from pycoll.team import Team
-from pycoll.torch.backend import ProcessGroupPycoll, PycollWork, as_numpy, reduce_op
+from pycoll.torch.backend import ProcessGroupPycoll, PycollWork, reduce_op
 from pycoll.torch.hooks import PriorityHookState, priority_hook
 from pycoll.torch.scheduled import ScheduledOptimizer
+from pycoll.torch.tensors import as_numpy
 
 BACKEND = "pycoll"
 

@@ -26,12 +26,12 @@ import torch.distributed as dist
 
 from pycoll import Team
 from pycoll.collectives import COLLECTIVES
-from pycoll.dtypes import DTYPES, to_torch
 from pycoll.engine.progress_thread import Watch, progress_thread
 from pycoll.engine.request import Request
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.ops import ReduceOp
 from pycoll.torch.errors import InvalidArgumentError, torch_error
+from pycoll.torch.tensors import Staged, Views, as_numpy, scatter_copies
 
 #: The ProcessGroup method that serves each ``torch.distributed`` function of the table of
 #: collectives (``Collective.torch``); list forms and coalesced forms are built on these.
@@ -48,8 +48,6 @@ OPS: Dict[Any, ReduceOp] = {
     _RED.AVG: ReduceOp.AVG, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR, _RED.BXOR: ReduceOp.BXOR,
 }
 
-#: The numpy dtype of each torch dtype pycoll supports.
-_NUMPY = {to_torch(n): dt for n, dt in DTYPES.items()}
 
 
 def reduce_op(op: Any) -> ReduceOp:
@@ -103,89 +101,6 @@ def op_for(arr: np.ndarray, op: ReduceOp) -> ReduceOp:
     """``op`` as it applies to ``arr``'s elements: on bool, SUM is OR and PRODUCT is AND (gloo's
     meaning; pycoll itself refuses arithmetic on bool)."""
     return _LOGICAL.get(op, op) if arr.dtype == np.bool_ else op
-
-
-class _Memory:
-    """A contiguous CPU tensor's memory as numpy's array interface, bytes: the array made of it
-    keeps the tensor alive (its ``base``). Not ``Tensor.numpy()``, which marks the tensor's storage
-    as never to be resized again (``resize_``, an FSDP-style ``untyped_storage().resize_(0)``)."""
-
-    __slots__ = ("__array_interface__", "tensor")
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.tensor = t
-        self.__array_interface__ = {"data": (t.data_ptr(), False), "shape": (t.numel() * t.element_size(),),
-                                    "typestr": "|u1", "version": 3}
-
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A flat numpy view of a contiguous CPU tensor's memory (no copy); an input with a
-    conjugate or negative bit is resolved first (a copy)."""
-    if t.device.type != "cpu":
-        raise ValueError(f"pycoll backend: tensor on {t.device}; only CPU tensors are supported "
-                         "(CUDA memory comes with the cupy transport)")
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if not t.is_contiguous():
-        raise ValueError(f"pycoll backend: a non-contiguous tensor (strides {t.stride()}) has no flat view")
-    dtype = _NUMPY.get(t.dtype)
-    if dtype is None:  # (a type pycoll has not: numpy's own reading, or its error)
-        return t.numpy().reshape(-1)
-    return np.asarray(_Memory(t)).view(dtype)
-
-
-class Views:
-    """The numpy views of the tensors a group's synchronous calls take, kept (the last
-    ``limit``) so that a call repeated on the same tensor passes the team the same array: the
-    team then recognises the repeat and runs it as a persistent collective (its express lane). A
-    view is made again when the tensor's memory, dtype or size changed (``resize_``, ``set_``).
-    A view keeps its tensor alive: only tensors up to ``max_bytes`` are kept (a large tensor the
-    program drops must give its memory back; its calls gain nothing measurable from the lane)."""
-
-    def __init__(self, limit: int = 32, max_bytes: int = 256 << 10) -> None:
-        self.limit = limit
-        self.max_bytes = max_bytes
-        self._views: Dict[int, tuple] = {}
-
-    def of(self, t: torch.Tensor) -> np.ndarray:
-        """A flat numpy view of contiguous CPU tensor ``t`` (the same one as last time, if it
-        still describes ``t``'s memory)."""
-        entry = self._views.get(id(t))
-        ptr = t.data_ptr()
-        if entry is not None and entry[0] is t and entry[1] == ptr and entry[2] is t.dtype \
-                and entry[3] == t.numel():
-            return entry[4]
-        arr = as_numpy(t)
-        if arr.nbytes > self.max_bytes:
-            if entry is not None:
-                del self._views[id(t)]
-            return arr
-        if entry is None and len(self._views) >= self.limit:
-            del self._views[next(iter(self._views))]
-        self._views[id(t)] = (t, ptr, t.dtype, t.numel(), arr)
-        return arr
-
-
-class Staged:
-    """A tensor as a contiguous numpy buffer: its own memory when it is contiguous (its view from
-    ``views`` when given), else a contiguous copy that ``finish()`` writes back (for outputs)."""
-
-    __slots__ = ("tensor", "work", "arr", "copied")
-
-    def __init__(self, tensor: torch.Tensor, output: bool = True, views: Optional[Views] = None) -> None:
-        self.tensor = tensor
-        # (an output whose memory is not its values as they lie: strided, or a conjugate or negated view)
-        self.copied = output and not (tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg())
-        self.work = tensor.resolve_conj().resolve_neg().contiguous() if self.copied else tensor.contiguous()
-        self.arr = views.of(tensor) if views is not None and self.work is tensor else as_numpy(self.work)
-
-    def finish(self) -> None:
-        if self.copied:
-            with torch.no_grad():  # (a parameter that requires grad is written as gloo writes it)
-                self.tensor.copy_(self.work)
 
 
 class PycollWork(dist.Work):
@@ -515,7 +430,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
             reqs.append(self._start("allgather", src.arr, as_numpy(flat), timeout=t))
             copies.append((flat, outs))
-        return self._work(reqs, output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
+        return self._work(reqs, output_tensors, lambda: scatter_copies(copies), t, opts=opts)
 
     @rejecting
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
@@ -565,7 +480,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._check_list(outs, x, "gather")
         flat = torch.empty(x.numel() * self.team.size, dtype=x.dtype)
         req = self._start("gather", src.arr, as_numpy(flat), root, timeout=t)
-        return self._work([req], output_tensors, lambda: _scatter_copies([(flat, outs)]), t, opts=opts)
+        return self._work([req], output_tensors, lambda: scatter_copies([(flat, outs)]), t, opts=opts)
 
     @rejecting
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
@@ -599,7 +514,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         rcounts = [o.numel() for o in output_tensors]
         req = self._start("alltoallv", send, as_numpy(recv), scounts, rcounts, timeout=t)
         copies = [(recv, output_tensors)]
-        return self._work([req], output_tensors, lambda: _scatter_copies(copies), t, opts=opts)
+        return self._work([req], output_tensors, lambda: scatter_copies(copies), t, opts=opts)
 
     @rejecting
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],  # noqa: A002
@@ -698,17 +613,6 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                                  f"got {x.numel()} x {x.dtype}")
 
 
-def _scatter_copies(copies: Sequence[Any]) -> None:
-    """Copy each flat buffer's consecutive pieces into the list of tensors it stands for."""
-    with torch.no_grad():  # (outputs that require grad are written as gloo writes them)
-        for flat, outs in copies:
-            off = 0
-            for o in outs:
-                n = o.numel()
-                o.copy_(flat[off:off + n].view(o.shape))
-                off += n
-
-
 def _split_counts(t: torch.Tensor, splits: Sequence[int], n: int, what: str) -> List[int]:
     """Element counts per rank of an ``all_to_all_single`` buffer split along dim 0."""
     rows = t.shape[0] if t.dim() else 1
@@ -723,4 +627,4 @@ def _split_counts(t: torch.Tensor, splits: Sequence[int], n: int, what: str) -> 
     return [int(s) * per_row for s in splits]
 
 
-__all__ = ["OPS", "ProcessGroupPycoll", "PycollWork", "Staged", "TimeoutError", "as_numpy", "reduce_op"]
+__all__ = ["OPS", "ProcessGroupPycoll", "PycollWork", "TimeoutError", "reduce_op"]

@@ -53,8 +53,9 @@ import torch.distributed as dist
 from pycoll import config, trace
 from pycoll.errors import PycollError, TimeoutError
 from pycoll.scheduling import ScheduledTensor, Scheduler
-from pycoll.torch.backend import ProcessGroupPycoll, as_numpy
+from pycoll.torch.backend import ProcessGroupPycoll
 from pycoll.torch.hooks import default_group
+from pycoll.torch.tensors import as_numpy
 
 #: Prefix of the scheduler names of the optimizer's own control tensors (no parameter name has it).
 _CONTROL = "~scheduled-optimizer"

@@ -74,7 +74,7 @@ def test_torch_mapping(name):
     assert dtypes.from_torch(t) == dt
     tensor = torch.zeros(4, dtype=t)
     assert tensor.element_size() == dt.itemsize
-    from pycoll.torch.backend import as_numpy  # noqa: PLC0415 - torch is optional
+    from pycoll.torch.tensors import as_numpy  # noqa: PLC0415 - torch is optional
 
     arr = as_numpy(tensor)
     assert arr.dtype == dt and arr.size == 4

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pycoll.torch.backend import Views  # noqa: E402 - after the skip
+from pycoll.torch.tensors import Views  # noqa: E402 - after the skip
 
 
 def test_small_tensors_get_the_same_view_again():
