@@ -45,7 +45,7 @@ from pycoll.errors import (
 )
 from pycoll.mpispec import alltoallw_bytes, as_buffer, as_vbuffer, device_memory
 from pycoll.ops import mpi_op_known
-from pycoll.persistent import RecentCalls, buffer_dtype, repeat_key
+from pycoll.persistent import UNSTABLE, RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
 log = logging.getLogger("pycoll")
@@ -572,10 +572,14 @@ def {name}(self, {params}**kw):
 _CONSTANT = (type(None), int, MPI.Op, MPI.Datatype, type(MPI.IN_PLACE))
 
 
-def argument_key(arg: Any) -> Any:
+def argument_key(arg: Any, param: str = "") -> Any:
     """What a repeated call is recognised by besides an argument's identity: None for constants
-    (ints, None, MPI ops, datatypes and IN_PLACE), else :func:`pycoll.persistent.buffer_dtype`."""
-    return None if type(arg) in _CONSTANT else buffer_dtype(arg)
+    (ints, None, MPI ops, datatypes and IN_PLACE), else :func:`pycoll.persistent.buffer_dtype`
+    (the dtype of an ndarray buffer; never a repeat for other objects, nor for counts other than
+    None, whose values may change in place)."""
+    if type(arg) in _CONSTANT:
+        return None
+    return UNSTABLE if param.endswith("counts") else buffer_dtype(arg)
 
 
 def _persistent(team: Team, init: str, kwargs: Dict[str, Any]) -> Persistent:
@@ -606,7 +610,7 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
                 not (row.mpi_in_place == "copy" and values.get("sendbuf") is MPI.IN_PLACE):
             key = repeat_key(method, args)
             if self.recent.admits(key, args):
-                dtypes = tuple(map(argument_key, args))
+                dtypes = tuple(map(argument_key, args, row.mpi_params))
                 self.recent.add(key, args, dtypes, _persistent, self.team, init, kwargs)
         return req
 
@@ -636,8 +640,9 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
             params.append(f"{p}, ")
     fields = {"params": "".join(params), "args": "".join(f"{p}, " for p in names),
               "first": f"id({names[0]})" if names else "0",  # see persistent.repeat_key
-              "same": "".join(f"entry.args[{i}] is {p} and (entry.dtypes[{i}] is None or {p}.dtype is "
-                              f"entry.dtypes[{i}]) and " for i, p in enumerate(names))}
+              "same": "".join(f"entry.args[{i}] is {p} and (entry.dtypes[{i}] is None or ({p}.dtype is "
+                              f"entry.dtypes[{i}] and {p}.flags.num == entry.flags[{i}])) and "
+                              for i, p in enumerate(names))}
     iname = f"I{row.mpi[0].lower()}{row.mpi[1:]}"
     exec(_BLOCKING.format(name=row.mpi, **fields) + _NONBLOCKING.format(name=iname, **fields),
          namespace)  # our own template, our own names

@@ -35,7 +35,7 @@ class Persistent:
                  algorithm: Optional[str], timeout: Optional[float], options: dict) -> None:
         self.planner = planner
         self.coll = call.coll
-        self.call = call
+        self.call = call = own_views(call)
         self._tag, self._algorithm, self._options = tag, algorithm, options
         #: The priority of each run (may be changed between starts).
         self.priority = priority
@@ -130,6 +130,23 @@ class Persistent:
             task.finalize()
 
 
+def own_views(call: Call) -> Call:
+    """``call`` with flat views of its arrays of its own (the same memory): the caller's 1-D
+    arrays are the call's arrays themselves (no view is made on the hot path), and a persistent
+    collective must not see the caller reshape them later (``a.shape = (1, 8)``, which leaves its
+    flags as they were)."""
+    src, dst = call.src, call.dst
+    vsrc = _flat_view(src)
+    vdst = vsrc if dst is src else _flat_view(dst)
+    return call._replace(src=vsrc, dst=vdst)
+
+
+def _flat_view(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.shape = (view.size,)  # (the array is contiguous: a flat view, never a copy)
+    return view
+
+
 #: The parameters of the collectives that are buffers (a repeated call compares their dtypes).
 BUFFER_PARAMS = frozenset(("buf", "sendbuf", "recvbuf"))
 
@@ -159,12 +176,14 @@ def sequence_values(seq: Any) -> Any:
 def repeat_test(params: List[str]) -> Tuple[str, str]:
     """``(same, dtypes)``: source text for a collective method with parameters ``params`` (see
     :mod:`pycoll.team`). ``same``, a conjunction ending in ``and``: the call's arguments are the
-    remembered call's (``entry``) objects, its ndarray buffers of the same dtypes (reassignable in
-    place) and its counts and displacements of the same values (a list may be changed in place);
+    remembered call's (``entry``) objects, its ndarray buffers of the same dtypes and flags (both
+    reassignable in place: ``setflags(write=False)``, strides set so that an array is no longer
+    contiguous) and its counts and displacements of the same values (a list may be changed in place);
     ``dtypes``: the tuple items ``entry.dtypes`` is made of (``dtype_of``, ``values_of``: this
     module's :func:`buffer_dtype` and :func:`sequence_values`)."""
     same = "".join(f"entry.args[{i}] is {p} and " for i, p in enumerate(params))
-    same += "".join(f"({p} is None or {p}.dtype is entry.dtypes[{i}]) and "
+    same += "".join(f"({p} is None or ({p}.dtype is entry.dtypes[{i}] and "
+                    f"{p}.flags.num == entry.flags[{i}])) and "
                     for i, p in enumerate(params) if p in BUFFER_PARAMS)
     same += "".join(f"({p} is None or tuple({p}) == entry.dtypes[{i}]) and "
                     for i, p in enumerate(params) if p in COUNT_PARAMS)
@@ -180,8 +199,8 @@ class Repeated:
     :class:`Persistent` made of it (``make(*made_of)``): one start, the engine's express lane when
     it is idle."""
 
-    __slots__ = ("args", "dtypes", "timeout", "algorithm", "make", "made_of", "persistent", "lane", "nbytes",
-                 "other", "pinned")
+    __slots__ = ("args", "dtypes", "flags", "timeout", "algorithm", "make", "made_of", "persistent", "lane",
+                 "nbytes", "other", "pinned")
 
     def __init__(self, args: tuple, dtypes: tuple, make: Callable[..., Persistent], made_of: tuple,
                  timeout: Optional[float] = None, algorithm: Optional[str] = None) -> None:
@@ -191,6 +210,9 @@ class Repeated:
         #: persistent form points into (the repeat test compares objects, not addresses).
         self.pinned = [weakref.ref(a) for a in args if type(a) is np.ndarray]
         self.dtypes = dtypes
+        #: Each ndarray argument's flags (``flags.num``: contiguity, writeable), as the repeat test
+        #: compares them; None for the others.
+        self.flags = tuple(a.flags.num if type(a) is np.ndarray else None for a in args)
         self.timeout = timeout  # the call's timeout keyword (a repeat gives the same)
         self.algorithm = algorithm  # the call's algorithm keyword (a repeat names the same)
         self.make = make

@@ -376,6 +376,45 @@ def test_a_repeat_whose_ndarray_changed_dtype_in_place_is_checked_again():
     assert all(b.dtype == np.int32 and (b == 3).all() for b in bufs), bufs
 
 
+@pytest.mark.parametrize("change", ["read-only", "strided", "shape (2, 4)", "shape (1, 8)"])
+def test_a_repeat_whose_ndarray_changed_flags_or_shape_in_place_is_checked_again(change):
+    """The same objects after ``setflags(write=False)`` on the output or strides set so that the
+    input is not contiguous: refused as a new call would be (not written, not read as it was
+    laid out). After a new shape (same memory, still contiguous): the right values, in memory
+    order, whether or not the flags changed with it ((1, 8) is C- and Fortran-contiguous, as
+    the 1-D array was)."""
+    import warnings
+
+    teams = pycoll.local_teams(2)
+    bases = [np.arange(16.0) + 100 * r for r in range(2)]
+    xs, ys = [b[:8] for b in bases], [np.zeros(8) for _ in teams]
+    for _ in range(3):
+        pycoll.wait_all([t.allreduce(x, y) for t, x, y in zip(teams, xs, ys)])
+    if change == "read-only":
+        for y in ys:
+            y[:] = -7
+            y.setflags(write=False)
+        with pytest.raises(pycoll.BufferError, match="read-only"):
+            teams[0].allreduce(xs[0], ys[0])
+        assert (ys[0] == -7).all()
+        return
+    if change == "strided":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (numpy 2.4 deprecates setting strides)
+            xs[0].strides = (16,)
+        with pytest.raises(pycoll.BufferError, match="not contiguous"):
+            teams[0].allreduce(xs[0], ys[0])
+        return
+    shape = (2, 4) if change == "shape (2, 4)" else (1, 8)
+    for x, y in zip(xs, ys):
+        x.shape = y.shape = shape
+    for _ in range(3):
+        for y in ys:
+            y[...] = 0
+        pycoll.wait_all([t.allreduce(x, y) for t, x, y in zip(teams, xs, ys)])
+        assert all(np.array_equal(y.reshape(-1), np.arange(0.0, 16.0, 2) + 100) for y in ys), ys
+
+
 def test_a_remembered_array_cannot_be_reallocated_under_its_persistent_form():
     """The repeat test compares objects, not addresses: ``resize(refcheck=False)`` would move a
     remembered array's memory under the persistent form that points into it. The team keeps a

@@ -146,6 +146,7 @@ def check_v_and_persistent(world, comm, n, r):
     for q in (p_ar, p_bc, p_ag, p_ba):
         q.Free()
     check_waitall(world, comm, n, r)
+    check_counts_changed_in_place(world, n, r)
 
 
 def check_waitall(world, comm, n, r):
@@ -180,6 +181,28 @@ def check_waitall(world, comm, n, r):
         assert (mine == n).all() and (theirs == n).all()
     for q in pers:
         q.Free()
+
+
+
+def check_counts_changed_in_place(world, n, r):
+    """``Reduce_scatter``'s recvcounts as a numpy array, changed in place after repeated calls:
+    checked again (as a list is), not run with the counts the calls before gave."""
+    if n == 1:
+        return
+    counts = np.arange(1, n + 1)
+    whole = np.ones(int(counts.sum()))
+    out = np.zeros(counts[r])
+    comm = Comm(world)
+    for _ in range(3):
+        comm.Reduce_scatter(whole, out, counts, op=MPI.SUM)
+    assert (out == n).all()
+    counts[:] = counts[::-1].copy()  # (rank r's count changes unless it is the middle one)
+    try:
+        comm.Reduce_scatter(whole, out, counts, op=MPI.SUM)
+    except (ValueError, MPI.Exception):
+        pass
+    else:
+        raise AssertionError(f"rank {r}: Reduce_scatter ran unchecked with counts {counts.tolist()}")
 
 
 if __name__ == "__main__":
