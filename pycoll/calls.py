@@ -77,6 +77,8 @@ def allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, op: Any =
             and sendbuf.dtype == recvbuf.dtype and sendbuf.size == recvbuf.size
             and sendbuf.flags.c_contiguous and (flags := recvbuf.flags).c_contiguous and flags.writeable):
         src, dst, out = sendbuf, recvbuf, recvbuf  # the common case, checked inline (as elementwise)
+        if sendbuf.base is not None or recvbuf.base is not None:  # (views: they may overlap)
+            src = apart(src, dst, "allreduce")
     else:
         src, dst, out = elementwise(sendbuf, recvbuf, "allreduce")
     check_op(op, src.dtype)
@@ -149,6 +151,7 @@ def reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any = R
     if src.dtype != dst.dtype or src.size != size * dst.size:
         raise ValueError(f"reduce_scatter: sendbuf ({src.size} x {src.dtype}) must hold {size} blocks of "
                          f"recvbuf ({dst.size} x {dst.dtype})")
+    apart(dst, src, "reduce_scatter", (rank * dst.size, dst.size))  # (its own block: in place)
     check_op(op, src.dtype)
     return Call("reduce_scatter", src, dst, op, 0, recvbuf, src.nbytes)
 
@@ -162,6 +165,7 @@ def reduce_scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Se
     if src.dtype != dst.dtype or dst.size != layout[rank][1]:
         raise ValueError(f"reduce_scatterv: recvbuf ({dst.size} x {dst.dtype}) must hold "
                          f"counts[{rank}] = {layout[rank][1]} elements of {src.dtype}")
+    apart(dst, src, "reduce_scatterv", layout[rank])
     check_op(op, src.dtype)
     return Call("reduce_scatterv", src, dst, op, 0, recvbuf, span(layout) * src.itemsize, layout)
 
@@ -172,6 +176,7 @@ def alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any) -> Call:
     if src.dtype != dst.dtype or src.size != dst.size or src.size % size:
         raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
                          f"{dst.dtype}) must be equal and hold {size} blocks")
+    src = apart(src, dst, "alltoall")  # (in place: only bruck takes it, see Planner.build)
     return Call("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, src.nbytes)
 
 
@@ -187,6 +192,7 @@ def alltoallv(rank: int, size: int, sendbuf: Any, recvbuf: Any, sendcounts: Sequ
     if layout[rank][1] != rlayout[rank][1]:
         raise ValueError(f"alltoallv: rank {rank} sends itself {layout[rank][1]} elements but "
                          f"expects {rlayout[rank][1]}")
+    src = apart(src, dst, "alltoallv")  # (in place: refused by Planner.build)
     # sizes differ per rank, so every rank selects by team size alone (size 0)
     return Call("alltoallv", src, dst, ReduceOp.SUM, 0, recvbuf, 0, layout, rlayout)
 
@@ -258,6 +264,27 @@ def scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Optional[
 
 
 # ---------------------------------------------------------------------------------- helpers
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+def apart(src: np.ndarray, dst: np.ndarray, coll: str, own: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """``src`` if it lies apart from ``dst``; ``dst`` if it is the same memory (in place, given as
+    two objects: the algorithms know it as the same array); ``src`` if it is exactly this rank's
+    block ``own`` = (offset, count) of ``dst`` (a gathering collective's input in place). Any other
+    overlap raises ``ValueError`` (MPI forbids it; the algorithms would read what they wrote)."""
+    if src is dst or (src.base is None and dst.base is None) or not np.may_share_memory(src, dst):
+        return src  # (arrays that own their memory are apart: no address is looked up)
+    start, base = _address(src), _address(dst)
+    if start == base and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
+        return dst
+    if own is not None and start == base + own[0] * dst.itemsize and src.nbytes == own[1] * dst.itemsize:
+        return src
+    where = "this rank's block" if own is not None else "the same array"
+    raise ValueError(f"{coll}: sendbuf and recvbuf overlap ({start - base:+d} bytes apart); pass "
+                     f"arrays apart, or {where} for in place")
+
+
 def elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
     """(src, dst, what wait() returns) of an elementwise collective; ``recvbuf=None``: in place."""
     if recvbuf is None:
@@ -268,7 +295,7 @@ def elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ValueError(f"{coll}: sendbuf is {src.size} x {src.dtype}, recvbuf {dst.size} x "
                          f"{dst.dtype}; they must match")
-    return src, dst, recvbuf
+    return apart(src, dst, coll), dst, recvbuf
 
 
 def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: int, coll: str) -> np.ndarray:
@@ -281,7 +308,7 @@ def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: in
     if src.dtype != dst.dtype or src.size != cnt:
         raise ValueError(f"{coll}: sendbuf ({src.size} x {src.dtype}) must be rank {rank}'s "
                          f"block of recvbuf ({cnt} x {dst.dtype})")
-    return src
+    return apart(src, dst, coll, block)
 
 
 def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str) -> np.ndarray:
@@ -294,6 +321,7 @@ def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str)
     if src.dtype != dst.dtype or dst.size != cnt:
         raise ValueError(f"{coll}: recvbuf ({dst.size} x {dst.dtype}) must hold the root's block of "
                          f"sendbuf ({cnt} x {src.dtype})")
+    apart(dst, src, coll, block)  # (apart, or exactly its own block of sendbuf: in place)
     return dst
 
 

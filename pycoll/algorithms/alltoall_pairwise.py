@@ -1,12 +1,17 @@
 """Pairwise-exchange alltoall(v): in step s rank r sends its block for rank r+s and receives the
-block of rank r-s; n-1 steps, one peer at a time (bounded memory traffic per step)."""
+block of rank r-s; n-1 steps, one peer at a time (bounded memory traffic per step). In place
+(sendbuf is recvbuf) it sends from a copy made at the start of each run: the blocks it receives
+would overwrite blocks it has yet to send."""
 
 from __future__ import annotations
 
 from typing import Dict, Generator, Optional
 
+import numpy as np
+
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.algorithms.options import Option, options
+from pycoll.buffers import scratch_array
 from pycoll.tasks.task import Task
 
 NAME = "pairwise"
@@ -20,16 +25,25 @@ class PairwiseAlltoall(StepTask):
         #: (src, dst, layouts, the blocks' wire views to send and to receive into, own blocks):
         #: made once for the buffers a call repeats (n - 1 slices and views each way per call)
         self._views: Optional[tuple] = None
+        #: In place: the copy of the buffer the blocks are sent from (kept for the calls that repeat)
+        self._copy: Optional[np.ndarray] = None
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
+        source = a.src
+        if source is a.dst and n > 1:
+            copy = self._copy
+            if copy is None or copy.size != source.size or copy.dtype != source.dtype:
+                copy = self._copy = scratch_array(source.size, source.dtype)
+            np.copyto(copy, source)
+            source = copy
         views = self._views
-        if (views is None or views[0] is not a.src or views[1] is not a.dst or views[2] is not a.layout
+        if (views is None or views[0] is not source or views[1] is not a.dst or views[2] is not a.layout
                 or views[3] is not a.rlayout):
-            src = [a.src[off:off + cnt] for off, cnt in a.layout]
+            src = [source[off:off + cnt] for off, cnt in a.layout]
             dst = [a.dst[off:off + cnt] for off, cnt in a.rlayout]
-            views = self._views = (a.src, a.dst, a.layout, a.rlayout, [as_wire(b) for b in src],
+            views = self._views = (source, a.dst, a.layout, a.rlayout, [as_wire(b) for b in src],
                                    [as_wire(b) for b in dst], dst[rank], src[rank])
         _, _, _, _, sends, recvs, own_dst, own_src = views
         for s in range(1, n):

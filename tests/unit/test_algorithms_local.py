@@ -160,13 +160,17 @@ def test_alltoall_bruck(n):
                 want = (np.concatenate([ins[s][d * count:(d + 1) * count] for s in range(n)])
                         if count else np.zeros(0, dt))
                 assert_same([outs[d]], want, f"alltoall bruck n={n} count={count} {dtype} rank {d}")
-    # the same buffer for both (every block is read before any is written)
+    # the same buffer for both (bruck reads every block before it writes one; pairwise sends from a
+    # copy), twice: the second call repeats the first
     count = 3
-    bufs = [np.arange(n * count) + 1000 * s for s in range(n)]
-    orig = [b.copy() for b in bufs]
-    pycoll.wait_all([t.alltoall(bufs[r], bufs[r], algorithm="bruck") for r, t in enumerate(teams)])
-    for d in range(n):
-        assert np.array_equal(bufs[d], np.concatenate([orig[s][d * count:(d + 1) * count] for s in range(n)]))
+    for alg in ("bruck", "pairwise"):
+        for _ in range(2):
+            bufs = [np.arange(n * count) + 1000 * s for s in range(n)]
+            orig = [b.copy() for b in bufs]
+            pycoll.wait_all([t.alltoall(bufs[r], bufs[r], algorithm=alg) for r, t in enumerate(teams)])
+            for d in range(n):
+                assert np.array_equal(bufs[d], np.concatenate([orig[s][d * count:(d + 1) * count]
+                                                               for s in range(n)])), alg
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])

@@ -68,6 +68,37 @@ def test_custom_schedule_example_runs():
     main(8, count=1000)
 
 
+def test_overlapping_buffers_are_refused_unless_in_place():
+    """sendbuf and recvbuf that overlap other than as in place (the same memory, or a gathering
+    rank's own block) raise before anything is sent: the algorithms would read what they wrote
+    (MPI forbids it). The same memory as two objects is in place."""
+    teams = pycoll.local_teams(3)
+    t = teams[0]
+    posted = t.ctx.posted
+    b = np.zeros(12)
+    cases = {
+        "allreduce": lambda: t.allreduce(b[0:6], b[2:8]),
+        "scan": lambda: t.scan(b[0:6], b[1:7]),
+        "reduce_scatter": lambda: t.reduce_scatter(b[0:6], b[4:6]),
+        "allgather (another rank's block)": lambda: t.allgather(b[2:4], b[0:6]),
+        "gatherv (past its block)": lambda: t.gatherv(b[1:3], b[0:6], [2, 2, 2], root=0),
+        "scatter (the root's output astride its block)": lambda: t.scatter(b[0:6], b[1:3], root=0),
+        "alltoall": lambda: t.alltoall(b[0:6], b[3:9]),
+        "alltoallv": lambda: t.alltoallv(b[0:6], b[1:7], [2, 2, 2], [2, 2, 2]),
+    }
+    for name, call in cases.items():
+        with pytest.raises(ValueError, match="overlap") as info:
+            call()
+        assert isinstance(info.value, ValueError), name
+    assert t.ctx.posted == posted
+    xs = [np.arange(4.0) + r for r in range(3)]
+    pycoll.wait_all([tm.allreduce(x, x.view()) for tm, x in zip(teams, xs)])  # (in place, two objects)
+    assert all((x == np.arange(4.0) * 3 + 3).all() for x in xs), xs
+    rs = [np.repeat(np.arange(3.0), 2) for _ in range(3)]
+    pycoll.wait_all([tm.allgather(rv[2 * r:2 * r + 2], rv) for r, (tm, rv) in enumerate(zip(teams, rs))])
+    assert all((rv == np.repeat(np.arange(3.0), 2)).all() for rv in rs), rs
+
+
 def test_buffer_errors_are_pycoll_errors_raised_before_anything_is_sent():
     import pycoll.buffers
 
