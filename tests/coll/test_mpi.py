@@ -70,3 +70,9 @@ def test_a_timeout_off_the_segment_says_what_each_peer_does(mpirun):
     """Rank 0's collective #3 times out: rank 1 posted a tagged collective instead (its answer:
     what it posted and waits on), rank 2 sleeps outside pycoll (no answer in 0.5 s)."""
     mpirun(3, "tests/coll/scripts/timeout_peers.py", timeout=60, env={"PYCOLL_TLS": "mpi"})
+
+
+def test_a_size_mismatch_no_check_saw_says_so_on_the_mpi_transport(mpirun):
+    """An MPI truncation (a larger message than the receive) reads as what it means here: the
+    ranks' calls differ in size, and PYCOLL_CHECK=all checks every call."""
+    mpirun(2, "tests/coll/scripts/truncated.py", timeout=60, env={"PYCOLL_TLS": "mpi", "PYCOLL_CHECK": "off"})

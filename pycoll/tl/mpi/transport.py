@@ -61,13 +61,26 @@ def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
     return _CHECKED | ((key_hash(prefix) & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
 
 
+def failure(req: TransportRequest, exc: Any, statuses: Any = ()) -> TransportError:
+    """The TransportError of ``req`` whose MPI requests failed with ``exc`` (their ``statuses``,
+    when tested together, hold each one's error). A message longer than the receive
+    (``MPI_ERR_TRUNCATE``) says what that means here: the ranks' calls differ in size."""
+    classes = {exc.Get_error_class()} | {st.Get_error() for st in statuses}
+    why = str(exc)
+    if MPI.ERR_TRUNCATE in classes or any(MPI.Get_error_class(c) == MPI.ERR_TRUNCATE for c in classes if c):
+        why = ("a message larger than this rank's receive buffer arrived (MPI_ERR_TRUNCATE): the ranks' "
+               "calls differ in size. The agreement check samples calls past a team's first ones "
+               "(PYCOLL_CHECK=all checks every call and names the ranks that differ)")
+    return TransportError(f"mpi: {req.kind} {'to' if req.kind == 'send' else 'from'} rank {req.peer} "
+                          f"(tag {req.tag!r}) failed: {why}")
+
+
 def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
     """Test MPI requests for ``req``: done when all are; an MPI error becomes a TransportError."""
     try:
         ok = mpi_reqs[0].Test() if len(mpi_reqs) == 1 else MPI.Request.Testall(mpi_reqs)
     except MPI.Exception as exc:
-        req.error = TransportError(f"mpi: {req.kind} {'to' if req.kind == 'send' else 'from'} rank "
-                                   f"{req.peer} (tag {req.tag!r}) failed: {exc}")
+        req.error = failure(req, exc)
         raise req.error from None
     if ok:
         req.done = True
@@ -282,8 +295,7 @@ class MPITransport(Transport):
             else:
                 ok = MPI.Request.Testall(mpi_reqs, statuses)
         except MPI.Exception as exc:
-            req.error = TransportError(f"mpi: {req.kind} from rank {req.peer} (tag {req.tag!r}) failed: "
-                                       f"{exc}")
+            req.error = failure(req, exc, statuses[:len(mpi_reqs)])
             raise req.error from None
         if ok:
             status = statuses[len(mpi_reqs) - 1]
