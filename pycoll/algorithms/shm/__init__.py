@@ -17,6 +17,7 @@ def segment_of(args: Any) -> Any:
     when there is none, or when the call is tagged: segment collectives run in posting order, so
     they cannot be matched by tag."""
     if args.shared is None or args.tag is not None:
-        raise ValueError(f"{args.coll}: algorithm 'shm' needs an untagged call on a team whose ranks "
-                         "share a host (and PYCOLL_TLS allowing shm)")
+        algorithm = args.name.partition(":")[2].partition("@")[0] or "shm"  # (the name is coll:alg@rank)
+        raise ValueError(f"{args.coll}: algorithm {algorithm!r} needs an untagged call on a team whose "
+                         "ranks share a host (and PYCOLL_TLS allowing shm)")
     return args.shared

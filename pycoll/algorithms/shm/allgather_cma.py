@@ -57,6 +57,6 @@ class CmaAllgather(StepTask):
 def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
     if args.shared is None or not getattr(args.shared, "cma", False):
-        raise ValueError("allgather algorithm 'cma' needs a team on one host whose ranks may read each "
-                         "other's memory (process_vm_readv)")
+        raise ValueError(f"{args.coll}: algorithm 'cma' needs a team on one host whose ranks may read "
+                         "each other's memory (process_vm_readv)")
     return CmaAllgather(args, name=args.name)
