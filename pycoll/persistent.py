@@ -147,6 +147,8 @@ def _flat_view(arr: np.ndarray) -> np.ndarray:
     return view
 
 
+_ref = weakref.ref
+
 #: The parameters of the collectives that are buffers (a repeated call compares their dtypes).
 BUFFER_PARAMS = frozenset(("buf", "sendbuf", "recvbuf"))
 
@@ -208,11 +210,17 @@ class Repeated:
         #: Weak references to its ndarray arguments: numpy refuses to reallocate an array that has
         #: one, even with ``resize(refcheck=False)``, so a remembered array keeps the memory its
         #: persistent form points into (the repeat test compares objects, not addresses).
-        self.pinned = [weakref.ref(a) for a in args if type(a) is np.ndarray]
-        self.dtypes = dtypes
+        self.pinned: List[Any] = []
         #: Each ndarray argument's flags (``flags.num``: contiguity, writeable), as the repeat test
         #: compares them; None for the others.
-        self.flags = tuple(a.flags.num if type(a) is np.ndarray else None for a in args)
+        self.flags: List[Optional[int]] = []
+        for a in args:  # (one pass: this runs for every call posted as a new one)
+            if type(a) is np.ndarray:
+                self.pinned.append(_ref(a))
+                self.flags.append(a.flags.num)
+            else:
+                self.flags.append(None)
+        self.dtypes = dtypes
         self.timeout = timeout  # the call's timeout keyword (a repeat gives the same)
         self.algorithm = algorithm  # the call's algorithm keyword (a repeat names the same)
         self.make = make
