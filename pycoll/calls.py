@@ -14,6 +14,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from pycoll.buffers import as_array, as_bytes
+from pycoll.native import address
 from pycoll.ops import ReduceOp, as_op, check_op
 
 Layout = Tuple[Tuple[int, int], ...]
@@ -140,7 +141,7 @@ def allgatherv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Sequenc
                displs: Optional[Sequence[int]] = None) -> Call:
     dst = as_array(recvbuf, writable=True, what="recvbuf")
     layout = check_layout(counts, displs, dst.size, size, "allgatherv", "recvbuf")
-    src = contribution(sendbuf, dst, layout[rank], rank, "allgatherv")
+    src = contribution(sendbuf, dst, layout[rank], rank, "allgatherv", layout)
     return Call("allgatherv", src, dst, ReduceOp.SUM, 0, recvbuf, span(layout) * dst.itemsize, layout)
 
 
@@ -165,7 +166,7 @@ def reduce_scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Se
     if src.dtype != dst.dtype or dst.size != layout[rank][1]:
         raise ValueError(f"reduce_scatterv: recvbuf ({dst.size} x {dst.dtype}) must hold "
                          f"counts[{rank}] = {layout[rank][1]} elements of {src.dtype}")
-    apart(dst, src, "reduce_scatterv", layout[rank])
+    apart(dst, src, "reduce_scatterv", layout[rank], layout)
     check_op(op, src.dtype)
     return Call("reduce_scatterv", src, dst, op, 0, recvbuf, span(layout) * src.itemsize, layout)
 
@@ -176,7 +177,7 @@ def alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any) -> Call:
     if src.dtype != dst.dtype or src.size != dst.size or src.size % size:
         raise ValueError(f"alltoall: sendbuf ({src.size} x {src.dtype}) and recvbuf ({dst.size} x "
                          f"{dst.dtype}) must be equal and hold {size} blocks")
-    src = apart(src, dst, "alltoall")  # (in place: only bruck takes it, see Planner.build)
+    src = apart(src, dst, "alltoall")
     return Call("alltoall", src, dst, ReduceOp.SUM, 0, recvbuf, src.nbytes)
 
 
@@ -192,7 +193,7 @@ def alltoallv(rank: int, size: int, sendbuf: Any, recvbuf: Any, sendcounts: Sequ
     if layout[rank][1] != rlayout[rank][1]:
         raise ValueError(f"alltoallv: rank {rank} sends itself {layout[rank][1]} elements but "
                          f"expects {rlayout[rank][1]}")
-    src = apart(src, dst, "alltoallv")  # (in place: refused by Planner.build)
+    src = apart_blocks(src, layout, dst, rlayout, "alltoallv")
     # sizes differ per rank, so every rank selects by team size alone (size 0)
     return Call("alltoallv", src, dst, ReduceOp.SUM, 0, recvbuf, 0, layout, rlayout)
 
@@ -226,7 +227,7 @@ def gatherv(rank: int, size: int, sendbuf: Any, recvbuf: Any = None, counts: Opt
         raise ValueError("gatherv: the root needs counts")
     dst = as_array(recvbuf, writable=True, what="recvbuf")
     layout = check_layout(counts, displs, dst.size, size, "gatherv", "recvbuf")
-    src = contribution(sendbuf, dst, layout[root], rank, "gatherv")
+    src = contribution(sendbuf, dst, layout[root], rank, "gatherv", layout)
     return Call("gatherv", src, dst, ReduceOp.SUM, root, recvbuf, 0, layout)
 
 
@@ -259,30 +260,58 @@ def scatterv(rank: int, size: int, sendbuf: Any, recvbuf: Any, counts: Optional[
         raise ValueError("scatterv: the root needs counts")
     src = as_array(sendbuf, what="sendbuf")
     layout = check_layout(counts, displs, src.size, size, "scatterv", "sendbuf", overlap=True)
-    dst = own_output(recvbuf, src, layout[root], "scatterv")
+    dst = own_output(recvbuf, src, layout[root], "scatterv", layout)
     return Call("scatterv", src, dst, ReduceOp.SUM, root, recvbuf if recvbuf is not None else dst, 0, layout)
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _address(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
-
-
-def apart(src: np.ndarray, dst: np.ndarray, coll: str, own: Optional[Tuple[int, int]] = None) -> np.ndarray:
-    """``src`` if it lies apart from ``dst``; ``dst`` if it is the same memory (in place, given as
-    two objects: the algorithms know it as the same array); ``src`` if it is exactly this rank's
-    block ``own`` = (offset, count) of ``dst`` (a gathering collective's input in place). Any other
-    overlap raises ``ValueError`` (MPI forbids it; the algorithms would read what they wrote)."""
+def apart(src: np.ndarray, dst: np.ndarray, coll: str, own: Optional[Tuple[int, int]] = None,
+          blocks: Optional[Sequence[Tuple[int, int]]] = None) -> np.ndarray:
+    """``src`` if it lies apart from what the call touches in ``dst``: the whole of ``dst``, or its
+    ``blocks`` (offset, count) of a v-layout (``src`` may lie in their gaps); ``dst`` if it is the
+    same memory as the whole of ``dst`` (in place, given as two objects: the algorithms know it as
+    the same array); ``src`` if it is exactly the rank's block ``own`` = (offset, count) of ``dst``
+    (a gathering collective's input in place). Any other overlap raises ``ValueError`` (MPI
+    forbids it; the algorithms would read what they wrote). Symmetric: the scatters and the
+    reduce-scatters pass the output as ``src`` and the input, whose blocks they read, as ``dst``."""
     if src is dst or (src.base is None and dst.base is None) or not np.may_share_memory(src, dst):
         return src  # (arrays that own their memory are apart: no address is looked up)
-    start, base = _address(src), _address(dst)
-    if start == base and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
+    lo = address(src) - address(dst)
+    hi = lo + src.nbytes
+    item = dst.itemsize
+    if blocks is None and lo == 0 and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
         return dst
-    if own is not None and start == base + own[0] * dst.itemsize and src.nbytes == own[1] * dst.itemsize:
+    if own is not None and lo == own[0] * item and src.nbytes == own[1] * item:
         return src
-    where = "this rank's block" if own is not None else "the same array"
-    raise ValueError(f"{coll}: sendbuf and recvbuf overlap ({start - base:+d} bytes apart); pass "
-                     f"arrays apart, or {where} for in place")
+    touched = ((0, dst.size),) if blocks is None else blocks
+    for off, cnt in touched:
+        if cnt and off * item < hi and lo < (off + cnt) * item:
+            where = "this rank's block" if own is not None else "the same array"
+            raise ValueError(f"{coll}: sendbuf and recvbuf overlap ({lo:+d} bytes apart); pass arrays "
+                             f"apart, or {where} for in place")
+    return src
+
+
+def apart_blocks(src: np.ndarray, layout: Layout, dst: np.ndarray, rlayout: Layout, coll: str) -> np.ndarray:
+    """An alltoallv's ``src`` if the blocks it reads (``layout``) and those it writes into ``dst``
+    (``rlayout``) do not overlap; ``dst`` if the two are the same memory with the same blocks (in
+    place). Else ``ValueError``, before anything is sent."""
+    same = src is dst
+    if not same and ((src.base is None and dst.base is None) or not np.may_share_memory(src, dst)):
+        return src
+    shift = 0 if same else address(src) - address(dst)
+    if shift == 0 and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
+        if [tuple(b) for b in layout] != [tuple(b) for b in rlayout]:
+            raise ValueError(f"{coll}: sendbuf and recvbuf are the same memory (in place) but their counts "
+                             "or displacements differ; in place takes the same for both")
+        return dst
+    item = dst.itemsize
+    reads = np.array([(o, o + c) for o, c in layout if c], np.int64).reshape(-1, 2) * item + shift
+    writes = np.array([(o, o + c) for o, c in rlayout if c], np.int64).reshape(-1, 2) * item
+    if ((reads[:, None, 0] < writes[None, :, 1]) & (writes[None, :, 0] < reads[:, None, 1])).any():
+        raise ValueError(f"{coll}: blocks of sendbuf overlap blocks of recvbuf ({shift:+d} bytes apart); "
+                         "pass arrays apart, or the same array with the same blocks for in place")
+    return src
 
 
 def elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
@@ -298,9 +327,10 @@ def elementwise(sendbuf: Any, recvbuf: Any, coll: str) -> tuple:
     return apart(src, dst, coll), dst, recvbuf
 
 
-def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: int, coll: str) -> np.ndarray:
+def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: int, coll: str,
+                 layout: Optional[Layout] = None) -> np.ndarray:
     """This rank's input to a gathering collective: ``sendbuf``, or (``None``: in place) its
-    ``block`` of ``dst``."""
+    ``block`` of ``dst`` (``layout``: the blocks of a v-collective, whose gaps ``sendbuf`` may lie in)."""
     off, cnt = block
     if sendbuf is None:
         return dst[off:off + cnt]
@@ -308,10 +338,11 @@ def contribution(sendbuf: Any, dst: np.ndarray, block: Tuple[int, int], rank: in
     if src.dtype != dst.dtype or src.size != cnt:
         raise ValueError(f"{coll}: sendbuf ({src.size} x {src.dtype}) must be rank {rank}'s "
                          f"block of recvbuf ({cnt} x {dst.dtype})")
-    return apart(src, dst, coll, block)
+    return apart(src, dst, coll, block, layout)
 
 
-def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str) -> np.ndarray:
+def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str,
+               layout: Optional[Layout] = None) -> np.ndarray:
     """The root's output of a scattering collective: ``recvbuf``, or (``None``: in place) its
     block of ``src`` (left where it is)."""
     off, cnt = block
@@ -321,7 +352,7 @@ def own_output(recvbuf: Any, src: np.ndarray, block: Tuple[int, int], coll: str)
     if src.dtype != dst.dtype or dst.size != cnt:
         raise ValueError(f"{coll}: recvbuf ({dst.size} x {dst.dtype}) must hold the root's block of "
                          f"sendbuf ({cnt} x {src.dtype})")
-    apart(dst, src, coll, block)  # (apart, or exactly its own block of sendbuf: in place)
+    apart(dst, src, coll, block, layout)  # (apart, or exactly its own block of sendbuf: in place)
     return dst
 
 

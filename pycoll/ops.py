@@ -86,10 +86,12 @@ _KNOWN_MPI_OPS: set = set()  # the Fortran handles of the MPI ops in _MPI_NAMES,
 def mpi_op_known(op: Any) -> bool:
     """Whether ``op``, an ``mpi4py.MPI.Op``, is one pycoll reduces with (SUM, PROD, MIN, MAX and the
     bitwise and logical ops): not MAXLOC, MINLOC, REPLACE, NO_OP nor a user-defined op."""
-    if not _KNOWN_MPI_OPS:
+    known = _KNOWN_MPI_OPS
+    if not known:
         mpi = sys.modules["mpi4py.MPI"]
-        _KNOWN_MPI_OPS.update(getattr(mpi, name).py2f() for name in _MPI_NAMES)
-    return op.py2f() in _KNOWN_MPI_OPS
+        known = {getattr(mpi, name).py2f() for name in _MPI_NAMES}
+        _KNOWN_MPI_OPS.update(known)  # (whole at once: another thread sees all of it or none)
+    return op.py2f() in known
 
 
 #: the ops each kind of dtype (:data:`pycoll.dtypes.KINDS`) allows.

@@ -216,8 +216,10 @@ class Repeated:
         self.flags: List[Optional[int]] = []
         for a in args:  # (one pass: this runs for every call posted as a new one)
             if type(a) is np.ndarray:
-                self.pinned.append(_ref(a))
                 self.flags.append(a.flags.num)
+                while type(a) is np.ndarray:  # (a view's base too: resizing it would move the view)
+                    self.pinned.append(_ref(a))
+                    a = a.base
             else:
                 self.flags.append(None)
         self.dtypes = dtypes
@@ -295,7 +297,14 @@ def _same_objects(a: tuple, b: tuple) -> bool:
 
 
 def _same_call(entry: Repeated, args: tuple, timeout: Optional[float], algorithm: Optional[str]) -> bool:
-    return _same_objects(entry.args, args) and entry.timeout == timeout and entry.algorithm == algorithm
+    """Whether ``entry`` is this call: the same objects, keywords, and ndarrays of the same dtypes
+    and flags (one whose dtype or flags changed in place is remembered again, as it is now)."""
+    if not (_same_objects(entry.args, args) and entry.timeout == timeout and entry.algorithm == algorithm):
+        return False
+    for a, f, d in zip(args, entry.flags, entry.dtypes):
+        if f is not None and (a.flags.num != f or (isinstance(d, np.dtype) and a.dtype is not d)):
+            return False
+    return True
 
 
 def repeat_key(name: str, args: tuple) -> tuple:

@@ -11,7 +11,6 @@ import numpy as np
 
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire, copy_block
 from pycoll.algorithms.options import Option, options
-from pycoll.buffers import scratch_array
 from pycoll.tasks.task import Task
 
 NAME = "pairwise"
@@ -25,17 +24,13 @@ class PairwiseAlltoall(StepTask):
         #: (src, dst, layouts, the blocks' wire views to send and to receive into, own blocks):
         #: made once for the buffers a call repeats (n - 1 slices and views each way per call)
         self._views: Optional[tuple] = None
-        #: In place: the copy of the buffer the blocks are sent from (kept for the calls that repeat)
-        self._copy: Optional[np.ndarray] = None
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, ch = a.size, a.rank, a.channel
         source = a.src
         if source is a.dst and n > 1:
-            copy = self._copy
-            if copy is None or copy.size != source.size or copy.dtype != source.dtype:
-                copy = self._copy = scratch_array(source.size, source.dtype)
+            copy = self.scratch(0, source)  # (kept with the task, counted in its scratch_bytes)
             np.copyto(copy, source)
             source = copy
         views = self._views

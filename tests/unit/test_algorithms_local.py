@@ -164,8 +164,10 @@ def test_alltoall_bruck(n):
     # copy), twice: the second call repeats the first
     count = 3
     for alg in ("bruck", "pairwise"):
+        bufs = [np.empty(n * count, np.int64) for _ in range(n)]
         for _ in range(2):
-            bufs = [np.arange(n * count) + 1000 * s for s in range(n)]
+            for s, b in enumerate(bufs):
+                b[:] = np.arange(n * count) + 1000 * s
             orig = [b.copy() for b in bufs]
             pycoll.wait_all([t.alltoall(bufs[r], bufs[r], algorithm=alg) for r, t in enumerate(teams)])
             for d in range(n):

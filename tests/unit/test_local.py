@@ -97,6 +97,16 @@ def test_overlapping_buffers_are_refused_unless_in_place():
     rs = [np.repeat(np.arange(3.0), 2) for _ in range(3)]
     pycoll.wait_all([tm.allgather(rv[2 * r:2 * r + 2], rv) for r, (tm, rv) in enumerate(zip(teams, rs))])
     assert all((rv == np.repeat(np.arange(3.0), 2)).all() for rv in rs), rs
+    # v-layouts: a sendbuf in a gap of the blocks, disjoint regions of one workspace: legal
+    bs = [np.full(8, float(r)) for r in range(3)]
+    pycoll.wait_all([tm.allgatherv(b[0:2], b, [2, 2, 2], [2, 4, 6]) for tm, b in zip(teams, bs)])
+    assert all((b[2:] == np.repeat(np.arange(3.0), 2)).all() for b in bs), bs
+    ws = [np.concatenate([np.arange(6.0) + 10 * r, np.zeros(6)]) for r in range(3)]
+    pycoll.wait_all([tm.alltoallv(w[0:6], w[6:12], [2] * 3, [2] * 3) for tm, w in zip(teams, ws)])
+    assert all((w[6:] == [2 * r + k + 10 * s for s in range(3) for k in range(2)]).all()
+               for r, w in enumerate(ws)), ws
+    with pytest.raises(ValueError, match="counts or displacements differ"):
+        t.alltoallv(ws[0], ws[0], [2] * 3, [2] * 3, [0, 2, 4], [6, 8, 10])
 
 
 def test_buffer_errors_are_pycoll_errors_raised_before_anything_is_sent():
