@@ -55,7 +55,7 @@ from pycoll.errors import PycollError, TimeoutError
 from pycoll.scheduling import ScheduledTensor, Scheduler
 from pycoll.torch.backend import ProcessGroupPycoll
 from pycoll.torch.hooks import default_group
-from pycoll.torch.tensors import as_numpy, memory_order
+from pycoll.torch.tensors import as_numpy
 
 #: Prefix of the scheduler names of the optimizer's own control tensors (no parameter name has it).
 _CONTROL = "~scheduled-optimizer"
@@ -334,8 +334,7 @@ class ScheduledOptimizer:
             def on_done(entry: ScheduledTensor, error: Optional[BaseException]) -> None:
                 self._update(st, error, True)
         try:
-            # (a channels-last gradient is reduced as it lies: every rank's is laid out alike)
-            self.scheduler.submit(st.name, as_numpy(memory_order(grad)), st.priority, on_done=on_done)
+            self.scheduler.submit(st.name, as_numpy(grad), st.priority, on_done=on_done)
         except BaseException:
             st.grad = None
             st.done.set()

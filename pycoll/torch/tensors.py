@@ -48,20 +48,6 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return np.asarray(_Memory(t)).view(dtype)
 
 
-def memory_order(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous view of ``t``'s elements in the order they lie in memory: ``t`` itself when it
-    is contiguous, its dimensions permuted when it is dense but laid out otherwise (channels-last,
-    a transpose). For elementwise work on tensors laid out alike on every rank (a parameter's
-    gradient): no copy. ``ValueError`` for a tensor with gaps or overlaps."""
-    if t.is_contiguous():
-        return t
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
-    view = t.permute(order)
-    if not view.is_contiguous():
-        raise ValueError(f"pycoll backend: a tensor with gaps (strides {t.stride()}) has no flat view")
-    return view
-
-
 class Views:
     """The numpy views of the tensors a group's synchronous calls take, kept (the last
     ``limit``) so that a call repeated on the same tensor passes the team the same array: the

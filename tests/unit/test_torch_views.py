@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pycoll.torch.tensors import Views, as_numpy, memory_order  # noqa: E402 - after the skip
+from pycoll.torch.tensors import Views  # noqa: E402 - after the skip
 
 
 def test_small_tensors_get_the_same_view_again():
@@ -28,17 +28,3 @@ def test_large_tensors_are_not_kept_alive():
     del big, arr
     gc.collect()
     assert ref() is None, "the view cache kept a large tensor alive"
-
-
-def test_memory_order_is_a_flat_view_of_dense_layouts_and_refuses_gaps():
-    """A channels-last or transposed tensor (a parameter's gradient) is reduced as it lies in
-    memory: every element once, written through; a tensor with gaps is refused."""
-    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
-    for t in (conv.weight.detach(), torch.randn(5, 3).t(), torch.randn(4, 6)):
-        before = t.clone()
-        arr = as_numpy(memory_order(t))
-        assert arr.size == t.numel()
-        arr *= 2
-        assert torch.equal(t, before * 2)
-    with pytest.raises(ValueError, match="gaps"):
-        memory_order(torch.ones(4, 6)[:, ::2])

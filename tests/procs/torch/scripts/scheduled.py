@@ -73,8 +73,12 @@ class ConvNet(CNN):
 
 
 def new_model(kind: str) -> nn.Module:
+    """``mlp``, ``cnn``, or ``cnn-cl``: the CNN in channels-last memory (its gradients too)."""
     torch.manual_seed(0)
-    return MLP() if kind == "mlp" else ConvNet()
+    if kind == "mlp":
+        return MLP()
+    model = ConvNet()
+    return model.to(memory_format=torch.channels_last) if kind == "cnn-cl" else model
 
 
 def train_ddp(kind: str, opt_name: str, group: Any, unused: bool,
@@ -144,6 +148,7 @@ def run_equal() -> None:
     pycoll_pg = dist.distributed_c10d._get_default_group()
     gloo_pg = dist.new_group(backend="gloo")
     cases = [("mlp", "sgd", False), ("mlp", "adamw", False), ("cnn", "sgd", False), ("cnn", "adamw", False),
+             ("cnn-cl", "sgd", False),
              ("mlp", "rmsprop", False), ("mlp", "adagrad", False),
              ("mlp", "sgd", True), ("mlp", "adamw", True)]
     exact = 0
