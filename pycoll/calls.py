@@ -13,8 +13,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from pycoll.buffers import as_array, as_bytes
-from pycoll.native import address
+from pycoll.buffers import address, as_array, as_bytes
 from pycoll.ops import ReduceOp, as_op, check_op
 
 Layout = Tuple[Tuple[int, int], ...]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pycoll.buffers import address  # (re-exported: the shm transport's)
 from pycoll.dtypes import DTYPE_CODES
 from pycoll.errors import PycollError
 from pycoll.ops import OP_CODES, ReduceOp
@@ -31,11 +32,6 @@ ERRORS = {-1: "invalid argument", -2: "the segment header is not valid (corrupte
 def pointer(arr: np.ndarray) -> ffi.CData:
     """A ``char *`` to the first byte of a contiguous array (zero-size arrays included)."""
     return ffi.cast("char *", ffi.from_buffer(arr))
-
-
-def address(arr: np.ndarray) -> int:
-    """The address of an array's first byte (cheaper than ``arr.ctypes.data``)."""
-    return int(ffi.cast("uintptr_t", ffi.from_buffer(arr)))
 
 
 def reduce(op: ReduceOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 
 from pycoll import algorithms, ops
 from pycoll.algorithms.base import StepTask
+from pycoll.buffers import address
 from pycoll.errors import PycollError
 from pycoll.events.manager import Event
 from pycoll.lower.program import MAX_STEP, SIZE_SLICE, Instr, Program, Sizes, Slice
@@ -84,24 +85,11 @@ def _root(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-try:  # (the address through cffi: a third of what numpy's __array_interface__ costs)
-    from pycoll._native import ffi as _ffi
-except ImportError:  # pragma: no cover - the native module is built at install
-    _ffi = None
-
-
 def _size_of(arr: np.ndarray) -> int:
     """The bytes of ``arr``, a buffer an instruction names (contiguous, as a slice must be)."""
     if arr.size and not arr.flags.c_contiguous:
         raise NotLowerable("a buffer that is not contiguous")
     return arr.nbytes
-
-
-def _addr(arr: np.ndarray) -> int:
-    """Where ``arr``'s first element is in memory."""
-    if _ffi is not None and arr.flags.c_contiguous:
-        return int(_ffi.cast("uintptr_t", _ffi.from_buffer(arr)))
-    return arr.__array_interface__["data"][0]
 
 
 class Recorder:
@@ -123,14 +111,14 @@ class Recorder:
     def name(self, arr: np.ndarray, name: str) -> None:
         """Call the memory of ``arr`` ``name`` (``dst``, ``src``: the call's own arrays, named
         first, so a slice inside one of them is named by it; then scratch buffers)."""
-        start = _addr(arr)
+        start = address(arr)
         self._ranges.append((start, start + arr.nbytes, name, arr))
         self.buffers[name] = arr.nbytes
 
     def slice_of(self, arr: np.ndarray) -> Slice:
         if arr.size and not arr.flags.c_contiguous:
             raise NotLowerable("a buffer that is not contiguous")
-        start = _addr(arr)
+        start = address(arr)
         end = start + arr.nbytes
         for lo, hi, name, _ in self._ranges:
             if lo <= start and end <= hi and (arr.nbytes or lo < hi or start == lo):
@@ -138,7 +126,7 @@ class Recorder:
         root = _root(arr)  # memory of the algorithm's own: a scratch buffer, all of its owner
         name = f"scratch{sum(1 for n in self.buffers if n.startswith('scratch'))}"
         self.name(root, name)
-        return (name, start - _addr(root), arr.nbytes)
+        return (name, start - address(root), arr.nbytes)
 
     def message(self, kind: str, buf: np.ndarray, peer: int, step: int) -> None:
         """Record a send or receive (``kind``) of ``buf`` with ``peer`` on ``step``: a request,
@@ -296,7 +284,7 @@ def _own_buffers(call: Any) -> Any:
     if src is call.dst:
         src = dst
     else:
-        off = _addr(src) - _addr(call.dst)
+        off = address(src) - address(call.dst)
         if src.nbytes and 0 <= off and off + src.nbytes <= call.dst.nbytes:
             src = dst.view(np.uint8)[off:off + src.nbytes].view(src.dtype)
         else:

@@ -49,7 +49,6 @@ OPS: Dict[Any, ReduceOp] = {
 }
 
 
-
 def reduce_op(op: Any) -> ReduceOp:
     """pycoll's operator for a torch ``ReduceOp``: PREMUL_SUM (NCCL's, made by
     ``dist._make_nccl_premul_sum(factor)``) is a SUM of inputs the caller scales first (see

@@ -65,9 +65,9 @@ def failure(req: TransportRequest, exc: Any, statuses: Any = ()) -> TransportErr
     """The TransportError of ``req`` whose MPI requests failed with ``exc`` (their ``statuses``,
     when tested together, hold each one's error). A message longer than the receive
     (``MPI_ERR_TRUNCATE``) says what that means here: the ranks' calls differ in size."""
-    classes = {exc.Get_error_class()} | {st.Get_error() for st in statuses}
+    codes = [exc.Get_error_code(), *(st.Get_error() for st in statuses)]
     why = str(exc)
-    if MPI.ERR_TRUNCATE in classes or any(MPI.Get_error_class(c) == MPI.ERR_TRUNCATE for c in classes if c):
+    if any(code and MPI.Get_error_class(code) == MPI.ERR_TRUNCATE for code in codes):
         why = ("a message larger than this rank's receive buffer arrived (MPI_ERR_TRUNCATE): the ranks' "
                "calls differ in size. The agreement check samples calls past a team's first ones "
                "(PYCOLL_CHECK=all checks every call and names the ranks that differ)")

@@ -164,12 +164,13 @@ def check_waitall(world, comm, n, r):
     assert Request.Waitall(reqs) is True
     assert Request.Testall(reqs) is True
     assert (recv == left).all() and (y == n * (n + 1) / 2).all() and (z == n - 1).all()
+    # mpi4py's own Waitall takes its own requests only: a clear error, not a return before the work
+    refused = None
     try:
         MPI.Request.Waitall(reqs)
-    except TypeError:
-        pass  # (mpi4py's takes its own requests only: a clear error, not a return before the work)
-    else:
-        raise AssertionError("MPI.Request.Waitall took pycoll's requests")
+    except TypeError as exc:
+        refused = exc
+    assert refused is not None, "MPI.Request.Waitall took pycoll's requests"
     mine, theirs = np.zeros(4), np.zeros(4)
     pers = [comm.Allreduce_init(np.ones(4), mine, op=MPI.SUM),
             world.Allreduce_init(np.ones(4), theirs, op=MPI.SUM)]
@@ -197,12 +198,12 @@ def check_counts_changed_in_place(world, n, r):
         comm.Reduce_scatter(whole, out, counts, op=MPI.SUM)
     assert (out == n).all()
     counts[:] = counts[::-1].copy()  # (rank r's count changes unless it is the middle one)
+    raised = None
     try:
         comm.Reduce_scatter(whole, out, counts, op=MPI.SUM)
-    except (ValueError, MPI.Exception):
-        pass
-    else:
-        raise AssertionError(f"rank {r}: Reduce_scatter ran unchecked with counts {counts.tolist()}")
+    except (ValueError, MPI.Exception) as exc:
+        raised = exc
+    assert raised is not None, f"rank {r}: Reduce_scatter ran unchecked with counts {counts.tolist()}"
 
 
 if __name__ == "__main__":
