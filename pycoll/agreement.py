@@ -48,19 +48,12 @@ EXCHANGE = "bruck"
 _COLLS = list(COLLECTIVES)
 _NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 _OPS = list(ReduceOp)
-_REDUCING = frozenset(("allreduce", "reduce", "reduce_scatter", "reduce_scatterv"))
-_ROOTED = frozenset(("bcast", "reduce", "gather", "gatherv", "scatter", "scatterv"))
-#: The buffer whose dtype and size every rank gives alike, by collective (None: the count is not
-#: checked: each rank knows only its own blocks; "counts": the digest of the blocks' counts).
-_COUNTED = {"allreduce": "src", "bcast": "dst", "reduce": "src", "allgather": "src",
-            "reduce_scatter": "dst", "alltoall": "src", "gather": "src", "scatter": "dst",
-            "allgatherv": "counts", "reduce_scatterv": "counts", "alltoallv": None, "gatherv": None,
-            "scatterv": None, "barrier": None, "scan": "src", "exscan": "src"}
 _NONE = 0xFFFFFFFF
-#: Collectives checked on every call off the segment (``PYCOLL_CHECK=auto``): their counts are each
-#: rank's own data, which a rank may reject (a root's counts, :meth:`pycoll.planner.Planner.reject`)
-#: while its peers post the call; only the check tells them at once.
-ALWAYS = frozenset(("allgatherv", "alltoallv", "gatherv", "scatterv", "reduce_scatterv"))
+#: Collectives checked on every call off the segment (``PYCOLL_CHECK=auto``): the v-forms, whose
+#: counts are each rank's own data, which a rank may reject (a root's counts,
+#: :meth:`pycoll.planner.Planner.reject`) while its peers post the call; only the check tells them
+#: at once.
+ALWAYS = frozenset(c.name for c in COLLECTIVES.values() if c.vector)
 
 
 def due(key: tuple, mode: str) -> bool:
@@ -121,17 +114,18 @@ def fingerprint(call: Call, name: str, rank: int = 0, size: int = 1) -> np.ndarr
     ``size``): collective, dtype, op, root, count (or the digest of the v-forms' counts),
     algorithm; and the :func:`flows` of the blocks whose sizes only their two ends know."""
     coll = call.coll
-    counted = _COUNTED.get(coll)
-    buf = call.dst if counted == "dst" or coll in ("scatterv", "alltoallv") else call.src
+    row = COLLECTIVES.get(coll)
+    agreed = row.agreed if row is not None else ""
+    buf = call.dst if agreed == "dst" else call.src
     count: int = _NONE
-    if counted in ("src", "dst"):
+    if agreed and row is not None and row.agreed_count == "size":
         count = buf.size
-    elif counted == "counts" and call.layout is not None:
+    elif row is not None and row.agreed_count == "counts" and call.layout is not None:
         count = zlib.crc32(repr([c for _, c in call.layout]).encode()) | 1 << 32
     return np.array([_COLLS.index(coll) if coll in _COLLS else 0xFF,
-                     DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if coll != "barrier" else 0xFF,
-                     _OPS.index(call.op) if coll in _REDUCING else 0xFF,
-                     call.root if coll in _ROOTED or call.root == REJECTED else _NONE,
+                     DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if agreed else 0xFF,
+                     _OPS.index(call.op) if row is not None and row.reduces else 0xFF,
+                     call.root if (row is not None and row.rooted) or call.root == REJECTED else _NONE,
                      count, zlib.crc32(name.encode()), *flows(call, rank, size)], np.uint64)
 
 

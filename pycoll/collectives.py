@@ -69,8 +69,17 @@ class Collective:
     size: str = ""
     send: str = "whole"
     recv: str = "whole"
+    #: It reduces with an op (the op must agree across ranks).
     reduces: bool = False
+    #: It has a root (which must agree across ranks).
     rooted: bool = False
+    #: What every rank gives alike besides the op and root, which the agreement check compares
+    #: (:mod:`pycoll.agreement`): the buffer whose dtype must agree ("src", "dst"; "" for none),
+    #: and whether its size must agree too ("size"), or the digest of the v-form's counts, which
+    #: every rank knows ("counts"), or nothing ("": each rank knows its own blocks only; their
+    #: sizes are compared pairwise, see ``agreement.flows``).
+    agreed: str = ""
+    agreed_count: str = ""
     #: A v-variant (``pycoll perf`` times it with equal counts).
     vector: bool = False
     #: The algorithm used when no selection rule matches (None: no rule matching is an error).
@@ -161,25 +170,27 @@ TABLE: Tuple[Collective, ...] = (
         "Allreduce ``sendbuf`` into ``recvbuf`` (``None``: in place); ``wait()`` returns the output. "
         "``algorithm='push_pull'`` runs it as a BytePS push-sum-pull (SUM or AVG).",
         _allreduce, mpi="Allreduce", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
-        torch="all_reduce", factor="2(n-1)/n", size="the buffer (send = recv)", reduces=True),
+        torch="all_reduce", factor="2(n-1)/n", size="the buffer (send = recv)", reduces=True,
+        agreed="src", agreed_count="size"),
     Collective(
         "bcast", calls.bcast, "Broadcast ``buf`` from team rank ``root`` into ``buf`` on every rank.",
         _bcast, mpi="Bcast", mpi_params=("buf", "root"), torch="broadcast", factor="1", size="the buffer",
-        recv="", rooted=True),
+        recv="", rooted=True, agreed="dst", agreed_count="size"),
     Collective(
         "reduce", calls.reduce,
         "Reduce every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (``None`` at the root: in place; "
         "ignored elsewhere).",
         _reduce, mpi="Reduce", mpi_params=("sendbuf", "recvbuf", "op", "root"), mpi_in_place="swap",
         root_only=("recvbuf",), torch="reduce", factor="1",
-        size="the buffer (sendbuf; recvbuf at the root)", reduces=True, rooted=True),
+        size="the buffer (sendbuf; recvbuf at the root)", reduces=True, rooted=True,
+        agreed="src", agreed_count="size"),
     Collective(
         "allgather", calls.allgather,
         "Allgather: ``recvbuf`` gets every rank's ``sendbuf`` in rank order (``sendbuf=None``: in place, "
         "this rank's block of ``recvbuf`` is its contribution).",
         _allgather, mpi="Allgather", mpi_params=("sendbuf", "recvbuf"), mpi_in_place="sendbuf",
         torch="all_gather_into_tensor", factor="(n-1)/n", size=f"recvbuf, {_BLOCKS}", send="block",
-        recv="blocks"),
+        recv="blocks", agreed="src", agreed_count="size"),
     Collective(
         "allgatherv", calls.allgatherv,
         "Allgatherv: rank r contributes ``counts[r]`` elements, which land at ``displs[r]`` of every "
@@ -187,28 +198,30 @@ TABLE: Tuple[Collective, ...] = (
         _allgather, mpi="Allgatherv", mpi_params=("sendbuf", "recvbuf"),
         mpi_vector={"recvbuf": ("counts", "displs")}, mpi_in_place="sendbuf", factor="(n-1)/n",
         size=f"recvbuf, {_BLOCKS} (equal counts)", send="block", recv="blocks",
-        vector=True),
+        vector=True, agreed="src", agreed_count="counts"),
     Collective(
         "reduce_scatter", calls.reduce_scatter,
         "Reduce-scatter (block): rank r gets the reduction of block r of every rank's ``sendbuf`` "
         "(``team.size`` blocks of ``recvbuf``'s size).",
         _reduce_scatter, mpi="Reduce_scatter_block", mpi_params=("sendbuf", "recvbuf", "op"),
         mpi_in_place="copy", torch="reduce_scatter_tensor", factor="(n-1)/n", size=f"sendbuf, {_BLOCKS}",
-        send="blocks", recv="block", reduces=True),
+        send="blocks", recv="block", reduces=True, agreed="dst", agreed_count="size"),
     Collective(
         "reduce_scatterv", calls.reduce_scatterv,
         "Reduce-scatterv (``MPI_Reduce_scatter``): ``sendbuf`` holds ``sum(counts)`` elements, block r "
         "(``counts[r]`` elements, in rank order) is reduced into rank r's ``recvbuf``.",
         _reduce_scatter, mpi="Reduce_scatter", mpi_params=("sendbuf", "recvbuf", "recvcounts", "op"),
         mpi_rename={"recvcounts": "counts"}, mpi_in_place="copy", factor="(n-1)/n",
-        size=f"sendbuf, {_BLOCKS} (equal counts)", send="blocks", recv="block", reduces=True, vector=True),
+        size=f"sendbuf, {_BLOCKS} (equal counts)", send="blocks", recv="block", reduces=True, vector=True,
+        agreed="src", agreed_count="counts"),
     Collective(
         "alltoall", calls.alltoall,
         "Alltoall: block j of ``sendbuf`` goes to rank j, which puts it in block r (this rank) of its "
         "``recvbuf``.",
         _alltoall, mpi="Alltoall", mpi_params=("sendbuf", "recvbuf"), mpi_in_place="copy",
         torch="all_to_all_single",
-        factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS}", send="blocks", recv="blocks"),
+        factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS}", send="blocks", recv="blocks",
+        agreed="src", agreed_count="size"),
     Collective(
         "alltoallv", calls.alltoallv,
         "Alltoallv: ``sendcounts[j]`` elements at ``sdispls[j]`` of ``sendbuf`` go to rank j, and "
@@ -217,14 +230,14 @@ TABLE: Tuple[Collective, ...] = (
         _alltoall, mpi="Alltoallv", mpi_params=("sendbuf", "recvbuf"),
         mpi_vector={"sendbuf": ("sendcounts", "sdispls"), "recvbuf": ("recvcounts", "rdispls")},
         mpi_in_place="copy", factor="(n-1)/n", size=f"sendbuf (= recvbuf), {_BLOCKS} (equal counts)",
-        send="blocks", recv="blocks", vector=True),
+        send="blocks", recv="blocks", vector=True, agreed="dst"),
     Collective(
         "gather", calls.gather,
         "Gather every rank's ``sendbuf`` into ``recvbuf`` on ``root`` (rank order; ``recvbuf`` is "
         "ignored on other ranks; ``sendbuf=None`` at the root: in place).",
         _gather, mpi="Gather", mpi_params=("sendbuf", "recvbuf", "root"), mpi_in_place="sendbuf",
         root_only=("recvbuf",), torch="gather", factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS}",
-        send="block", recv="blocks", rooted=True),
+        send="block", recv="blocks", rooted=True, agreed="src", agreed_count="size"),
     Collective(
         "gatherv", calls.gatherv,
         "Gatherv: rank r's ``sendbuf`` (``counts[r]`` elements) lands at ``displs[r]`` of ``recvbuf`` on "
@@ -233,14 +246,14 @@ TABLE: Tuple[Collective, ...] = (
         _gather, mpi="Gatherv", mpi_params=("sendbuf", "recvbuf", "root"),
         mpi_vector={"recvbuf": ("counts", "displs")}, mpi_in_place="sendbuf", root_only=("recvbuf",),
         factor="(n-1)/n", size=f"recvbuf at the root, {_BLOCKS} (equal counts)",
-        send="block", recv="blocks", rooted=True, vector=True),
+        send="block", recv="blocks", rooted=True, vector=True, agreed="src"),
     Collective(
         "scatter", calls.scatter,
         "Scatter: block r of ``sendbuf`` on ``root`` goes to ``recvbuf`` of rank r (``sendbuf`` is "
         "ignored on other ranks; ``recvbuf=None`` at the root: in place).",
         _scatter, mpi="Scatter", mpi_params=("sendbuf", "recvbuf", "root"), mpi_in_place="recvbuf",
         root_only=("sendbuf",), torch="scatter", factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS}",
-        send="blocks", recv="block", rooted=True),
+        send="blocks", recv="block", rooted=True, agreed="dst", agreed_count="size"),
     Collective(
         "scatterv", calls.scatterv,
         "Scatterv: ``counts[r]`` elements at ``displs[r]`` of ``sendbuf`` on ``root`` go to rank r's "
@@ -248,20 +261,22 @@ TABLE: Tuple[Collective, ...] = (
         _scatter, mpi="Scatterv", mpi_params=("sendbuf", "recvbuf", "root"),
         mpi_vector={"sendbuf": ("counts", "displs")}, mpi_in_place="recvbuf", root_only=("sendbuf",),
         factor="(n-1)/n", size=f"sendbuf at the root, {_BLOCKS} (equal counts)",
-        send="blocks", recv="block", rooted=True, vector=True),
+        send="blocks", recv="block", rooted=True, vector=True, agreed="dst"),
     Collective(
         "scan", calls.scan,
         "Scan (inclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the ``sendbuf`` "
         "of ranks 0..r (``None``: in place). Any op but AVG.",
         _scan, mpi="Scan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
-        factor="1", size="the buffer (send = recv)", reduces=True, default="rd"),
+        factor="1", size="the buffer (send = recv)", reduces=True, default="rd",
+        agreed="src", agreed_count="size"),
     Collective(
         "exscan", calls.exscan,
         "Exscan (exclusive prefix reduction): rank r's ``recvbuf`` gets the reduction of the "
         "``sendbuf`` of ranks 0..r-1; rank 0's is left as it was (MPI leaves it undefined). "
         "``None``: in place. Any op but AVG.",
         _exscan, mpi="Exscan", mpi_params=("sendbuf", "recvbuf", "op"), mpi_in_place="swap",
-        factor="1", size="the buffer (send = recv)", reduces=True, default="rd"),
+        factor="1", size="the buffer (send = recv)", reduces=True, default="rd",
+        agreed="src", agreed_count="size"),
     Collective(
         "barrier", calls.barrier, "Barrier: the request completes once every rank of the team entered it.",
         _nothing, mpi="Barrier", torch="barrier", size="none: time only", send="", recv=""),

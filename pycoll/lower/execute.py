@@ -17,6 +17,7 @@ import numpy as np
 from pycoll import config
 from pycoll.algorithms.base import CollArgs, StepTask, Waitable, as_wire
 from pycoll.buffers import aliasing, scratch_array
+from pycoll.collectives import COLLECTIVES
 from pycoll.engine.request import Request
 from pycoll.lower.program import Program, ProgramError, check
 from pycoll.ops import ReduceOp, finish_avg, reducer
@@ -125,11 +126,6 @@ class ProgramTask(StepTask):
         self.tracer.subtasks(spans)
 
 
-#: The collectives whose op, and whose root, a program was made for.
-_REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv", "scan", "exscan")
-_ROOTED = ("bcast", "reduce", "gather", "scatter", "gatherv", "scatterv")
-
-
 def fits(program: Program, team: Any, call: Any) -> None:
     """Raise :class:`ProgramError` unless ``program`` was made for this rank of ``team`` and for
     a call of ``call``'s shape: collective, count, dtype, buffer sizes, in place or not, op, root."""
@@ -149,9 +145,10 @@ def fits(program: Program, team: Any, call: Any) -> None:
     if (call.src is call.dst) != program.in_place:
         raise ProgramError(f"a program made {'in' if program.in_place else 'out of'} place given a call "
                            f"{'out of' if program.in_place else 'in'} place")
-    if call.coll in _REDUCING and call.op.name.lower() != program.op:
+    row = COLLECTIVES[call.coll]
+    if row.reduces and call.op.name.lower() != program.op:
         raise ProgramError(f"a program for op {program.op} given {call.op.name.lower()}")
-    if call.coll in _ROOTED and call.root != program.root:
+    if row.rooted and call.root != program.root:
         raise ProgramError(f"a program for root {program.root} given root {call.root}")
     for name in ("layout", "rlayout"):
         made, given = getattr(program, name), getattr(call, name)

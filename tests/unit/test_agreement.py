@@ -53,3 +53,24 @@ def test_off_adds_no_exchange(monkeypatch):
     reqs = [t.allreduce(np.ones(4, np.float32)) for t in teams]
     assert all((req.wait(timeout=10) == 2.0).all() for req in reqs)
     assert all(type(req.task).__name__ != "CheckedCall" for req in reqs)
+
+
+@pytest.mark.parametrize("coll", ["scan", "exscan"])
+def test_scan_ops_that_differ_raise(coll):
+    """A prefix reduction reduces: its op must agree (the table says so; the check reads it)."""
+    teams = pycoll.local_teams(2)
+    reqs = [getattr(t, coll)(np.ones(4, np.float32), op="max" if r else "sum") for r, t in enumerate(teams)]
+    for req in reqs:
+        with pytest.raises(pycoll.MismatchError, match=f"rank 0: {coll} 4 x float32 sum; rank 1: {coll} 4 x "
+                                                       "float32 max"):
+            req.wait(timeout=10)
+
+
+def test_the_check_reads_the_table():
+    """What must agree comes from the table of collectives alone (no list of its own to drift)."""
+    from pycoll.collectives import TABLE
+
+    for row in TABLE:
+        assert row.agreed in ("src", "dst", "") and row.agreed_count in ("size", "counts", "")
+        assert (row.name in agreement.ALWAYS) == row.vector
+        assert not row.agreed_count or row.agreed  # (a count is a buffer's)
