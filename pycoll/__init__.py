@@ -9,6 +9,7 @@ from pycoll.engine import Context, Request, get_context, wait_all
 from pycoll.errors import (
     BufferError,
     CanceledError,
+    ClosedError,
     ConfigError,
     MismatchError,
     PeerLostError,
@@ -27,8 +28,8 @@ libenv.apply()  # (no import above starts MPI or UCX: an MPI started after pycol
 __version__ = "0.1.0"
 
 __all__ = [
-    "BufferError", "CanceledError", "ConfigError", "Context", "Event", "EventManager", "MismatchError",
-    "PeerLostError", "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp", "Request",
-    "RevokedError", "Schedule", "Task", "TaskState", "Team", "TimeoutError", "TransportError",
+    "BufferError", "CanceledError", "ClosedError", "ConfigError", "Context", "Event", "EventManager",
+    "MismatchError", "PeerLostError", "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp",
+    "Request", "RevokedError", "Schedule", "Task", "TaskState", "Team", "TimeoutError", "TransportError",
     "get_context", "local_teams", "wait_all", "__version__",
 ]

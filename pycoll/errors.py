@@ -56,10 +56,21 @@ class RevokedError(TransportError):
         self.rank = rank
 
 
+class ClosedError(PycollError):
+    """A call on a team after its ``close()`` (or on a ``pycoll.mpi.Comm`` after ``Free()``), or on
+    a persistent collective of such a team: refused before anything is sent."""
+
+
 class MismatchError(PycollError):
     """The ranks of a team called different collectives, or the same one with arguments that must
     agree and do not (count, dtype, op, root). The message names each rank's call side by side,
     e.g. ``rank 0: allreduce 100 x float32 sum; rank 1: allreduce 101 x float32 sum``."""
+
+
+class AuthError(PycollError):
+    """Something pycoll read (a store entry, a connection's hello) fails the job key's MAC:
+    written by a process outside the job (or of another job), or tampered with. pycoll drops
+    it and logs it, and never acts on it (see docs/guide/security.md)."""
 
 
 class ConfigError(PycollError, ValueError):

@@ -36,6 +36,7 @@ from pycoll.dtypes import is_supported
 from pycoll.engine.context import Backoff, Context
 from pycoll.engine.request import Request as _PycollRequest
 from pycoll.errors import (
+    ClosedError,
     MismatchError,
     PeerLostError,
     PycollError,
@@ -87,6 +88,12 @@ class RevokedMPIError(_MPIFlavour, RevokedError):
     error_class_code = getattr(MPI, "ERR_REVOKED", MPI.ERR_OTHER)
 
 
+class ClosedMPIError(_MPIFlavour, ClosedError):
+    """A call on a communicator after its ``Free()`` (MPI.ERR_COMM, as mpi4py's on a freed one)."""
+
+    error_class_code = MPI.ERR_COMM
+
+
 class TimeoutMPIError(_MPIFlavour, TimeoutError):
     """A collective did not finish in time (MPI.ERR_OTHER)."""
 
@@ -97,7 +104,7 @@ class TransportMPIError(_MPIFlavour, TransportError):
 
 #: pycoll's error types and their MPI flavours, the most specific first.
 _FLAVOURS = ((MismatchError, MismatchMPIError), (PeerLostError, PeerLostMPIError),
-             (RevokedError, RevokedMPIError), (TimeoutError, TimeoutMPIError),
+             (RevokedError, RevokedMPIError), (ClosedError, ClosedMPIError), (TimeoutError, TimeoutMPIError),
              (TransportError, TransportMPIError))
 
 
@@ -458,6 +465,7 @@ class Comm:
         """Free the communicator (mpi4py's ``Free``; collective, as MPI's), then close the team (its
         shared memory and its duplicate of the communicator)."""
         self.comm.Free()  # (first: MPI refuses to free COMM_WORLD, and then nothing changed)
+        self.recent.clear()  # (a repeated call would otherwise find its persistent form)
         self.team.close()
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name

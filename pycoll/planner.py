@@ -26,7 +26,7 @@ from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import element_code
 from pycoll.engine.express import ExpressLane, ProgramLane
 from pycoll.engine.request import Request
-from pycoll.errors import MismatchError, PycollError, RevokedError
+from pycoll.errors import ClosedError, MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.ops import ReduceOp
 from pycoll.persistent import RecentCalls
@@ -116,8 +116,10 @@ class Planner:
         self._recycle_done = self.recycle  # one bound method for every request
         #: The calls remembered for their repeats, by collective and first argument.
         self.recent = RecentCalls()
-        #: Why the team was revoked (a :class:`~pycoll.errors.RevokedError`), or None.
-        self.revoked: Optional[RevokedError] = None
+        #: Why the team takes no more calls, or None: revoked (a
+        #: :class:`~pycoll.errors.RevokedError`) or closed (:class:`~pycoll.errors.ClosedError`).
+        #: Every call raises an error of its type (:meth:`refuse`) before anything is sent.
+        self.revoked: Optional[PycollError] = None
         #: Where a timed-out collective asks its peers what they do (:mod:`pycoll.status`), or None.
         self.peer_status: Optional[Union[status.MPIStatus, status.StoreStatus]] = None
 
@@ -204,10 +206,13 @@ class Planner:
         request returns ``result`` and becomes ``owner.request``. A run of a native program
         that is due the agreement check goes through ``owner.restart_as`` (none is, for a
         program that runs its check itself: see :meth:`native_check`)."""
-        if getattr(task, "checks_itself", False):
-            return self.ctx.express_lane(task, self._seq, result, owner)
         coll = owner.coll
-        return self.ctx.express_lane(task, self._seq, result, owner, lambda k: self.check_due(coll, k))
+        itself = getattr(task, "checks_itself", False)
+        # (a run of a team closed or revoked since goes through restart_as, which refuses it)
+        def due(k: int) -> bool:
+            return self.revoked is not None or (not itself and self.check_due(coll, k))
+
+        return self.ctx.express_lane(task, self._seq, result, owner, due)
 
     def check_due(self, coll: str, k: int) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
@@ -634,12 +639,24 @@ class Planner:
         err.__cause__ = error
         return err
 
+    def is_revoked(self) -> bool:
+        """Whether the team was revoked (not merely closed)."""
+        return isinstance(self.revoked, RevokedError)
+
     def refuse(self) -> None:
-        """Raise the team's :class:`~pycoll.errors.RevokedError` for a call made after the revoke."""
-        raise RevokedError(str(self.revoked), rank=getattr(self.revoked, "rank", -1))
+        """Raise why the team takes no more calls (:attr:`revoked`: a fresh error of its type) for a
+        call made after it was revoked or closed."""
+        why = self.revoked
+        if isinstance(why, RevokedError):
+            raise RevokedError(str(why), rank=why.rank)
+        raise type(why)(str(why))  # type: ignore[misc]
 
     def close(self) -> None:
-        """Release every pooled task's scratch (the team is closing)."""
+        """Release every pooled task's scratch (the team is closing, or was revoked): every later
+        call raises :class:`~pycoll.errors.ClosedError` (or the revoke's error)."""
+        if self.revoked is None:
+            self.revoked = ClosedError(f"{self.team.name}: the team was closed (rank {self.team.rank}); "
+                                       "a call after close() (or Free()) is refused")
         for task in (t for pool in self._plans.values() for t in pool):
             task.finalize()
         self._plans.clear()

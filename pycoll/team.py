@@ -119,7 +119,7 @@ class Team:
     @property
     def revoked(self) -> bool:
         """Whether this team was revoked (here or by a peer, as far as this rank has seen)."""
-        return self.planner.revoked is not None
+        return self.planner.is_revoked()
 
     def agree(self, flag: bool = True, *, timeout: Optional[float] = None) -> bool:
         """The AND of ``flag`` over the ranks still there, the same on every rank that returns,
