@@ -17,8 +17,10 @@ result are reported too (a survivor that could not go on counts as a failure). R
 trials, detection time on the survivors (from the moment the victim left to each survivor's
 error; median and max), hangs (a survivor still running at the trial's limit, or one that
 finished without noticing), timeouts (survivors that only timed out), wrong results, and
-leftovers (/dev/shm entries). The exit status is 1 if any trial hung, gave a wrong result, left
-something behind or took longer than ``--max-detection`` to be noticed.
+leftovers (files in /dev/shm or /tmp that the trial's own processes made and left, as
+:mod:`pycoll.leftovers` tells them from other programs'; removed after counting). The exit status
+is 1 if any trial hung, gave a wrong result, left something behind or took longer than
+``--max-detection`` to be noticed.
 
     python benchmarks/chaos.py                   # 100 trials, 4 ranks, every way (shared segment)
     python benchmarks/chaos.py --quick           # 10 trials, two of each way (the test suite's)
@@ -37,9 +39,11 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 WAYS = ("sigkill", "os_exit", "raise", "sys_exit", "close")
+#: marks a trial's processes in their environment (pycoll.leftovers.JobFiles)
+TRIAL_VAR = "PYCOLL_CHAOS_TRIAL"
 COLLS = ("allreduce", "bcast", "allgather", "alltoall", "gather", "scatter", "reduce", "barrier")
 
 
@@ -156,23 +160,18 @@ def check(coll: str, out: Any, count: int, root: int, rank: int, size: int, np: 
 
 
 # ------------------------------------------------------------------ the campaign
-def shm_entries() -> List[str]:
-    try:
-        return sorted(e for e in os.listdir("/dev/shm") if "pycoll" in e or "mpich" in e)
-    except FileNotFoundError:
-        return []
-
-
 def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: bool = False) -> Dict:
     """One trial: the ranks' reports, and what went wrong."""
+    from pycoll.leftovers import JobFiles
     from pycoll.store import TCPStore
 
     rng = random.Random(seed)
     victim, calls = rng.randrange(size), 12
     die_at = rng.randrange(2, calls - 2)
     server = TCPStore(port=0, is_master=True, timeout=30)
-    before = shm_entries()
-    env = dict(os.environ, PYCOLL_TIMEOUT=str(timeout))
+    mark = f"{os.getpid()}.{seed}"  # (the trial's processes carry it: their files are counted, no others)
+    files = JobFiles(TRIAL_VAR, mark).watch()
+    env = dict(os.environ, PYCOLL_TIMEOUT=str(timeout), **{TRIAL_VAR: mark})
     argv = [str(size), str(server.port), str(seed), str(victim), way, str(die_at), str(calls),
             str(int(shrink))]
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *argv],
@@ -220,7 +219,9 @@ def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: 
         elif "error" not in rep and r not in hung:
             hung.append(r)  # finished without noticing: cannot be (the victim never came)
     time.sleep(0.1)
-    leftovers = sorted(set(shm_entries()) - set(before))
+    files.stop()
+    leftovers = files.present()
+    files.remove()
     return {"way": way, "victim": victim, "die_at": die_at, "detections": detections, "hung": hung,
             "recoveries": recoveries, "unrecovered": unrecovered,
             "timeouts": timeouts, "wrong": wrong, "leftovers": leftovers,

@@ -22,7 +22,6 @@ import argparse
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -116,28 +115,27 @@ def fetch(workdir: str) -> str:
 def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Optional[Dict[str, List[Any]]]:
     """{test: [outcome on every rank ("pass" only if all passed), engine used on any rank]}, or
     None if some rank wrote no report (hung or crashed)."""
-    from pycoll.launch import find_mpiexec, mpich_files, shm_used_by
+    from pycoll.launch import JOB_VAR, end_job, find_mpiexec
+    from pycoll.leftovers import JobFiles
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
-        env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", PYTHONPATH=testdir)
+        job = f"{os.getpid()}.{name}.{n}"  # (marks its processes: mpiexec gives each a session of its own)
+        env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", PYTHONPATH=testdir,
+                   **{JOB_VAR: job})
         me = os.path.abspath(__file__)
         cmd = [find_mpiexec(), "-n", str(n), sys.executable, me, "--rank", testdir, name, out,
                "1" if wrap else "0"]
-        before = mpich_files()
+        files = JobFiles(JOB_VAR, job)
+        started = time.time()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
+        files.launcher(proc.pid, started)
         try:
             proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # a hung job: end it and what MPICH left in /dev/shm
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            time.sleep(0.5)
-            for path in (mpich_files() - before) - shm_used_by():
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        except subprocess.TimeoutExpired:  # a hung job: end it, its ranks too
+            end_job(proc, job, files)
+        files.remove()  # what MPICH left (a hung or aborted job's): the job's own only
         ranks = []
         for r in range(n):
             try:

@@ -131,7 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not cmd:
         print("pycoll run: give a command after --", file=sys.stderr)
         return 2
-    return launch(args.n, cmd, timeout=args.timeout, servers=args.servers, bind=args.bind)
+    # (the process exits next: a signal after the job's end must not turn its status into a death)
+    return launch(args.n, cmd, timeout=args.timeout, servers=args.servers, bind=args.bind,
+                  keep_handlers=True)
 
 
 def cmd_perf(args: argparse.Namespace, argv: List[str]) -> int:

@@ -1,7 +1,9 @@
 """Launching ranks with the mpiexec that the ``mpich`` wheel installs next to Python, and ending
-them cleanly: on a timeout or Ctrl-C the ranks are interrupted, given a moment, then killed, and
-the shared-memory files MPICH left in ``/dev/shm`` (and the topology file its launcher's proxy
-keeps in the temporary directory) are removed (pycoll's own segments are memfds, which never
+them cleanly however the job ends (its ranks, a killed rank, an abort, a timeout, Ctrl-C, SIGTERM
+or SIGHUP, once or many times): the ranks are interrupted, given a moment, then killed, and the
+files MPICH and its launcher left (shared memory in ``/dev/shm``, the proxy's topology file in
+/tmp) are removed, the job's own only (:mod:`pycoll.leftovers` tells them from other jobs'). Signals
+are noted, never raised, until the end is done (pycoll's own segments are memfds, which never
 appear there)."""
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from typing import List, Optional, Set
+from typing import Any, Dict, List, Optional
 
 from pycoll import config
 from pycoll.errors import PycollError
+from pycoll.leftovers import JobFiles
 
 
 def find_mpiexec() -> str:
@@ -66,14 +68,19 @@ def under_mpi() -> bool:
 
 
 def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optional[dict] = None,
-           servers: int = 0, bind: str = "none") -> int:
+           servers: int = 0, bind: str = "none", keep_handlers: bool = False) -> int:
     """Run ``cmd`` on ``n`` ranks (and ``servers`` push-pull summation servers after them, running
     ``python -m pycoll.ps.server``, with ``PYCOLL_NUM_SERVERS`` set for all); return the exit
     status. With ``timeout`` (seconds) every rank is killed when it passes, and the status is 124.
     ``bind="core"`` pins each process to a core of its own (mpiexec's ``-bind-to core``); "auto"
-    does where :func:`pinnable_cores` has room for them all, else leaves them free. SIGTERM to this
-    process ends the ranks too (status 143) when ``launch`` runs in the main thread (Python takes
-    signals there only); a SIGTERM handler of the caller's is set again afterwards, not called."""
+    does where :func:`pinnable_cores` has room for them all, else leaves them free.
+
+    Ctrl-C (SIGINT), SIGTERM and SIGHUP to this process end the ranks too (status 130, 143, 129)
+    when ``launch`` runs in the main thread (Python takes signals there only); more of them while
+    the job ends only cut the ranks' grace short. However the job ended, what it left behind is
+    removed before ``launch`` returns. The caller's handlers are set again afterwards (not called),
+    unless ``keep_handlers``: a caller that exits next (``pycoll run``) ignores the signals from
+    then on, so one that comes after the end cannot turn the status into death by signal."""
     if n < 1:
         raise PycollError(f"-n must be >= 1, got {n}")
     if servers < 0:
@@ -87,54 +94,95 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     if servers:
         argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
         env["PYCOLL_NUM_SERVERS"] = str(servers)
-    before = mpich_files()
     job = f"{os.getpid()}.{time.monotonic_ns()}"
     env[JOB_VAR] = job  # every rank carries it, whichever session mpiexec starts it in
-    proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
-    used: Set[str] = set()  # the /dev/shm files the job's processes used when it was ended
-    # SIGTERM (kill, an outer timeout, a batch system) ends the ranks too: they run in sessions of
-    # their own, so nothing else would reach them
-    # (not where a handler set from C is there: Python could not set it again afterwards)
-    main = threading.current_thread() is threading.main_thread()
-    main = main and signal.getsignal(signal.SIGTERM) is not None
-    old = signal.signal(signal.SIGTERM, _terminated) if main else None
+    files = JobFiles(JOB_VAR, job)  # (first: the files there now are not the job's)
+    # the ranks run in sessions of their own: a signal that ends this process must end them too
+    signals = Signals()
+    signals.install()
+    proc: Optional[subprocess.Popen] = None
     try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"pycoll: ranks did not finish within {timeout:g} s; ending them", file=sys.stderr)
-        used = end_job(proc, job)
-        return 124
-    except KeyboardInterrupt:
-        used = end_job(proc, job)
-        return 130
-    except Terminated:
-        print("pycoll: terminated; ending the ranks", file=sys.stderr)
-        used = end_job(proc, job)
-        return 143
+        if signals.received:  # (before the job began)
+            return signals.status()
+        started = time.time()
+        proc = subprocess.Popen(argv, env=dict(os.environ, **env), start_new_session=True)
+        files.launcher(proc.pid, started)
+        return _wait(proc, files, signals, timeout)
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, old)
-        if proc.poll() is None or job_processes(job):  # (an exception here, or ranks left behind)
-            used |= end_job(proc, job)
-        remove_left_behind(before, used)
+        # however it ended (the ranks, the timeout, a signal, an exception here), the job's
+        # processes are ended and its files removed, signals noted meanwhile, then handlers put back
+        try:
+            if proc is not None and (proc.poll() is None or job_processes(job)):
+                end_job(proc, job, files, signals)
+            files.remove()
+        finally:
+            signals.restore(ignore=keep_handlers)
 
 
-class Terminated(Exception):
-    """The launcher received SIGTERM while its ranks ran."""
+def _wait(proc: subprocess.Popen, files: JobFiles, signals: Signals, timeout: Optional[float]) -> int:
+    """Wait until mpiexec ends, ``timeout`` passes or a signal comes, looking at the job's files
+    meanwhile; the status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if signals.received:
+            sig = signals.received[0]
+            if sig != signal.SIGINT:  # (Ctrl-C: the ranks say so themselves)
+                print(f"pycoll: {SAID[sig]}; ending the ranks", file=sys.stderr)
+            return signals.status()
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"pycoll: ranks did not finish within {timeout:g} s; ending them", file=sys.stderr)
+            return 124
+        files.poll()
 
 
-def _terminated(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (a second one, even before ``except`` runs: ignored)
-    raise Terminated()
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP to the launcher, noted and never raised while a launch runs and
+    while it ends its job: an exception from a handler could cut the ending short, and a handler
+    put back before the end would let a second signal kill the launcher with the job half ended.
+    Only in the main thread (where Python takes signals), and only signals not ignored (a launch
+    in the background stays deaf to Ctrl-C) nor handled from C (Python could not set that back)."""
+
+    STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+    def __init__(self) -> None:
+        self.received: List[int] = []
+        self._old: Dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Note the signals from now on."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.STATUS:
+            old = signal.getsignal(sig)
+            if old is not None and old != signal.SIG_IGN:
+                self._old[sig] = signal.signal(sig, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+
+    def status(self) -> int:
+        """The exit status the first signal asks for (128 + its number)."""
+        return self.STATUS[self.received[0]]
+
+    def restore(self, ignore: bool = False) -> None:
+        """Set the handlers there were before :meth:`install` again; or, with ``ignore``, ignore
+        the signals from now on (Python's own handlers would not do: it sets the default action
+        again as it exits, when a signal would still kill the process)."""
+        for sig, old in self._old.items():
+            signal.signal(sig, signal.SIG_IGN if ignore else old)
+        self._old.clear()
 
 
-#: Where MPICH keeps its shared memory (``mpich_shm_*``), and how long ranks may take to end
-#: themselves after SIGINT (their ``finally`` blocks and atexit handlers run) before SIGKILL.
-MPICH_SHM = "/dev/shm/mpich_shm_*"
+#: What the launcher says when a signal ends its job.
+SAID = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+#: How long ranks may take to end themselves after SIGINT (their ``finally`` blocks and atexit
+#: handlers run) before SIGKILL, and how often the launcher looks whether mpiexec has ended.
 GRACE_S = 2.0
-#: The machine's topology that MPICH's launcher (Hydra's proxy) writes for ranks that start MPI and
-#: removes when it ends itself: left behind where it is killed.
-HYDRA_TOPOLOGY = os.path.join(tempfile.gettempdir(), "hydra_hwloc_xmlfile_")
+POLL_S = 0.05
 #: The environment variable that marks a job's processes (mpiexec starts its proxies and ranks in
 #: sessions of their own: the launcher's process group does not hold them).
 JOB_VAR = "PYCOLL_JOB"
@@ -162,22 +210,25 @@ def _signal(pids: List[int], sig: int) -> None:
             pass
 
 
-def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> Set[str]:
+def end_job(proc: subprocess.Popen, job: str, files: Optional[JobFiles] = None,
+            signals: Optional[Signals] = None, grace: float = GRACE_S) -> None:
     """End mpiexec (``proc``) and every process of ``job``: SIGINT (Python ranks unwind, tell
     their peers they left, and may finalize), then, after ``grace`` seconds or once they are gone,
-    SIGKILL, until none is left (a few seconds at most). A second Ctrl-C skips the wait. Returns
-    the /dev/shm files the job's processes mapped or held open before they were signalled."""
+    SIGKILL, until none is left (a few seconds at most). A further signal among ``signals`` (a
+    second Ctrl-C or SIGTERM) cuts the grace short. ``files`` looks at what the job's processes
+    use (the proxies' topology files) before they are signalled."""
+    if files is not None:
+        files.sample()
     pids = job_processes(job)
-    used = shm_used_by(pids)
     if proc.poll() is None:  # (a reaped launcher's pid may be another process's by now)
         pids.append(proc.pid)
+    had = len(signals.received) if signals is not None else 0
     _signal(pids, signal.SIGINT)
     deadline = time.monotonic() + grace
-    try:
-        while time.monotonic() < deadline and (proc.poll() is None or job_processes(job)):
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        pass
+    while time.monotonic() < deadline and (proc.poll() is None or job_processes(job)):
+        if signals is not None and len(signals.received) > had:
+            break
+        time.sleep(0.05)
     deadline = time.monotonic() + 5.0
     while True:
         left = [p for p in job_processes(job) if p != proc.pid]
@@ -191,62 +242,3 @@ def end_job(proc: subprocess.Popen, job: str, grace: float = GRACE_S) -> Set[str
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-    return used
-
-
-def mpich_files() -> Set[str]:
-    """MPICH's shared-memory files in /dev/shm, and its launcher's topology files, that belong to
-    this user."""
-    uid = os.getuid()
-    found = set()
-    for path in glob.glob(MPICH_SHM) + glob.glob(HYDRA_TOPOLOGY + "*"):
-        try:
-            if os.stat(path).st_uid == uid:
-                found.add(path)
-        except OSError:
-            pass
-    return found
-
-
-def shm_used_by(pids: Optional[List[int]] = None) -> Set[str]:
-    """The /dev/shm files (and MPICH's launcher's topology files) the processes ``pids`` (None:
-    every process) map or hold open."""
-    if pids is None:
-        procs = [entry.split("/")[2] for entry in glob.glob("/proc/[0-9]*")]
-    else:
-        procs = [str(p) for p in pids]
-    used = set()
-    for pid in procs:
-        try:
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                for line in f:
-                    at = line.find(b"/dev/shm/")
-                    if at >= 0:
-                        used.add(line[at:].split(b" (deleted)")[0].strip().decode(errors="replace"))
-        except OSError:
-            pass
-        for fd in glob.glob(f"/proc/{pid}/fd/*"):
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("/dev/shm/") or target.startswith(HYDRA_TOPOLOGY):
-                used.add(target)
-    return used
-
-
-def remove_left_behind(before: Set[str], used: Set[str]) -> List[str]:
-    """Remove the MPICH shared-memory (and topology) files of an ended job: those its processes
-    ``used`` (read before they were ended), that appeared since ``before`` and that no live process
-    uses any more (another job's files are never among them); returns their paths."""
-    new = (mpich_files() - before) & used
-    if not new:
-        return []
-    removed = []
-    for path in sorted(new - shm_used_by()):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed

@@ -5,8 +5,11 @@ commands (the ``pycoll`` command line).
 Every launch has a wall-clock limit and runs in its own session; its processes carry a tag in their
 environment (``LAUNCH_VAR``), and when the launch times out or ends every process with the tag is
 killed (mpiexec starts each proxy and rank in a session of its own), so none outlives the test.
-/dev/shm ``pycoll*`` entries that appear during a launch are removed and fail the test (pycoll's
-segments are memfds and must never show up there); MPICH segments a killed job left are removed.
+What a launch's own processes left behind (``pycoll.leftovers``: the files they mapped or held
+open, and MPICH's named segments of their mpiexec; never another job's) is removed: /dev/shm
+``pycoll*`` entries fail the test (pycoll's segments are memfds and must never show up there);
+MPICH's segments and its launcher's topology files (a killed or aborted job under a bare mpiexec
+leaves them) do not, unless the test asks for ``Launch.leftovers()``.
 Launched scripts report through ``tests/rank.py``: each rank prints ``RANK <r> OK`` when it passes,
 or ``RANK <r> FAILED`` and its traceback; a launch that misses an OK fails the test naming the ranks
 that failed (quoting their tracebacks), the ranks that did not finish, and the output's tail.
@@ -18,10 +21,10 @@ conftest.py hands these out as fixtures (``mpirun``, ``torchrun``, ``hosts``, ``
 from __future__ import annotations
 
 import contextlib
-import glob
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
+
+from pycoll.leftovers import JobFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what torch launchers set; removed from a child's environment unless given explicitly.
@@ -59,27 +64,6 @@ def shm_entries(word: str = "pycoll") -> List[str]:
         return sorted(e for e in os.listdir("/dev/shm") if word in e.lower())
     except FileNotFoundError:
         return []
-
-
-def _topology_files() -> set:
-    """MPICH's launcher's topology files (``pycoll.launch.HYDRA_TOPOLOGY``): an mpiexec whose job
-    aborted (MPI_Abort) or was killed leaves its own behind."""
-    from pycoll.launch import HYDRA_TOPOLOGY
-
-    return set(glob.glob(HYDRA_TOPOLOGY + "*"))
-
-
-def _mapped(names: set) -> set:
-    """Those of the /dev/shm ``names`` that a live process maps."""
-    found: set = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                text = f.read()
-        except OSError:
-            continue
-        found.update(n for n in names if f"/dev/shm/{n}" in text)
-    return found
 
 
 def tagged(tag: str) -> List[int]:
@@ -110,34 +94,59 @@ def kill_tagged(tag: str, wait: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-@contextlib.contextmanager
-def launched(what: str) -> Iterator[Dict[str, str]]:
-    """Around a launch: yields ``{LAUNCH_VAR: tag}`` for the children's environment. Afterwards
-    every process carrying the tag is killed, /dev/shm pycoll entries that appeared are removed and
-    fail the test, and MPICH segments and launcher topology files a killed or aborted job left
-    (new, held by no process) are removed."""
-    from pycoll.launch import shm_used_by
+class Launch(dict):
+    """``{LAUNCH_VAR: tag}``, for the environment of a launch's processes, with ``files``: the
+    files of MPI's machinery (and pycoll's) that its processes made, watched while it runs
+    (pycoll.leftovers.JobFiles): another job's are not among them."""
 
-    tag = f"{os.getpid()}.{next(_launches)}"
-    before = set(shm_entries())
-    mpich_before = set(shm_entries("mpich_shm"))
-    topology_before = _topology_files()
+    def __init__(self, tag: str) -> None:
+        super().__init__({LAUNCH_VAR: tag})
+        self.tag = tag
+        self.files = JobFiles(LAUNCH_VAR, tag)
+
+    def leftovers(self) -> List[str]:
+        """The launch's files that exist now: once its processes have ended, what they left."""
+        return self.files.present()
+
+
+@contextlib.contextmanager
+def launched(what: str) -> Iterator[Launch]:
+    """Around a launch: yields a :class:`Launch` (``{LAUNCH_VAR: tag}`` for the children's
+    environment) whose files are watched while it runs. Afterwards every process carrying the tag
+    is killed and what they left is removed; /dev/shm pycoll entries among it fail the test."""
+    job = Launch(f"{os.getpid()}.{next(_launches)}")
+    job.files.watch()
     try:
-        yield {LAUNCH_VAR: tag}
+        yield job
     finally:  # even when the launch failed; leftovers are reported only when it did not
-        kill_tagged(tag)
-        left = sorted(set(shm_entries()) - before)
-        stale = set(shm_entries("mpich_shm")) - mpich_before
-        stale -= _mapped(stale) if stale else set()
-        for name in [*left, *stale]:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join("/dev/shm", name))
-        topology = _topology_files() - topology_before
-        for path in topology - shm_used_by() if topology else ():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        kill_tagged(job.tag)
+        job.files.stop()
+        left = [p for p in job.files.present() if os.path.basename(p).startswith("pycoll")]
+        job.files.remove()
     if left:
         pytest.fail(f"{what} left /dev/shm entries behind (now removed): {left}")
+
+
+def read_until(proc: subprocess.Popen, word: str, ranks: int, timeout: float, what: str) -> str:
+    """Read ``proc``'s output (a pipe) until ``"<word> <rank>"`` came from each of ``ranks``
+    ranks (each printing it in one piece, ``print(f"UP {rank}")``: mpiexec may mix the ranks'
+    writes); fail the test naming the ranks that did not say it within ``timeout`` seconds (or
+    before the output ended). Returns what was read (``communicate`` reads the rest)."""
+    fd = proc.stdout.fileno()
+    out = b""
+    deadline = time.monotonic() + timeout
+    missing = set(range(ranks))
+    while missing:
+        left = deadline - time.monotonic()
+        ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
+        chunk = os.read(fd, 65536) if ready else b""
+        out += chunk
+        missing = {r for r in range(ranks) if f"{word} {r}".encode() not in out}
+        if missing and not chunk:
+            why = f"within {timeout} s" if left <= 0 or not ready else "before its output ended"
+            pytest.fail(f"{what}: ranks {sorted(missing)} did not say {word!r} {why}\n"
+                        f"{out.decode(errors='replace')[-3000:]}")
+    return out.decode(errors="replace")
 
 
 def communicate(proc: subprocess.Popen, timeout: float) -> Tuple[str, bool]:

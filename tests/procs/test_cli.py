@@ -1,8 +1,9 @@
 """The command line: info, run and perf (launching real ranks)."""
 
-import glob
+import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -11,9 +12,8 @@ import time
 
 import pytest
 
-from pycoll.launch import HYDRA_TOPOLOGY
 from tests import launch
-from tests.launch import ROOT, child_env, launched, shm_entries
+from tests.launch import ROOT, child_env, launched, read_until
 
 
 def test_version_and_python_dash_m(run_cmd):
@@ -116,11 +116,46 @@ def test_perf_other_dtype_algorithm_and_ranks(cli):
     assert rc != 0 and "BAND is not defined for float32" in out + err
 
 
-@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "ctrl-c ignored", "sigterm"])
+def _mpich_shm(paths: list) -> list:
+    """Those of ``paths`` that are MPICH's shared memory of a node's ranks."""
+    return [p for p in paths if os.path.basename(p).startswith("mpich_shm_")]
+
+
+def _pycoll_run(job: launch.Launch, n: int, script, *args: str, timeout: str = "100") -> subprocess.Popen:
+    """``pycoll run -n N --timeout T -- python SCRIPT ARGS`` in the launch ``job`` (output piped)."""
+    argv = [sys.executable, "-m", "pycoll.cli", "run", "-n", str(n), "--timeout", timeout, "--",
+            sys.executable, str(script), *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**child_env(), **job}, cwd=str(ROOT))
+
+
+def _finish(proc: subprocess.Popen, job: launch.Launch, lines: str, timeout: float = 60) -> str:
+    """The rest of ``pycoll run``'s output once it has exited; if it does not within ``timeout``
+    seconds, fail the test naming the ranks of its job still running (and its output)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        ranks = []
+        for pid in launch.tagged(job.tag):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+                ranks += [f"rank {env[b'PMI_RANK'].decode()} (pid {pid})"] if b"PMI_RANK" in env else []
+        proc.kill()
+        out = proc.communicate()[0]
+        pytest.fail(f"pycoll run did not exit within {timeout} s; still running: {ranks or 'no rank'}\n"
+                    f"{(lines + out)[-4000:]}")
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "ctrl-c ignored", "sigterm", "sigterm again and again",
+                                 "sighup"])
 def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
-    """``pycoll run`` ended by ``--timeout``, Ctrl-C (SIGINT) or SIGTERM (an outer ``timeout``), with
-    ranks that are inside MPI (MPICH's shared memory mapped) and may ignore SIGINT: every rank ends
-    (SIGINT, then SIGKILL), the status is 124, 130 or 143, and MPICH's files in /dev/shm are removed."""
+    """``pycoll run`` ended by ``--timeout``, Ctrl-C (SIGINT), SIGTERM (an outer ``timeout``) or
+    SIGHUP (its terminal closed), with ranks that are inside MPI (MPICH's shared memory mapped) and
+    may ignore SIGINT: every rank ends (SIGINT, then SIGKILL), the status is 124, 130, 143 or 129,
+    and what the job made in /dev/shm and /tmp is gone. SIGTERM sent again and again until it
+    exits (the first while the ranks run, the others while it ends them and removes their files)
+    only cuts the ranks' grace short: it still exits 143, having removed everything (it never dies
+    of the signal)."""
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent(f"""
         import signal, time
@@ -129,35 +164,133 @@ def test_run_ends_its_ranks_and_leaves_no_shared_memory(how, tmp_path):
         c = MPI.COMM_WORLD
         b = np.empty(1000)
         c.Allreduce(np.ones(1000), b)
-        if {how in ("ctrl-c ignored", "sigterm")!r}:
+        if {how.startswith(("ctrl-c ignored", "sigterm"))!r}:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("UP", c.rank, flush=True)
+        print(f"UP {{c.rank}}", flush=True)
         time.sleep(120)
     """))
-    before = set(shm_entries("mpich"))
-    topology = set(glob.glob(HYDRA_TOPOLOGY + "*"))  # (the launcher's, held by its proxy)
-    with launched(f"pycoll run ({how})") as tag:
-        argv = [sys.executable, "-m", "pycoll.cli", "run", "-n", "2",
-                "--timeout", "4" if how == "timeout" else "100", "--", sys.executable, str(script)]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**child_env(), **tag}, cwd=str(ROOT))
-        lines = []
-        t0 = time.monotonic()
-        while "".join(lines).count("UP") < 2 and time.monotonic() - t0 < 60:  # (lines may interleave)
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-        if how != "timeout":
-            proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
-        if how == "sigterm":  # a second one while the ranks end (they ignore SIGINT: 2 s) is ignored
-            time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        expected = {"timeout": 124, "sigterm": 143}.get(how, 130)
-        assert proc.returncode == expected, "".join(lines) + out
-        time.sleep(0.2)
-        left = [p for p in launch.tagged(tag[launch.LAUNCH_VAR]) if p != os.getpid()]
+    with launched(f"pycoll run ({how})") as job:
+        proc = _pycoll_run(job, 2, script, timeout="4" if how == "timeout" else "100")
+        lines = read_until(proc, "UP", 2, 60, f"pycoll run ({how})")
+        made = job.files.present()
+        assert _mpich_shm(made), f"the job's shared memory was not found: {made}"
+        if how == "sigterm again and again":
+            deadline = time.monotonic() + 60  # (then communicate's limit fails the test)
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                time.sleep(0.002)
+        elif how != "timeout":
+            proc.send_signal({"sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}.get(how, signal.SIGINT))
+        out = _finish(proc, job, lines)
+        expected = {"timeout": 124, "sigterm": 143, "sigterm again and again": 143,
+                    "sighup": 129}.get(how, 130)
+        assert proc.returncode == expected, lines + out
+        left = [p for p in launch.tagged(job.tag) if p != os.getpid()]
         assert not left, f"processes of the job left running: {left}"
-        assert set(shm_entries("mpich")) <= before, "MPICH's shared memory left in /dev/shm"
-        assert set(glob.glob(HYDRA_TOPOLOGY + "*")) <= topology, "Hydra's topology file left"
+        assert not job.leftovers(), f"the job's files were left (it made {made})"
+
+
+FAILING = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    import pycoll
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    how, go = sys.argv[1:]
+    c = MPI.COMM_WORLD
+    team = pycoll.Team.from_mpi(c)  # (from now on an uncaught exception aborts the job)
+    b = np.empty(1000)
+    c.Allreduce(np.ones(1000), b)  # (MPICH's shared memory, made in MPI_Init)
+    peer = c.allgather(os.getpid())[1 - c.rank]
+    print(f"UP {c.rank}", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    if c.rank == 1:
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "exit 3":
+            os._exit(3)
+        raise RuntimeError("rank 1 fails")
+    # mpiexec kills rank 0 once rank 1 is gone; not always after a plain exit (Hydra's proxy may
+    # reap rank 1 before it sees its PMI socket close, and then kills nobody): rank 0 then leaves
+    # too, without finalizing, as one whose peer died would
+    while alive(peer):
+        time.sleep(0.01)
+    time.sleep(2)
+    os._exit(0)
+""")
+#: the status ``pycoll run`` gives (mpiexec's): the signal's number, MPI_Abort's code, the exit's;
+#: or SIGKILL's, of the rank it killed then, where it reaped that one first
+FAILED = {"sigkill": 9, "abort": 1, "exit 3": 3}
+
+
+@pytest.mark.parametrize("how", list(FAILED))
+def test_run_removes_what_a_failed_job_left(how, tmp_path):
+    """A rank killed (SIGKILL), an uncaught exception (the job aborts: PYCOLL_ABORT_ON_ERROR) or a
+    rank's exit with status 3, while the other rank waits: the job ends (mpiexec kills the other
+    rank) and leaves MPICH's shared memory behind (the last rank to finalize removes it, and none
+    does); ``pycoll run`` exits with mpiexec's status and removes it. The segment is the one
+    ``pycoll.leftovers`` named beforehand from the job's mpiexec."""
+    script, go = tmp_path / "failing.py", tmp_path / "go"
+    script.write_text(FAILING)
+    with launched(f"pycoll run ({how})") as job:
+        proc = _pycoll_run(job, 2, script, how, str(go))
+        lines = read_until(proc, "UP", 2, 60, f"pycoll run ({how})")
+        made = job.files.present()
+        # the segment its ranks map is the one MPICH's naming foretold (what is found even when
+        # the job ends before anyone looks)
+        assert _mpich_shm(made) == sorted(job.files.named()), (made, job.files.named())
+        go.touch()
+        out = _finish(proc, job, lines)
+        assert proc.returncode in (FAILED[how], 9), lines + out
+        assert not job.leftovers(), f"the job's files were left (it made {made})\n{lines + out}"
+
+
+def test_run_beside_other_jobs_counts_and_removes_only_its_own(tmp_path):
+    """Beside a ``pycoll run`` job whose rank is killed (its shared memory must go): a foreign
+    ``mpich_shm_*`` file that nobody maps (as a killed foreign job leaves one), made by the test
+    while the job runs, and a real MPI job of two ranks started meanwhile. ``pycoll run`` and the
+    launch's leftover check remove and count the job's own file only: the foreign file and the
+    other job's files are still there and counted by neither."""
+    script, go = tmp_path / "failing.py", tmp_path / "go"
+    script.write_text(FAILING)
+    foreign = f"/dev/shm/mpich_shm_{secrets.token_hex(4)}_0"
+    sleeper = ("import time; from mpi4py import MPI; print(f'UP {MPI.COMM_WORLD.rank}', flush=True); "
+               "time.sleep(120)")
+    try:
+        with launched("pycoll run beside another job") as job:
+            proc = _pycoll_run(job, 2, script, "sigkill", str(go))
+            lines = read_until(proc, "UP", 2, 60, "pycoll run")
+            with launched("another MPI job beside") as other:
+                beside = subprocess.Popen([launch.mpiexec(), "-n", "2", sys.executable, "-c", sleeper],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          env={**child_env(), **other}, start_new_session=True)
+                read_until(beside, "UP", 2, 60, "the MPI job beside")
+                theirs = other.files.present()
+                assert _mpich_shm(theirs), theirs
+                fd = os.open(foreign, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                os.write(fd, bytes(4096))
+                os.close(fd)
+                mine = job.files.present()
+                assert _mpich_shm(mine) and not {foreign, *theirs} & set(mine), (mine, theirs)
+                go.touch()
+                out = _finish(proc, job, lines)
+                assert proc.returncode == FAILED["sigkill"], lines + out
+                assert not job.leftovers(), "its own shared memory was left, or others' counted"
+                assert os.path.exists(foreign), "pycoll run removed a file not its job's"
+                assert all(map(os.path.exists, theirs)), "pycoll run removed the other job's files"
+                launch.kill_tagged(other.tag)
+                beside.communicate()
+            assert os.path.exists(foreign), "the other job's launch removed a file not its own"
+        assert os.path.exists(foreign), "the launch removed a file not its own"
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(foreign)
