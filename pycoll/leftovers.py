@@ -10,6 +10,8 @@ job aborts or the launcher's proxy is killed:
   ``kvs_<its pid>_<pgid>_<rand()>_<hostname>`` with ``rand()`` seeded by ``time(NULL)`` as it
   starts: so a job's names follow from its mpiexec's pid and the second it started, whether or not
   any of its processes was ever looked at (:func:`hydra_world_ids`);
+- ``/dev/shm/mpich_shm_<pid>_0``: the same, of a process that started MPI without a launcher
+  (a singleton: ``<pid>`` is its own, ``%x``), removed when it finalizes;
 - ``/dev/shm/mpich_shar_tmpXXXXXX`` (``/tmp/...`` where /dev/shm is full): segments of shared
   windows, made with ``mkstemp`` and mapped by the ranks until they are removed;
 - ``/tmp/hydra_hwloc_xmlfile_XXXXXX`` (always /tmp, whatever TMPDIR says): the machine's topology,
@@ -19,7 +21,8 @@ pycoll's own segments are memfds and never appear in /dev/shm; a ``/dev/shm/pyco
 bug, counted (and removed) like MPICH's.
 
 A job's own files (:class:`JobFiles`) are those its processes map or hold open, sampled from /proc
-while it runs, and the named segments of its Hydra mpiexec. Its processes are those whose
+while it runs, and the named segments of its Hydra mpiexec and of its singletons (made while that
+pid was the job's). Its processes are those whose
 environment holds a mark (``VAR=value``): mpiexec starts each proxy and rank in a session of its
 own, so no process group holds them, but every one inherits the environment. Files that existed
 before the job began, or that a live process still uses, are never removed; another job's files
@@ -209,6 +212,7 @@ class JobFiles:
         # or when it was found gone]
         self._launchers: Dict[int, List[float]] = {}
         self._ids: Dict[Tuple[int, int], Set[str]] = {}  # (mpiexec, second) -> world ids
+        self._lives: Dict[int, List[float]] = {}  # every process of the job -> [start, found gone]
         self._lock = threading.RLock()
         self._took = 0.0  # seconds the last look at the members' files took
         self._pause, self._due = FIRST_LOOK_S, 0.0
@@ -230,6 +234,9 @@ class JobFiles:
             for pid, seeded in self._launchers.items():
                 if not seeded[1] and pid not in pids:
                     seeded[1] = now  # (its pid may be another mpiexec's from now on)
+            for pid, life in self._lives.items():
+                if not life[1] and pid not in pids:
+                    life[1] = now  # (its pid may be another process's from now on)
             self._others = {p: t for p, t in self._others.items() if p in pids}
             # a process just forked may not have exec'd with the job's environment yet: a young
             # one that is not the job's is looked at again
@@ -266,6 +273,7 @@ class JobFiles:
             return
         self._others.pop(pid, None)
         self._members.add(pid)
+        self._lives[pid] = [started, 0.0]
         if name in HYDRA_LAUNCHERS:
             self._launchers.setdefault(pid, [started, 0.0])
         elif name == HYDRA_PROXY and parent in self._launchers:
@@ -292,7 +300,8 @@ class JobFiles:
         self.sample()
 
     def named(self) -> Set[str]:
-        """MPICH's named segments of the job's Hydra launchers that exist now."""
+        """MPICH's named segments of the job's Hydra launchers, and of its singletons (made while
+        their pid was the job's), that exist now."""
         ids: Set[str] = set()
         now = time.time()
         with self._lock:
@@ -301,8 +310,7 @@ class JobFiles:
                     if (pid, second) not in self._ids:
                         self._ids[pid, second] = hydra_world_ids(pid, second, second)
                     ids |= self._ids[pid, second]
-        if not ids:
-            return set()
+            lives = {f"{pid:x}": tuple(life) for pid, life in self._lives.items()}
         found = set()
         try:
             names = os.listdir("/dev/shm")
@@ -310,8 +318,19 @@ class JobFiles:
             return found
         for name in names:
             parts = name.split("_")
-            if len(parts) == 4 and parts[0] == "mpich" and parts[1] in ("shm", "vci") and parts[2] in ids:
-                found.add(f"/dev/shm/{name}")
+            if len(parts) != 4 or parts[0] != "mpich" or parts[1] not in ("shm", "vci"):
+                continue
+            path = f"/dev/shm/{name}"
+            if parts[2] in ids:
+                found.add(path)
+            elif parts[2] in lives:
+                started, gone = lives[parts[2]]
+                try:
+                    changed = os.stat(path).st_ctime
+                except OSError:
+                    continue
+                if started - 2 <= changed and (not gone or changed <= gone):  # (start: to a second)
+                    found.add(path)
         return found
 
     def seen(self) -> Set[str]:
