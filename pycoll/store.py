@@ -13,11 +13,25 @@ Wire protocol, one request and one reply per round trip (all integers little-end
 
     request: op u8, key length u32, key, value length u64, value
     reply:   status u8 (0 ok, 1 timeout, 2 error), value length u64, value
+
+The server bounds what any client, a stranger's included, can make it do (see
+docs/guide/security.md): a key of at most :data:`MAX_KEY_BYTES` (a request's keys together at most
+:data:`MAX_KEYS_BYTES`), a value of at most :data:`MAX_VALUE_BYTES`, at most ``max_stored`` bytes
+held, ``max_connections`` clients at once, and a request that has begun must arrive whole within
+``request_timeout`` seconds. A request past a limit or malformed (an unknown op, a key that is not
+UTF-8, a non-numeric ``add``) gets an error answer; one whose length says more than a limit, or
+that does not arrive in time, gets its error answer and its connection is closed. Any error is a
+:class:`pycoll.PycollError` in the client that asked, and the client checks its own requests
+against the limits before sending them. The server does not know who asks: a team's entries are
+made safe by their MACs (:mod:`pycoll.auth`), not by the store.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
+import math
 import socket
 import struct
 import threading
@@ -31,17 +45,49 @@ _REQ = struct.Struct("<BI")
 _LEN = struct.Struct("<Q")
 _REP = struct.Struct("<BQ")
 _OK, _TIMEOUT, _ERR = 0, 1, 2
-_MAX_KEY = 1 << 16
-_MAX_VALUE = 1 << 30
+#: The longest key, and the longest key field of a request (``check``/``wait`` join their keys).
+MAX_KEY_BYTES = 4096
+MAX_KEYS_BYTES = 1 << 20
+#: The longest value: pycoll's own are far shorter (addresses, a UCX worker's address of a few KiB,
+#: the questions and answers of a timed-out collective of at most 16 KiB).
+MAX_VALUE_BYTES = 256 << 10
+#: Defaults of the server's limits: bytes held (keys and values), clients at once, and seconds a
+#: request that has begun may take to arrive whole.
+MAX_STORED_BYTES = 256 << 20
+MAX_CONNECTIONS = 1024
+REQUEST_S = 30.0
+_ENTRY_BYTES = 64  # (what an entry costs beyond its key and value, as the server counts)
+_INT64 = 1 << 63
 _NO_LIMIT = 1e9  # (seconds: a longer timeout, or inf, waits for ever)
+log = logging.getLogger("pycoll")
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+class _Refused(Exception):
+    """A request the server answers with an error; ``close``: and then closes the connection."""
+
+    def __init__(self, why: str, close: bool = False) -> None:
+        super().__init__(why)
+        self.close = close
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
+    """``n`` bytes from ``sock``; with ``deadline`` (time.monotonic()), all of them by then, else
+    :class:`_Refused` (the server's reading of a request)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Refused(f"the request did not arrive whole in time ({got} of {n} B)", close=True)
+            sock.settimeout(left)
+        try:
+            k = sock.recv_into(view[got:])
+        except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
+            if deadline is None:
+                raise
+            continue  # (the deadline says)
         if k == 0:
             raise ConnectionError("store connection closed")
         got += k
@@ -49,10 +95,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class _Server:
-    """The store's server: a thread per client; ``get``/``wait`` block on a condition."""
+    """The store's server: a thread per client (at most ``max_connections``); ``get``/``wait``
+    block on a condition. See the module docstring for its limits."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, max_connections: int = MAX_CONNECTIONS,
+                 max_stored: int = MAX_STORED_BYTES, request_timeout: float = REQUEST_S) -> None:
         self.data: Dict[str, bytes] = {}
+        self.stored = 0  # bytes held, as _cost counts them
+        self.max_connections, self.max_stored = max_connections, max_stored
+        self.request_timeout = request_timeout
         self.cond = threading.Condition()
         self.sock = socket.create_server((host, port), reuse_port=False)
         self.port = self.sock.getsockname()[1]
@@ -69,44 +120,127 @@ class _Server:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self.cond:
-                self.conns.append(conn)
+                full = len(self.conns) >= self.max_connections
+                if not full:
+                    self.conns.append(conn)
+            if full:  # its first request's answer says why, and it is closed
+                log.warning("pycoll: store: refused a connection: %d clients already", self.max_connections)
+                why = f"store: too many connections (at most {self.max_connections})"
+                with contextlib.suppress(OSError):
+                    self._answer(conn, _ERR, why.encode(), 1.0)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    @staticmethod
+    def _answer(conn: socket.socket, status: int, reply: bytes, wait: Optional[float] = None) -> None:
+        """Send an answer (waiting at most ``wait`` seconds for room to send it; None: as long as
+        it takes, an honest client reads its answers)."""
+        conn.settimeout(wait)
+        conn.sendall(_REP.pack(status, len(reply)) + reply)
+
     def _serve(self, conn: socket.socket) -> None:
+        """Answer ``conn``'s requests until it closes, or a request makes the server close it."""
         try:
             while True:
-                op, klen = _REQ.unpack(_recv_exact(conn, _REQ.size))
-                if op > _CAS or klen > _MAX_KEY:
-                    raise PycollError(f"store: malformed request (op {op}, key length {klen})")
-                key = _recv_exact(conn, klen).decode()
-                (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
-                if vlen > _MAX_VALUE:
-                    raise PycollError(f"store: value of {vlen} B is too large")
-                value = _recv_exact(conn, vlen)
-                status, reply = self._handle(op, key, value)
-                conn.sendall(_REP.pack(status, len(reply)) + reply)
-        except (ConnectionError, OSError, PycollError, struct.error, UnicodeDecodeError):
+                try:
+                    conn.settimeout(None)  # (a client may be quiet between requests as long as it likes)
+                    first = _recv_exact(conn, 1)
+                    status, reply = self._request(conn, first, time.monotonic() + self.request_timeout)
+                except _Refused as refused:
+                    self._answer(conn, _ERR, f"store: {refused}".encode(), 1.0)
+                    if refused.close:
+                        log.warning("pycoll: store: closed a connection: %s", refused)
+                        return
+                    continue
+                self._answer(conn, status, reply)
+        except (ConnectionError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - never a thread that dies with its connection open
+            log.warning("pycoll: store: closed a connection after an error", exc_info=True)
+        finally:
             with self.cond:
                 if conn in self.conns:
                     self.conns.remove(conn)
             conn.close()
 
+    def _request(self, conn: socket.socket, first: bytes, deadline: float) -> tuple:
+        """Read the rest of a request that began with ``first`` (by ``deadline``) and answer it:
+        ``(status, reply)``; :class:`_Refused` for one past a limit or malformed."""
+        op, klen = _REQ.unpack(first + _recv_exact(conn, _REQ.size - 1, deadline))
+        if klen > MAX_KEYS_BYTES:
+            raise _Refused(f"a key of {klen} B (at most {MAX_KEYS_BYTES})", close=True)
+        raw_key = _recv_exact(conn, klen, deadline)
+        (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size, deadline))
+        if vlen > MAX_VALUE_BYTES:
+            raise _Refused(f"a value of {vlen} B (at most {MAX_VALUE_BYTES})", close=True)
+        value = _recv_exact(conn, vlen, deadline)
+        if op > _CAS:
+            raise _Refused(f"an unknown request (op {op})")
+        try:
+            key = raw_key.decode()
+        except UnicodeDecodeError:
+            raise _Refused("a key that is not UTF-8") from None
+        keys = key.split("\0") if op in (_CHECK, _WAIT) and key else [key]
+        if any(len(k.encode()) > MAX_KEY_BYTES for k in keys):
+            raise _Refused(f"a key longer than {MAX_KEY_BYTES} B")
+        return self._handle(op, key, value)
+
+    @staticmethod
+    def _cost(key: str, value: Optional[bytes]) -> int:
+        return 0 if value is None else len(key.encode()) + len(value) + _ENTRY_BYTES
+
+    def _put(self, key: str, value: bytes) -> None:
+        """Hold ``value`` at ``key`` (under the condition), within the bytes the store may hold."""
+        grown = self.stored - self._cost(key, self.data.get(key)) + self._cost(key, value)
+        if grown > self.max_stored:
+            raise _Refused(f"the store is full ({self.stored} of at most {self.max_stored} B held)")
+        self.data[key] = value
+        self.stored = grown
+        self.cond.notify_all()
+
+    @staticmethod
+    def _number(text: bytes, what: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise _Refused(f"{what} is not an integer") from None
+        if not -_INT64 <= n < _INT64:
+            raise _Refused(f"{what} is out of the 64-bit range")
+        return n
+
+    @staticmethod
+    def _timeout(value: bytes) -> Optional[float]:
+        """A get's or wait's timeout (seconds; None: no limit)."""
+        if not value:
+            return None
+        try:
+            t = float(value)
+        except ValueError:
+            raise _Refused("a timeout that is not a number") from None
+        if math.isnan(t) or t < 0:
+            raise _Refused(f"a timeout of {t}")
+        return None if t >= _NO_LIMIT else t
+
     def _handle(self, op: int, key: str, value: bytes) -> tuple:
         with self.cond:
             if op == _SET:
-                self.data[key] = value
-                self.cond.notify_all()
+                self._put(key, value)
                 return _OK, b""
             if op == _ADD:
-                n = int(self.data.get(key, b"0")) + int(value)
-                self.data[key] = str(n).encode()
-                self.cond.notify_all()
+                n = self._number(self.data.get(key, b"0"), f"the value of {key[:64]!r}") + \
+                    self._number(value, "the amount to add")
+                if not -_INT64 <= n < _INT64:
+                    raise _Refused(f"the sum at {key[:64]!r} is out of the 64-bit range")
+                self._put(key, str(n).encode())
                 return _OK, str(n).encode()
             if op == _CHECK:
                 keys = key.split("\0") if key else []
                 return _OK, b"1" if all(k in self.data for k in keys) else b"0"
             if op == _DELETE:
-                return _OK, b"1" if self.data.pop(key, None) is not None else b"0"
+                gone = self.data.pop(key, None)
+                self.stored -= self._cost(key, gone)
+                return _OK, b"1" if gone is not None else b"0"
             if op == _CAS:  # value: u64 length of expected, expected, desired (c10d's compareSet)
                 if len(value) < _LEN.size:
                     return _ERR, b"compare_set: malformed request"
@@ -116,10 +250,10 @@ class _Server:
                 expected, desired = value[_LEN.size:_LEN.size + n], value[_LEN.size + n:]
                 current = self.data.get(key)
                 if (current is None and not expected) or (current is not None and current == expected):
-                    self.data[key] = current = desired
-                    self.cond.notify_all()
+                    self._put(key, desired)
+                    current = desired
                 return _OK, expected if current is None else current
-            timeout = float(value) if value else None
+            timeout = self._timeout(value)
             keys = key.split("\0") if op == _WAIT else [key]
             ok = self.cond.wait_for(lambda: all(k in self.data for k in keys), timeout)
             if not ok:
@@ -147,18 +281,24 @@ class TCPStore:
 
     Args:
         host, port: where the server listens (``port=0`` with ``is_master`` picks a free port;
-            read it back from ``store.port``).
+            read it back from ``store.port``). It listens on ``host`` only (127.0.0.1 by
+            default: ranks of one host).
         is_master: run the server in this process.
         timeout: seconds a ``get``/``wait`` may block before raising :class:`pycoll.TimeoutError`;
             also how long any request waits for the server's answer beyond that before raising
             :class:`pycoll.PycollError` (a server that stopped answering).
+        max_connections, max_stored, request_timeout: the server's limits (see the module
+            docstring): clients at once, bytes held, seconds for a request that has begun.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, is_master: bool = False,
-                 timeout: float = 300.0, connect_timeout: float = 60.0) -> None:
+                 timeout: float = 300.0, connect_timeout: float = 60.0, *,
+                 max_connections: int = MAX_CONNECTIONS, max_stored: int = MAX_STORED_BYTES,
+                 request_timeout: float = REQUEST_S) -> None:
         self.host = host
         self.timeout = timeout
-        self._server = _Server(host, port) if is_master else None
+        self._server = (_Server(host, port, max_connections, max_stored, request_timeout) if is_master
+                        else None)
         self.port = self._server.port if self._server else port
         self._lock = threading.Lock()
         self._broken: Optional[str] = None  # why the connection is unusable (see _call)
@@ -180,6 +320,13 @@ class TCPStore:
         does not answer by then (its process stuck, a host cut off) is a PycollError, here and on
         every later call (the connection is closed: an answer could still come after it)."""
         k = key.encode()
+        keys = key.split("\0") if op in (_CHECK, _WAIT) and key else [key]
+        if len(k) > MAX_KEYS_BYTES or any(len(one.encode()) > MAX_KEY_BYTES for one in keys):
+            raise PycollError(f"store: a key longer than the store takes ({MAX_KEY_BYTES} B; "
+                              f"{MAX_KEYS_BYTES} B for the keys of one check or wait): {key[:64]!r}...")
+        if len(value) > MAX_VALUE_BYTES:
+            raise PycollError(f"store: a value of {len(value)} B at {key[:64]!r}: the store takes at most "
+                              f"{MAX_VALUE_BYTES} B (pycoll.store.MAX_VALUE_BYTES)")
         limit = wait + self.timeout
         with self._lock:
             if self._broken is not None:
@@ -189,7 +336,7 @@ class TCPStore:
             try:
                 sock.sendall(_REQ.pack(op, len(k)) + k + _LEN.pack(len(value)) + value)
                 status, n = _REP.unpack(_recv_exact(sock, _REP.size))
-                return status, _recv_exact(sock, n)
+                reply = _recv_exact(sock, n)
             except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
                 self._broken = f"store: {self.host}:{self.port} did not answer within {limit:g} s"
                 sock.close()
@@ -199,6 +346,9 @@ class TCPStore:
                                 "the process serving the store ended or closed it")
                 sock.close()
                 raise PycollError(self._broken) from None
+        if status == _ERR:  # (the server may have closed the connection after it: a later call says so)
+            raise PycollError(reply.decode(errors="replace"))
+        return status, reply
 
     @staticmethod
     def _bytes(value: Union[str, bytes]) -> bytes:
@@ -215,16 +365,16 @@ class TCPStore:
         return value
 
     def add(self, key: str, amount: int) -> int:
-        return int(self._call(_ADD, key, str(int(amount)).encode())[1])
+        amount = int(amount)
+        if not -_INT64 <= amount < _INT64:
+            raise PycollError(f"store: add of {amount} at {key!r}: out of the store's 64-bit range")
+        return int(self._call(_ADD, key, str(amount).encode())[1])
 
     def compare_set(self, key: str, expected: Union[str, bytes], desired: Union[str, bytes]) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and ``expected`` is
         empty), atomically; return its value afterwards (c10d's ``compare_set``)."""
         e = self._bytes(expected)
-        status, value = self._call(_CAS, key, _LEN.pack(len(e)) + e + self._bytes(desired))
-        if status != _OK:
-            raise PycollError(f"store: {value.decode(errors='replace')}")
-        return value
+        return self._call(_CAS, key, _LEN.pack(len(e)) + e + self._bytes(desired))[1]
 
     def check(self, keys: Iterable[str]) -> bool:
         return self._call(_CHECK, "\0".join(keys))[1] == b"1"
