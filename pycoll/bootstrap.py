@@ -8,6 +8,13 @@ segment when every rank is on one host, and make the node and rail sub-teams whe
 nodes with several ranks on some node. Summation servers (``PYCOLL_NUM_SERVERS``) are set apart
 here too: they run the server loop and never get a team.
 
+Every team is bound to its job's key (:mod:`pycoll.auth`): rank 0 of a team made from MPI draws a
+key and a team id and sends them over MPI; a team made from a store takes ``PYCOLL_JOB_KEY`` and a
+team id rank 0 writes to the store, and keeps its entries under names derived from the key. Every
+value of the bootstrap exchange is signed and checked (:func:`pycoll.auth.sealed`), which covers the
+transports' addresses and the segment's ids; MPI's exchange uses its buffer calls (mpi4py's
+lowercase ones pickle).
+
 mpi4py is imported when an MPI team is made (importing ``mpi4py.MPI`` initialises MPI, which
 store-bootstrapped and in-process teams must not do), and the UCX and shared-memory transports
 when a team uses them (they need compiled modules a build may lack).
@@ -25,7 +32,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from pycoll import config
+import numpy as np
+
+from pycoll import auth, config
 from pycoll.algorithms.push_pull import Roles
 from pycoll.engine.context import Context, get_context
 from pycoll.errors import RevokedError
@@ -35,7 +44,7 @@ from pycoll.recovery import Recovery, revoke_here
 from pycoll.status import MPIStatus, StoreStatus
 from pycoll.store import allgather as store_allgather
 from pycoll.store import barrier as store_barrier
-from pycoll.tl.base import Transport, key_hash
+from pycoll.tl.base import Transport
 from pycoll.tl.local import LocalFabric
 from pycoll.tl.self import SelfTransport
 from pycoll.tl.tcp import TCPTransport, connect_mesh
@@ -67,12 +76,13 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
         return with_servers(cls, comm, ctx, tls, k)
     dup = comm.Dup()
     ctx = ctx if ctx is not None else get_context()
+    exchange = auth.sealed(_mpi_exchange(dup), _mpi_seal(dup), dup.Get_rank(), dup.Get_size(), "mpi")
     if dup.Get_size() == 1:
         transport: Transport = SelfTransport()
     else:
         from pycoll.tl.mpi import MPITransport  # noqa: PLC0415 - imports mpi4py.MPI
 
-        transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), dup.allgather, ctx, tls,
+        transport = (_p2p_transport("mpi", dup.Get_rank(), dup.Get_size(), exchange, ctx, tls,
                                     _mpi_barrier(dup))
                      or MPITransport(dup))
         ctx.add_transport(transport)
@@ -82,7 +92,7 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
     if team.size > 1:  # where a timed-out collective asks its peers what they do
         team.planner.peer_status = MPIStatus(dup.Dup(), team.planner, ctx.lock)
         ctx.watch(_answering(team.planner.peer_status))
-    attach_shm(team, dup.allgather, tls)
+    attach_shm(team, exchange, tls)
     topo = team.topology
     if topo is not None and topo.hierarchical:
         rank = team.rank
@@ -133,22 +143,24 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     _store_teams[prefix] = _store_teams.get(prefix, 0) + 1
     team_prefix = f"{prefix}/team{_store_teams[prefix]}"
     ctx = ctx if ctx is not None else get_context()
+    seal, space = auth.store_seal(store, team_prefix, rank, size, auth.job_key())  # (the team's id, signed)
     if size == 1:
         transport: Transport = SelfTransport()
     else:
         exchanges = itertools.count()
 
-        def exchange(value: bytes) -> List[bytes]:  # a fresh key per round: transports call it again
-            return store_allgather(store, f"{team_prefix}/addr{next(exchanges)}", rank, size, value)
+        def allgather(value: bytes) -> List[bytes]:  # a fresh key per round: transports call it again
+            return store_allgather(store, f"{space}/addr{next(exchanges)}", rank, size, value)
 
         def barrier(poll: Callable[[], int]) -> None:
-            store_barrier(store, f"{team_prefix}/barrier{next(exchanges)}", size, poll, _store_timeout(store))
+            store_barrier(store, f"{space}/barrier{next(exchanges)}", size, poll, _store_timeout(store))
 
+        exchange = auth.sealed(allgather, seal, rank, size, f"{space}/addr")
         chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls, barrier)
         if chosen is None:
             if advertise is None:
                 advertise = _local_address(store)
-            socks = connect_mesh(rank, size, exchange, key_hash(team_prefix), advertise=advertise)
+            socks = connect_mesh(rank, size, exchange, seal, advertise=advertise)
             chosen = TCPTransport(rank, size, socks)
             ctx.watch(_weakly(chosen.check_silence, ctx.lock))  # a peer's host that stops answering
         transport = chosen
@@ -157,12 +169,13 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     made: List[Team] = []
     try:
         team.store = store
-        team.recovery = Recovery(team, store, tls, advertise)
+        team.recovery = Recovery(team, store, seal, space, tls, advertise)
         if size > 1:  # where a timed-out collective asks its peers what they do (the watch answers)
-            team.planner.peer_status = StoreStatus(store, f"{team_prefix}/status", rank, size, team.planner)
+            team.planner.peer_status = StoreStatus(store, f"{space}/status", rank, size, team.planner, seal)
         rounds = itertools.count()
-        attach_shm(team, lambda v: store_allgather(store, f"{team_prefix}/shm{next(rounds)}", rank, size, v),
-                   tls)
+        shm = auth.sealed(lambda v: store_allgather(store, f"{space}/shm{next(rounds)}", rank, size, v),
+                          seal, rank, size, f"{space}/shm")
+        attach_shm(team, shm, tls)
         topo = team.topology
         if topo is not None and topo.hierarchical:
             for level, members, color, sub_tls in (
@@ -337,6 +350,38 @@ def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx:
             ctx.watch(_weakly(transport.check_silence, ctx.lock))
         return transport
     return None
+
+
+def _mpi_exchange(comm: Any) -> Exchange:
+    """The bootstrap exchange ``allgather(bytes) -> list[bytes]`` over ``comm``, with MPI's buffer
+    calls (mpi4py's lowercase ``allgather`` would unpickle what the peers send)."""
+    from mpi4py import MPI  # noqa: PLC0415 - see the module docstring
+
+    size = comm.Get_size()
+
+    def allgather(value: bytes) -> List[bytes]:
+        counts = np.zeros(size, np.int64)
+        comm.Allgather([np.array([len(value)], np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
+        displs = np.zeros(size, np.int64)
+        np.cumsum(counts[:-1], out=displs[1:])
+        out = bytearray(int(counts.sum()))
+        comm.Allgatherv([bytes(value), MPI.BYTE], [out, (counts.tolist(), displs.tolist()), MPI.BYTE])
+        return [bytes(out[d:d + c]) for c, d in zip(counts.tolist(), displs.tolist())]
+
+    return allgather
+
+
+def _mpi_seal(comm: Any) -> auth.Seal:
+    """The seal of a team made from ``comm``: a key and a team id that rank 0 draws and sends over
+    MPI (a channel the job already trusts)."""
+    from mpi4py import MPI  # noqa: PLC0415 - see the module docstring
+
+    buf = bytearray(auth.KEY_BYTES + auth.ID_BYTES)
+    if comm.Get_rank() == 0:
+        made = auth.Seal.fresh()
+        buf[:] = made.key + made.team_id
+    comm.Bcast([buf, MPI.BYTE], root=0)
+    return auth.Seal(bytes(buf[:auth.KEY_BYTES]), bytes(buf[auth.KEY_BYTES:]))
 
 
 def _mpi_barrier(comm: Any) -> Barrier:

@@ -106,6 +106,22 @@ def parse_flag(text: str) -> bool:
     raise ConfigError(f"expected 1 or 0 (on or off), got {text!r}")
 
 
+#: The shortest ``PYCOLL_JOB_KEY`` accepted (characters).
+MIN_KEY_CHARS = 16
+
+
+def parse_key(text: str) -> bytes:
+    """Parse PYCOLL_JOB_KEY: any text of at least :data:`MIN_KEY_CHARS` characters, as bytes
+    (``b""``: unset)."""
+    s = str(text).strip()
+    if not s:
+        return b""
+    if len(s) < MIN_KEY_CHARS:
+        raise ConfigError(f"PYCOLL_JOB_KEY must be at least {MIN_KEY_CHARS} characters (got {len(s)}); "
+                          "make one with: python -c 'import secrets; print(secrets.token_hex(32))'")
+    return s.encode()
+
+
 def parse_level(text: str) -> str:
     """Parse a logging level name."""
     s = str(text).strip().upper()
@@ -122,13 +138,14 @@ class Setting:
     default: str
     parse: Callable[[str], Any]
     doc: str
+    secret: bool = False  # (pycoll info says whether it is set, never its value)
 
 
 SETTINGS: Dict[str, Setting] = {}
 
 
-def _declare(name: str, default: str, parse: Callable[[str], Any], doc: str) -> None:
-    SETTINGS[name] = Setting(name, default, parse, doc)
+def _declare(name: str, default: str, parse: Callable[[str], Any], doc: str, secret: bool = False) -> None:
+    SETTINGS[name] = Setting(name, default, parse, doc, secret)
 
 
 _declare("PYCOLL_CREDIT_BYTES", "inf", parse_bytes,
@@ -244,6 +261,14 @@ _declare("PYCOLL_ABORT_ON_ERROR", "1", parse_flag,
          "1: an uncaught exception on a rank of an MPI job ends the whole job (MPI_Abort at exit, as "
          "'python -m mpi4py' does), instead of the rank waiting in MPI_Finalize while its peers wait "
          "for it until their timeout; 0: leave it to the program.")
+_declare("PYCOLL_JOB_KEY", "", parse_key,
+         "The job's secret (at least 16 characters; pycoll run makes a random one per job and hands it to "
+         "its ranks): teams made from a store sign their store entries and TCP hellos with it and act on no "
+         "entry or connection that lacks its MAC, and their store entries lie under names derived from it. "
+         "Set it yourself, the same on every rank, for a store-made team launched otherwise (torchrun: "
+         "export it before torchrun starts). Unset: a store-made team is only as safe as its store. Teams "
+         "made from MPI draw a key of their own on rank 0 and share it over MPI. pycoll info never prints "
+         "it. See the security guide.", secret=True)
 _declare("PYCOLL_LOG_LEVEL", "WARNING", parse_level,
          "Level of the 'pycoll' logger (DEBUG, INFO, WARNING, ERROR).")
 
@@ -266,5 +291,7 @@ def describe() -> List[Tuple[str, str, str]]:
     for name, setting in SETTINGS.items():
         raw = os.environ.get(name)
         shown = raw if raw else f"{setting.default} (default)"
+        if setting.secret:
+            shown = "(set: not shown)" if raw and raw.strip() else "(unset)"
         rows.append((name, shown, setting.doc))
     return rows

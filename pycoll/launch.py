@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from pycoll import config
+from pycoll import auth, config
 from pycoll.errors import PycollError
 from pycoll.leftovers import JobFiles
 
@@ -80,7 +80,8 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
     the job ends only cut the ranks' grace short. However the job ended, what it left behind is
     removed before ``launch`` returns. The caller's handlers are set again afterwards (not called),
     unless ``keep_handlers``: a caller that exits next (``pycoll run``) ignores the signals from
-    then on, so one that comes after the end cannot turn the status into death by signal."""
+    then on, so one that comes after the end cannot turn the status into death by signal. Every
+    job gets a fresh random key in its ranks' ``PYCOLL_JOB_KEY`` (see :mod:`pycoll.auth`)."""
     if n < 1:
         raise PycollError(f"-n must be >= 1, got {n}")
     if servers < 0:
@@ -91,6 +92,7 @@ def launch(n: int, cmd: List[str], timeout: Optional[float] = None, env: Optiona
         bind = "core" if n + servers <= pinnable_cores() else "none"
     argv = [find_mpiexec(), *(["-bind-to", "core"] if bind == "core" else []), "-n", str(n), *cmd]
     env = dict(env or {})
+    env[auth.KEY_VAR] = auth.new_key()  # the job's secret, its ranks' alone (pycoll.auth)
     if servers:
         argv += [":", "-n", str(servers), sys.executable, "-m", "pycoll.ps.server"]
         env["PYCOLL_NUM_SERVERS"] = str(servers)

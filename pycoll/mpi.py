@@ -488,8 +488,10 @@ class Comm:
             v = values[p]
             if p not in _BUFFERS:
                 name = row.mpi_rename.get(p, p)
-                if v is None and p.endswith("counts"):
-                    v = self.team.comm.allgather(kw["recvbuf"].size)
+                if v is None and p.endswith("counts"):  # (MPI's buffer Allgather: the lowercase one pickles)
+                    v = np.empty(self.team.size, np.int64)
+                    self.team.comm.Allgather(np.array([kw["recvbuf"].size], np.int64), v)
+                    v = v.tolist()
                 kw[name] = list(v) if p.endswith("counts") else v
             elif v is None or v is MPI.IN_PLACE or (p in row.root_only and rank != root):
                 kw[p] = None

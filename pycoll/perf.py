@@ -328,6 +328,22 @@ def _case(spec: Collective, env: SimpleNamespace, total: int) -> SimpleNamespace
                            check_pycoll=lambda: check(py, False), check_mpi=lambda: check(mp, True))
 
 
+def _every(comm: Any, value: float) -> List[float]:
+    """Every rank's ``value`` (MPI's buffer Allgather)."""
+    out = np.empty(comm.Get_size())
+    comm.Allgather(np.array([value]), out)
+    return out.tolist()
+
+
+def _all_true(comm: Any, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank."""
+    from mpi4py import MPI  # noqa: PLC0415 - (perf runs under MPI only)
+
+    out = np.empty(1, np.int32)
+    comm.Allreduce(np.array([int(bool(flag))], np.int32), out, op=MPI.MIN)
+    return bool(out[0])
+
+
 def _check_barrier(call: Callable[[], Any], comm: Any, rank: int, delay: float = 0.02) -> bool:
     """Rank 0 enters ``delay`` s late; a rank that leaves before rank 0 entered (allowing 5 ms of
     clock skew) shows a barrier that does not wait."""
@@ -338,8 +354,9 @@ def _check_barrier(call: Callable[[], Any], comm: Any, rank: int, delay: float =
         entered = time.time()
     call()
     left = time.time()
-    entered = comm.bcast(entered, root=0)
-    return left >= entered - 0.005
+    at = np.array([entered])
+    comm.Bcast(at, root=0)  # (MPI's buffer calls throughout: mpi4py's lowercase ones pickle)
+    return left >= float(at[0]) - 0.005
 
 
 def run(args: Any) -> int:
@@ -468,9 +485,11 @@ def role_traffic(team: Any, comm: Any, call: Callable[[], Any], nbytes: int,
     for _ in range(iters):
         call()
     t = world.traffic(include_self=False)
-    mine = (t["total"]["sent"], t["total"]["received"], [(t[n + s]["sent"], t[n + s]["received"])
-                                                          for s in range(k)])
-    every = comm.allgather(mine)
+    mine = np.array([t["total"]["sent"], t["total"]["received"],
+                     *(t[n + s][way] for s in range(k) for way in ("sent", "received"))], np.int64)
+    rows = np.empty((comm.Get_size(), mine.size), np.int64)
+    comm.Allgather(mine, rows)
+    every = [(int(w[0]), int(w[1]), [(int(w[2 + 2 * s]), int(w[3 + 2 * s])) for s in range(k)]) for w in rows]
     formula = byteps_traffic(n, k, nbytes)
     out: Dict[str, Any] = {"bytes": nbytes, "iters": iters, "workers": n, "servers": k,
                            "m_gpu": formula["m_gpu"], "m_cpu": formula["m_cpu"], "server": None}
@@ -583,10 +602,9 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
                                "bytes": nbytes, "iters": iters}
         ok = ""
         if args.check:
-            good = comm.allreduce(case.check_pycoll(), op=MPI.LAND)
-            row["check"] = "ok" if good else "WRONG"
+            row["check"] = "ok" if _all_true(comm, case.check_pycoll()) else "WRONG"
             if compare:
-                row["mpi_check"] = "ok" if comm.allreduce(case.check_mpi(), op=MPI.LAND) else "WRONG"
+                row["mpi_check"] = "ok" if _all_true(comm, case.check_mpi()) else "WRONG"
             bad = [w for w, k in (("WRONG", "check"), ("MPI_WRONG", "mpi_check")) if row.get(k) == "WRONG"]
             ok = "  " + (",".join(bad) if bad else "ok")
         t_py, t_mpi = [], []
@@ -594,12 +612,12 @@ def _run_one(spec: Collective, env: SimpleNamespace, args: Any, counts: List[int
             t_py.append(_time(case.py, iters, warmup, comm))
             if compare:
                 t_mpi.append(_time(case.mpi, iters, warmup, comm))
-        times = comm.allgather(float(np.mean(t_py)))
+        times = _every(comm, float(np.mean(t_py)))
         row.update(avg_us=float(np.mean(times)) * 1e6, min_us=min(times) * 1e6, max_us=max(times) * 1e6)
         row["algbw"] = _bw(nbytes, row["avg_us"]) if factor is not None else None
         row["busbw"] = row["algbw"] * factor if factor is not None else None
         if compare:
-            mpi_times = comm.allgather(float(np.mean(t_mpi)))
+            mpi_times = _every(comm, float(np.mean(t_mpi)))
             row["mpi_us"] = float(np.mean(mpi_times)) * 1e6
             row["mpi_algbw"] = _bw(nbytes, row["mpi_us"]) if factor is not None else None
             row["vs_mpi"] = row["mpi_us"] / row["avg_us"] if row["avg_us"] else 0.0

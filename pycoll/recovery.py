@@ -22,6 +22,12 @@ same result; a rank that finds its own key decided ``lost`` (it was taken for go
 (its process is gone, or it exited, raised or closed the team), by its closed TCP connections,
 and otherwise by not reaching the agreement within the timeout.
 
+Every entry of these in the store is signed with the team's :class:`~pycoll.auth.Seal` (its job key,
+its random id, the key's name and the writer's rank) and lies where the seal puts the team's
+entries: a revoke, an agreement's flag or a ``lost`` that fails its MAC is logged and never acted
+on, so only the team's own ranks can revoke it, take part in its agreements or leave a rank out of
+a shrink. (An agreement whose entry fails raises :class:`~pycoll.errors.AuthError`.)
+
 Agreement and shrink need a team made from a store (``Team.from_store``, the torch backend's
 teams): the store, kept by a process outside the failure (the launcher's, or rank 0's when rank
 0 survives), is what the survivors meet in. ``revoke`` works on every team; without a store it
@@ -35,7 +41,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
 
-from pycoll.errors import PeerLostError, PycollError, RevokedError, TimeoutError
+from pycoll.auth import Seal, refuse
+from pycoll.errors import AuthError, PeerLostError, PycollError, RevokedError, TimeoutError
 from pycoll.status import StoreStatus
 from pycoll.store import TCPStore, store_get
 
@@ -51,17 +58,21 @@ POLL_MAX_S = 0.02
 class Recovery:
     """A store-made team's way back from a failure: its store, its agreements' numbering, the
     watch that brings a peer's revoke. Made by the bootstrap; ``team.revoke()``,
-    ``team.agree()`` and ``team.shrink()`` call it."""
+    ``team.agree()`` and ``team.shrink()`` call it. ``seal`` signs and checks the team's entries,
+    which lie under ``space`` (see :func:`pycoll.auth.store_seal`)."""
 
-    def __init__(self, team: Team, store: Any, tls: Optional[Sequence[str]] = None,
+    def __init__(self, team: Team, store: Any, seal: Seal, space: str, tls: Optional[Sequence[str]] = None,
                  advertise: Optional[str] = None) -> None:
         self.team = team
         self.store = store
+        self.seal, self.space = seal, space
         self.tls = tls
         self.advertise = advertise
         self._epochs = itertools.count()  # agreements and shrinks, in calling order (the same everywhere)
         self._own_keys: List[str] = []  # this rank's keys of the last agreements (_forget_agreements)
-        self._revoked_key = f"{team.name}/revoked"
+        self._revoked_key = f"{space}/revoked"
+        self._refused: Optional[bytes] = None  # a revoke entry that failed its MAC (logged once)
+        self._seen_refused: Set[bytes] = set()  # agreement entries that failed theirs (logged once)
         self._watching: Optional[Callable[[], bool]] = None
         self._watcher: Any = store  # the store connection the watch uses (None: not made yet)
 
@@ -104,7 +115,8 @@ class Recovery:
     # ------------------------------------------------------------------ revoke
     def publish(self, error: RevokedError) -> None:
         """Tell the peers through the store that this rank revoked the team."""
-        self.store.set(self._revoked_key, f"{error.rank}|{error}")
+        key = self._revoked_key
+        self.store.set(key, self.seal.sign(key, self.team.rank, str(error).encode()))
 
     def look(self) -> bool:
         """If a peer revoked the team, revoke it here too, and answer the peers' questions (the
@@ -118,8 +130,16 @@ class Recovery:
             asked.answer(self._watcher)
         if not self._watcher.check([self._revoked_key]):
             return True
-        rank, _, text = store_get(self._watcher, self._revoked_key).decode(errors="replace").partition("|")
-        revoke_here(self.team, RevokedError(text, rank=int(rank)), text)
+        blob = store_get(self._watcher, self._revoked_key)
+        if blob == self._refused:
+            return True
+        try:
+            rank, said = self.seal.verify(self._revoked_key, blob, self.team.size)
+        except AuthError:  # (logged) a stranger's revoke: not acted on
+            self._refused = blob
+            return True
+        text = said.decode(errors="replace")
+        revoke_here(self.team, RevokedError(text, rank=rank), text)
         return False
 
     # ------------------------------------------------------------------ agreement
@@ -136,8 +156,8 @@ class Recovery:
         that returns). See the module docstring for how it survives failures."""
         team, store = self.team, self.store
         epoch = next(self._epochs)
-        base = f"{team.name}/agree{epoch}"
-        mine = _compare_set(store, f"{base}/{team.rank}", b"", b"1" if flag else b"0")
+        base = f"{self.space}/agree{epoch}"
+        mine = self._settle(base, team.rank, b"1" if flag else b"0")
         self._forget_agreements(f"{base}/{team.rank}")
         if mine == LOST:
             raise PeerLostError(f"{team.name}: rank {team.rank} reached agreement #{epoch} after its "
@@ -151,17 +171,55 @@ class Recovery:
             keys = [f"{base}/{r}" for r in waiting]
             if store.check(keys):  # (one round trip a look, whatever the number of ranks)
                 for r, key in zip(waiting, keys):
-                    fates[r] = store_get(store, key)
-                break
+                    try:
+                        fates[r] = self._decided(base, r, store_get(store, key))
+                    except AuthError:  # (a stranger's entry: its rank, or a peer, replaces it)
+                        pass
+                waiting = [r for r in waiting if r not in fates]
+                if not waiting:
+                    break
             team.ctx.progress()  # (a transport learns of closed connections as it reads)
             late = deadline is not None and time.monotonic() >= deadline
             gone = set(waiting) if late else self.lost().intersection(waiting)
-            for r in sorted(gone):  # decide for it, unless it decided first
-                fates[r] = _compare_set(store, f"{base}/{r}", b"", LOST)
+            for r in sorted(gone.intersection(waiting)):  # decide for it, unless it decided first
+                fates[r] = self._settle(base, r, LOST)
                 waiting.remove(r)
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         return {r: v == b"1" for r, v in sorted(fates.items()) if v != LOST}
+
+    def _settle(self, base: str, r: int, fate: bytes) -> bytes:
+        """Write ``fate`` as rank ``r``'s in the agreement ``base`` unless a rank of the team decided
+        it already (signed, as hex: c10d stores take text for compare_set); the fate decided. An
+        entry that is no rank's (a stranger's) is replaced, atomically, as if it were not there."""
+        key = f"{base}/{r}"
+        signed = self.seal.sign(key, self.team.rank, fate).hex().encode()
+        value = _compare_set(self.store, key, b"", signed)
+        while True:
+            try:
+                return self._decided(base, r, value)
+            except AuthError:  # (logged) replace it, unless a rank of the team did meanwhile
+                value = _as_bytes(self.store.compare_set(key, value, signed))
+
+    def _decided(self, base: str, r: int, value: bytes) -> bytes:
+        """The fate of rank ``r`` in the agreement ``base`` as the store holds it (``1``, ``0`` or
+        :data:`LOST`), checked: only ``r`` gives its flag, any rank of the team may write ``lost``;
+        anything else raises :class:`~pycoll.errors.AuthError` (logged once)."""
+        key = f"{base}/{r}"
+        value = bytes(value)
+        say = value not in self._seen_refused
+        try:
+            blob = bytes.fromhex(value.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            blob = b""
+        try:
+            writer, fate = self.seal.verify(key, blob, self.team.size, say=say)
+            if fate not in (b"1", b"0", LOST) or (fate != LOST and writer != r):
+                refuse(f"{key}: rank {writer} wrote {fate[:16]!r} as rank {r}'s fate", say)
+        except AuthError:
+            self._seen_refused.add(value)
+            raise
+        return fate
 
     def _forget_agreements(self, key: str) -> None:
         """Keep this rank's key of the agreement just decided; delete the one of the agreement
@@ -229,7 +287,10 @@ def need_recovery(team: Team, what: str) -> Recovery:
 
 
 def _compare_set(store: Any, key: str, expected: bytes, desired: bytes) -> bytes:
-    value = store.compare_set(key, expected.decode(), desired.decode())
+    return _as_bytes(store.compare_set(key, expected.decode(), desired.decode()))
+
+
+def _as_bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else bytes(value)
 
 

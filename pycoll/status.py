@@ -12,17 +12,26 @@ blocked outside pycoll), which is worth saying too. The texts read:
     rank 1 has not posted it (it has posted #0-#4 of this team); rank 2 posted it and waits on:
     allreduce:rd@2: recv of 64 B from rank 1; rank 3 did not answer within 0.5 s (not waiting
     inside pycoll: busy in the program, or blocked outside pycoll)
+
+Questions and answers are JSON of fixed fields, checked field by field and size by size when read
+(never a pickle: a stranger's bytes in the store must not run as code). Through the store each is
+signed with the team's :class:`~pycoll.auth.Seal` and one that fails its MAC is logged and dropped,
+never answered or believed; on a communicator MPI is the trusted channel.
 """
 
 from __future__ import annotations
 
 import itertools
-import pickle
-import random
+import json
+import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from pycoll.errors import AuthError
+
 if TYPE_CHECKING:  # pragma: no cover
+    from pycoll.auth import Seal
     from pycoll.planner import Planner
     from pycoll.tasks.task import Task
 
@@ -30,7 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
 ASK_S = 0.5
 #: Most tasks a peer reports it waits on.
 REPORTED = 3
+#: The longest question and answer read (bytes of JSON), the longest text of a task waited on, and
+#: how deep a tag's tuples may nest.
+QUESTION_BYTES, ANSWER_BYTES, WAIT_TEXT, TAG_DEPTH = 4096, 16384, 1000, 8
 _QUERY, _REPLY = 1, 2
+log = logging.getLogger("pycoll")
 
 
 def key_of(task: Task, waiting: Sequence[Task]) -> Optional[tuple]:
@@ -66,6 +79,87 @@ def report(planner: Planner, key: tuple) -> Dict[str, Any]:
     return {"posted": count > key[-1], "count": count, "waits_on": owned[:REPORTED]}
 
 
+def _tag_out(tag: Any, depth: int = 0) -> Any:
+    """A user tag as JSON (tuples as lists: a tag is never a list, being hashable)."""
+    if depth > TAG_DEPTH:
+        raise ValueError("tag nests too deep")
+    if tag is None or isinstance(tag, (str, bool, int, float)):
+        return tag
+    if isinstance(tag, tuple):
+        return [_tag_out(t, depth + 1) for t in tag]
+    raise ValueError(f"a tag of type {type(tag).__name__} cannot be asked about")
+
+
+def _tag_in(value: Any, depth: int = 0) -> Any:
+    """A tag read back from JSON (lists become tuples again); ValueError for anything else."""
+    if depth > TAG_DEPTH:
+        raise ValueError("tag nests too deep")
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return tuple(_tag_in(v, depth + 1) for v in value)
+    raise ValueError(f"a tag cannot be {type(value).__name__}")
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 1 << 62:
+        raise ValueError(f"not a count: {value!r}")
+    return value
+
+
+def _json(data: bytes, limit: int) -> Any:
+    if len(data) > limit:
+        raise ValueError(f"{len(data)} B, more than {limit}")
+    try:
+        return json.loads(bytes(data).decode())
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def question_bytes(nonce: int, key: tuple) -> bytes:
+    """A question about the collective of ``key`` as JSON; ValueError for a key that cannot be sent."""
+    if key[0] == "c":
+        fields = ["c", key[1]]
+    else:
+        fields = ["u", _tag_out(key[1]), key[2]]
+    data = json.dumps({"nonce": nonce, "key": fields}).encode()
+    if len(data) > QUESTION_BYTES:
+        raise ValueError(f"the question takes {len(data)} B (a tag that long?)")
+    return data
+
+
+def read_question(data: bytes) -> tuple:
+    """``(nonce, key)`` of a question; ValueError for anything but a well-formed one."""
+    q = _json(data, QUESTION_BYTES)
+    if not isinstance(q, dict) or set(q) != {"nonce", "key"} or not isinstance(q["key"], list):
+        raise ValueError("not a question")
+    fields = q["key"]
+    if len(fields) == 2 and fields[0] == "c":
+        return _count(q["nonce"]), ("c", _count(fields[1]))
+    if len(fields) == 3 and fields[0] == "u":
+        return _count(q["nonce"]), ("u", _tag_in(fields[1]), _count(fields[2]))
+    raise ValueError("not a collective's key")
+
+
+def answer_bytes(nonce: int, answer: Dict[str, Any]) -> bytes:
+    """A rank's answer (see :func:`report`) as JSON."""
+    waits = [str(w)[:WAIT_TEXT] for w in answer["waits_on"][:REPORTED]]
+    return json.dumps({"nonce": nonce, "posted": bool(answer["posted"]), "count": int(answer["count"]),
+                       "waits_on": waits}).encode()
+
+
+def read_answer(data: bytes) -> tuple:
+    """``(nonce, answer)`` of an answer; ValueError for anything but a well-formed one."""
+    a = _json(data, ANSWER_BYTES)
+    if not isinstance(a, dict) or set(a) != {"nonce", "posted", "count", "waits_on"}:
+        raise ValueError("not an answer")
+    waits = a["waits_on"]
+    if type(a["posted"]) is not bool or not isinstance(waits, list) or len(waits) > REPORTED \
+            or not all(isinstance(w, str) and len(w) <= WAIT_TEXT for w in waits):
+        raise ValueError("not an answer")
+    return _count(a["nonce"]), {"posted": a["posted"], "count": _count(a["count"]), "waits_on": waits}
+
+
 def _ranks(ranks: List[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
@@ -97,12 +191,12 @@ def explain(key: tuple, answers: Dict[int, Optional[Dict[str, Any]]]) -> str:
 
 class MPIStatus:
     """Questions and answers about the team's collectives on ``comm`` (a communicator of the
-    team's own, so that no collective's message matches them). ``lock``: the engine's (its
-    watch and a timed-out wait may run in two threads)."""
+    team's own, so that no collective's message matches them), as bytes of JSON. ``lock``: the
+    engine's (its watch and a timed-out wait may run in two threads)."""
 
     def __init__(self, comm: Any, planner: Planner, lock: Any) -> None:
         self.comm, self.planner, self.lock = comm, planner, lock
-        self._sent: List[Any] = []  # answers and questions not yet known sent
+        self._sent: List[Any] = []  # (request, bytes) of answers and questions not yet known sent
         #: The engine's watch that calls :meth:`answer` (set by the bootstrap).
         self.watch: Any = None
 
@@ -113,18 +207,24 @@ class MPIStatus:
 
         comm, status = self.comm, MPI.Status()
         with self.lock:
-            self._sent = [req for req in self._sent if not req.Test()]
+            self._sent = [(req, data) for req, data in self._sent if not req.Test()]
             while True:
                 msg = comm.improbe(tag=_QUERY, status=status)
                 if msg is None:
                     break
-                nonce, key = msg.recv()
-                self._sent.append(comm.isend((nonce, report(self.planner, key)), status.Get_source(), _REPLY))
+                try:
+                    nonce, key = read_question(_received(msg, status, MPI))
+                except ValueError as exc:
+                    log.warning("pycoll: dropped a malformed status question from rank %d: %s",
+                                status.Get_source(), exc)
+                    continue
+                data = answer_bytes(nonce, report(self.planner, key))
+                self._sent.append((comm.Isend([data, MPI.BYTE], status.Get_source(), _REPLY), data))
             while stale:
-                msg = comm.improbe(tag=_REPLY)
+                msg = comm.improbe(tag=_REPLY, status=status)
                 if msg is None:
                     break
-                msg.recv()
+                _received(msg, status, MPI)
         return True
 
     def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
@@ -132,28 +232,39 @@ class MPIStatus:
         from mpi4py import MPI  # noqa: PLC0415
 
         comm, me = self.comm, self.comm.Get_rank()
-        nonce = random.getrandbits(62)
+        nonce = secrets.randbits(62)
         peers = [r for r in range(comm.Get_size()) if r != me]
-        with self.lock:
-            self._sent += [comm.isend((nonce, key), p, _QUERY) for p in peers]
         answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
+        try:
+            data = question_bytes(nonce, key)
+        except ValueError:
+            return {}  # (a tag JSON cannot carry: nothing to ask)
+        with self.lock:
+            self._sent += [(comm.Isend([data, MPI.BYTE], p, _QUERY), data) for p in peers]
         deadline = time.monotonic() + timeout_s
         status = MPI.Status()
         while any(a is None for a in answers.values()) and time.monotonic() < deadline:
             self.answer(stale=False)  # (two ranks that time out on each other answer each other)
             with self.lock:
                 msg = comm.improbe(tag=_REPLY, status=status)
-                got = msg.recv() if msg is not None else None
+                got = _received(msg, status, MPI) if msg is not None else None
             if got is None:
                 time.sleep(0.0005)
-            elif got[0] == nonce:  # (else an answer to an earlier question that came late)
-                answers[status.Get_source()] = got[1]
+                continue
+            try:
+                said, answer = read_answer(got)
+            except ValueError as exc:
+                log.warning("pycoll: dropped a malformed status answer from rank %d: %s",
+                            status.Get_source(), exc)
+                continue
+            if said == nonce:  # (else an answer to an earlier question that came late)
+                answers[status.Get_source()] = answer
         return answers
 
     def close(self) -> None:
         """The team closes: let its communicator go (sends still pending are canceled)."""
         with self.lock:
-            for req in self._sent:
+            for req, _ in self._sent:
                 if not req.Test():
                     req.Cancel()
                     req.Test()
@@ -162,6 +273,13 @@ class MPIStatus:
                 self.comm.Free()
             except Exception:  # noqa: BLE001 - MPI finalized already: nothing to free
                 pass
+
+
+def _received(msg: Any, status: Any, mpi: Any) -> bytes:
+    """The bytes of the probed message ``msg`` (``status`` its probe's)."""
+    data = bytearray(status.Get_count(mpi.BYTE))
+    msg.Recv([data, mpi.BYTE])
+    return bytes(data)
 
 
 def _forget(store: Any, key: str) -> None:
@@ -178,10 +296,12 @@ class StoreStatus:
     """Questions and answers about the team's collectives through its store: rank p's questions
     are the keys ``PREFIX/q/p/1``, ``/2``, ... (numbered by ``add`` on ``PREFIX/q/p``), each
     answered at ``PREFIX/a/NONCE/p``; each key is deleted once read (an answer that comes after its
-    question gave up stays)."""
+    question gave up stays). Every entry is signed by ``seal`` under its key's name; one that
+    fails its MAC or is malformed is logged and dropped (a question so dropped is not answered)."""
 
-    def __init__(self, store: Any, prefix: str, rank: int, size: int, planner: Planner) -> None:
+    def __init__(self, store: Any, prefix: str, rank: int, size: int, planner: Planner, seal: Seal) -> None:
         self.store, self.prefix, self.rank, self.size, self.planner = store, prefix, rank, size, planner
+        self.seal = seal
         self._answered = 0  # questions to this rank answered
 
     def answer(self, store: Any) -> None:
@@ -192,20 +312,33 @@ class StoreStatus:
         while store.check([f"{self.prefix}/q/{self.rank}/{self._answered + 1}"]):
             self._answered += 1
             where = f"{self.prefix}/q/{self.rank}/{self._answered}"
-            nonce, key = pickle.loads(store_get(store, where))
+            blob = store_get(store, where)
             _forget(store, where)
-            store.set(f"{self.prefix}/a/{nonce}/{self.rank}", pickle.dumps(report(self.planner, key)))
+            try:
+                _, content = self.seal.verify(where, blob, self.size)
+                nonce, key = read_question(content)
+            except AuthError:
+                continue  # (logged)
+            except ValueError as exc:
+                log.warning("pycoll: dropped a malformed status question %s: %s", where, exc)
+                continue
+            there = f"{self.prefix}/a/{nonce}/{self.rank}"
+            store.set(there, self.seal.sign(there, self.rank, answer_bytes(nonce, report(self.planner, key))))
 
     def ask(self, key: tuple, timeout_s: float = ASK_S) -> Dict[int, Optional[Dict[str, Any]]]:
         """Every peer's answer about the collective of ``key`` (None: no answer in time)."""
         from pycoll.store import store_get  # noqa: PLC0415
 
-        store, nonce = self.store, random.getrandbits(62)
+        store, nonce = self.store, secrets.randbits(62)
         peers = [r for r in range(self.size) if r != self.rank]
-        question = pickle.dumps((nonce, key))
+        try:
+            question = question_bytes(nonce, key)
+        except ValueError:
+            return {}  # (a tag JSON cannot carry: nothing to ask)
         for p in peers:
             number = store.add(f"{self.prefix}/q/{p}", 1)
-            store.set(f"{self.prefix}/q/{p}/{number}", question)
+            where = f"{self.prefix}/q/{p}/{number}"
+            store.set(where, self.seal.sign(where, self.rank, question))
         answers: Dict[int, Optional[Dict[str, Any]]] = dict.fromkeys(peers)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -213,8 +346,17 @@ class StoreStatus:
             for p in [p for p, a in answers.items() if a is None]:
                 where = f"{self.prefix}/a/{nonce}/{p}"
                 if store.check([where]):
-                    answers[p] = pickle.loads(store_get(store, where))
+                    blob = store_get(store, where)
                     _forget(store, where)
+                    try:
+                        said, answer = read_answer(self.seal.verify(where, blob, self.size, rank=p)[1])
+                    except AuthError:
+                        continue  # (logged)
+                    except ValueError as exc:
+                        log.warning("pycoll: dropped a malformed status answer %s: %s", where, exc)
+                        continue
+                    if said == nonce:
+                        answers[p] = answer
             if all(a is not None for a in answers.values()):
                 break
             time.sleep(0.005)

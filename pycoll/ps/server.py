@@ -6,12 +6,13 @@ makes its team (``Team.from_mpi(MPI.COMM_WORLD)``) and exit when it ends. A serv
 tensor from a declaration that worker 0 sends with its first push-pull (name, size, dtype,
 partition size, op: every rank derives the same placement from them), then runs rounds of
 :func:`pycoll.algorithms.push_pull.service_round` for the parts it owns, one after the other, until
-every worker has said goodbye.
+every worker has said goodbye. Control messages are JSON of fixed fields, each checked when read
+(:func:`parse_control`): never a pickle, so that no bytes from a peer run as code.
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -28,11 +29,17 @@ from pycoll.tasks.schedule import Schedule
 #: Tag and size of control messages (declarations, goodbyes) from workers to servers.
 CONTROL = ("pycoll-pp", "control")
 CONTROL_BYTES = 1024
+#: The fields of each kind of control message and their types.
+_FIELDS: Dict[str, Dict[str, type]] = {
+    "decl": {"kind": str, "name": str, "count": int, "dtype": str, "partition_bytes": int, "op": str,
+             "mode": str},
+    "bye": {"kind": str, "worker": int},
+}
 
 
 def control_message(**fields: Any) -> np.ndarray:
-    """A fixed-size control message (pickled fields, length-prefixed)."""
-    body = pickle.dumps(fields, protocol=4)
+    """A fixed-size control message (its fields as JSON, length-prefixed)."""
+    body = json.dumps(fields).encode()
     if len(body) > CONTROL_BYTES - 4:
         raise ValueError(f"push_pull: control message too large ({len(body)} B; a tensor name that long?)")
     buf = np.zeros(CONTROL_BYTES, np.uint8)
@@ -42,12 +49,28 @@ def control_message(**fields: Any) -> np.ndarray:
 
 
 def parse_control(buf: np.ndarray) -> Dict[str, Any]:
+    """The fields of a control message; PycollError for anything but a well-formed one."""
     n = int.from_bytes(buf[:4].tobytes(), "little")
     if not 0 < n <= CONTROL_BYTES - 4:
         raise PycollError(f"push_pull server: bad control message length {n}")
-    fields = pickle.loads(buf[4:4 + n].tobytes())
-    if not isinstance(fields, dict) or "kind" not in fields:
-        raise PycollError("push_pull server: bad control message")
+    try:
+        fields = json.loads(buf[4:4 + n].tobytes().decode())
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise PycollError("push_pull server: a control message that is not JSON") from None
+    kind = fields.get("kind") if isinstance(fields, dict) else None
+    want = _FIELDS.get(kind) if isinstance(kind, str) else None
+    if want is None or set(fields) != set(want) or not all(type(fields[k]) is t for k, t in want.items()):
+        raise PycollError(f"push_pull server: bad control message {str(fields)[:200]}")
+    if kind == "bye" and fields["worker"] < 0:
+        raise PycollError(f"push_pull server: a goodbye of worker {fields['worker']}")
+    if kind == "decl":
+        try:
+            as_dtype(fields["dtype"])
+            ok = bool(fields["name"]) and fields["op"] in ReduceOp.__members__ and fields["count"] >= 0
+        except ValueError:
+            ok = False
+        if not ok or fields["partition_bytes"] <= 0 or fields["mode"] not in ("sync", "async"):
+            raise PycollError(f"push_pull server: bad declaration {str(fields)[:200]}")
     return fields
 
 

@@ -88,14 +88,16 @@ def _fill_launcher_env() -> None:
         world = MPI.COMM_WORLD
         if servers:  # the workers only: the servers are waiting in Team.from_mpi
             world = world.Create_group(world.Get_group().Incl(list(range(int(size)))))
-        addr = None
+        where = bytearray(256)  # "host:port", sent with MPI's buffer Bcast (mpi4py's bcast pickles)
         if world.Get_rank() == 0:
             with socket.socket() as s:
                 s.bind(("", 0))
-                addr = (env.get("MASTER_ADDR") or _host_address(), s.getsockname()[1])
-        addr = world.bcast(addr, root=0)
-        env.setdefault("MASTER_ADDR", addr[0])
-        env.setdefault("MASTER_PORT", str(addr[1]))
+                text = f"{env.get('MASTER_ADDR') or _host_address()}:{s.getsockname()[1]}".encode()[:255]
+                where[:len(text)] = text
+        world.Bcast([where, MPI.BYTE], root=0)
+        host, _, port = bytes(where).rstrip(b"\0").decode().rpartition(":")
+        env.setdefault("MASTER_ADDR", host)
+        env.setdefault("MASTER_PORT", port)
 
 
 def _host_address() -> str:

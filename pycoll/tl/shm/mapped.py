@@ -3,9 +3,9 @@ write directly (the ``mapped`` allreduce reduces straight out of its peers' inpu
 straight into their outputs, one copy's worth of memory traffic).
 
 A region is one shared mapping of ``nranks`` parts, rank r's part at ``base + r * part_bytes`` in
-every process; rank r's array is its own part. Rank 0 makes it (an anonymous memfd), the others
-open it through ``/proc/<pid>/fd`` as the segment does; it lives as long as an array (or any view
-of it) does in some process, and no file remains anywhere.
+every process; rank r's array is its own part. Rank 0 makes it (an anonymous memfd, mode 0600: the
+user's alone), the others open it through ``/proc/<pid>/fd`` as the segment does; it lives as long
+as an array (or any view of it) does in some process, and no file remains anywhere.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def allocate(rank: int, size: int, shape: Union[int, Sequence[int]], dtype: np.d
         if rank == 0:  # (a failure here is every rank's: the others learn it from the exchange)
             try:
                 fd = os.memfd_create("pycoll-alloc", os.MFD_CLOEXEC)
+                os.fchmod(fd, 0o600)  # (a memfd is made 0777: the user's alone, as the segment)
                 os.ftruncate(fd, part * size)
                 ident = int.from_bytes(os.urandom(8), "little") | 1
                 info = f"{os.getpid()}:{fd}:{ident}".encode()

@@ -12,10 +12,17 @@ whose connection closes fails every operation with it, naming the rank.
 Traffic (``transport.traffic``, payload bytes, not the 32-byte headers): a send counts in
 :meth:`TCPTransport.isend` (the message joins the peer's outgoing queue), a receive when its payload
 is complete: in :meth:`TCPTransport._read`, or in ``irecv`` for a message that arrived before it.
+
+The mesh (:func:`connect_mesh`) listens on the address it advertises only, and takes a connection
+as a peer's only after its hello: the magic, the rank, the team's random id and a MAC of them with
+the job's key (:mod:`pycoll.auth`), which :func:`read_hello` checks. A connection that says
+something else, or nothing within :data:`HELLO_S`, is dropped and logged; the others go on.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 import math
 import selectors
 import socket
@@ -27,13 +34,17 @@ from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
 import numpy as np
 
 from pycoll import config
+from pycoll.auth import Seal
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
 
 _HEADER = struct.Struct("<IIQQQ")
 _MAGIC = 0x50544350  # "PCTP"
 _VERSION = 1
-_HELLO = struct.Struct("<IIQ")  # magic, rank, team id
+_HELLO = struct.Struct("<II16s16s")  # magic, rank, team id, MAC (pycoll.auth)
+#: Seconds a connection to the mesh's listener has to say its hello before it is dropped.
+HELLO_S = 10.0
+log = logging.getLogger("pycoll")
 #: The key hash of a ping: an empty message the receiver drops, sent to a peer from which this
 #: rank waits while nothing of its own waits for that peer's acknowledgement (see check_silence).
 _PING_HASH = 0x50494E4750494E47  # "PINGPING"
@@ -360,51 +371,142 @@ class TCPTransport(Transport):
         self.selector.close()
 
 
-def connect_mesh(rank: int, size: int, exchange: Any, team_id: int, host: str = "0.0.0.0",
+def hello(seal: Seal, rank: int, peer: int) -> bytes:
+    """What rank ``rank`` says first on its connection to rank ``peer`` of the team of ``seal``."""
+    return _HELLO.pack(_MAGIC, rank, seal.team_id, seal.mac("tcp-hello", rank, struct.pack("<I", peer)))
+
+
+def read_hello(data: bytes, seal: Seal, rank: int, size: int) -> Optional[int]:
+    """The rank that says the hello ``data`` to rank ``rank`` of the team of ``seal`` (of ``size``
+    ranks), or None when it is no hello of such a rank: another team's, a stranger's (its MAC
+    fails), a rank that should not connect here (only higher ranks connect to lower ones)."""
+    if len(data) != _HELLO.size:
+        return None
+    magic, peer, team_id, tag = _HELLO.unpack(data)
+    if magic != _MAGIC or team_id != seal.team_id or not rank < peer < size:
+        return None
+    if not hmac.compare_digest(tag, seal.mac("tcp-hello", peer, struct.pack("<I", rank))):
+        return None
+    return peer
+
+
+def _address(value: bytes, r: int) -> Tuple[str, int]:
+    """``(host, port)`` of rank ``r``'s listener from its ``host:port``."""
+    host, _, port = value.decode(errors="replace").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise TransportError(f"tcp: rank {r} advertised a malformed address {value[:64]!r}")
+    return host, int(port)
+
+
+def connect_mesh(rank: int, size: int, exchange: Any, seal: Seal, host: Optional[str] = None,
                  advertise: Optional[str] = None, timeout: float = 60.0) -> Dict[int, socket.socket]:
     """Connect every pair of ranks: rank j connects to every i < j, which accepts.
 
     ``exchange(value: bytes) -> list[bytes]`` allgathers the listening addresses (through the
-    store). Every connection starts with a hello naming the rank and the team, checked on accept.
+    store: signed, see :func:`pycoll.auth.sealed`). The listener binds ``host`` (default: the
+    address it advertises, ``advertise`` or 127.0.0.1). Every connection starts with a hello
+    (:func:`hello`) checked on accept; connections that fail it are dropped, meanwhile the
+    others' hellos are read (a stranger that connects and says nothing holds up no one).
     """
-    listener = socket.create_server((host, 0), backlog=max(16, size))
-    port = listener.getsockname()[1]
     addr = advertise or "127.0.0.1"
-    addrs = [a.decode().rsplit(":", 1) for a in exchange(f"{addr}:{port}".encode())]
+    bind = host if host is not None else addr
+    try:
+        listener = socket.create_server((bind, 0), family=socket.AF_INET6 if ":" in bind else socket.AF_INET,
+                                        backlog=max(16, size))
+    except OSError as exc:
+        raise TransportError(f"tcp: rank {rank} cannot listen on {bind} (the address it advertises to its "
+                             f"peers; pass advertise= an address of this host): {exc}") from None
     socks: Dict[int, socket.socket] = {}
-    deadline = time.monotonic() + timeout
-    for i in range(rank):
-        while True:
-            try:
-                s = socket.create_connection((addrs[i][0], int(addrs[i][1])), timeout=timeout)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TransportError(f"tcp: cannot connect to rank {i} at {addrs[i]}") from None
-                time.sleep(0.05)
-        s.sendall(_HELLO.pack(_MAGIC, rank, team_id))
-        socks[i] = s
-    listener.settimeout(max(1.0, deadline - time.monotonic()))
-    while len(socks) < size - 1:
-        try:
-            s, _ = listener.accept()
-        except TimeoutError:
-            raise TransportError(f"tcp: rank {rank}: only {len(socks)} of {size - 1} peers connected "
-                                 f"within {timeout:g} s") from None
-        s.settimeout(timeout)
-        hello = b""
-        while len(hello) < _HELLO.size:
-            chunk = s.recv(_HELLO.size - len(hello))
-            if not chunk:
-                break
-            hello += chunk
-        if len(hello) != _HELLO.size:
+    try:
+        port = listener.getsockname()[1]
+        addrs = [_address(a, r) for r, a in enumerate(exchange(f"{addr}:{port}".encode()))]
+        deadline = time.monotonic() + timeout
+        for i in range(rank):
+            while True:
+                try:
+                    s = socket.create_connection(addrs[i], timeout=timeout)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TransportError(f"tcp: cannot connect to rank {i} at {addrs[i]}") from None
+                    time.sleep(0.05)
+            s.sendall(hello(seal, rank, i))
+            socks[i] = s
+        _accept_peers(listener, socks, seal, rank, size, deadline, timeout)
+    except BaseException:
+        for s in socks.values():
             s.close()
-            continue
-        magic, peer, tid = _HELLO.unpack(hello)
-        if magic != _MAGIC or tid != team_id or not rank < peer < size or peer in socks:
-            s.close()  # a stranger or a stale connection: ignore it
-            continue
-        socks[peer] = s
-    listener.close()
+        raise
+    finally:
+        listener.close()
     return socks
+
+
+def _accept_peers(listener: socket.socket, socks: Dict[int, socket.socket], seal: Seal, rank: int,
+                  size: int, deadline: float, timeout: float) -> None:
+    """Accept the higher ranks' connections into ``socks`` until every peer is there; read every
+    pending connection's hello as it comes (each within :data:`HELLO_S`; the oldest pending ones
+    make room when more than ``4 * size + 64`` wait)."""
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, None)
+    pending: Dict[socket.socket, list] = {}  # connection -> [when its hello is due, what came of it]
+    most = 4 * size + 64
+
+    def drop(s: socket.socket, why: str) -> None:
+        log.warning("pycoll: tcp: rank %d dropped a connection to its mesh listener: %s", rank, why)
+        pending.pop(s, None)
+        sel.unregister(s)
+        s.close()
+
+    try:
+        while len(socks) < size - 1:
+            now = time.monotonic()
+            if now > deadline:
+                missing = [r for r in range(rank + 1, size) if r not in socks]
+                raise TransportError(f"tcp: rank {rank}: only {len(socks)} of {size - 1} peers connected "
+                                     f"within {timeout:g} s (ranks {missing} did not)")
+            for s, (due, _) in list(pending.items()):
+                if now > due:
+                    drop(s, f"it said no hello within {HELLO_S:g} s")
+            wait = min([deadline, *(due for due, _ in pending.values())]) - now
+            for key, _ in sel.select(max(0.0, wait)):
+                if key.data is None:
+                    try:
+                        s, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if len(pending) >= most:
+                        drop(next(iter(pending)), f"more than {most} connections waited for their hellos")
+                    s.setblocking(False)
+                    pending[s] = [now + HELLO_S, b""]
+                    sel.register(s, selectors.EVENT_READ, True)
+                    continue
+                s = key.fileobj  # type: ignore[assignment]
+                entry = pending[s]
+                try:
+                    chunk = s.recv(_HELLO.size - len(entry[1]))
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as exc:
+                    drop(s, f"it broke before its hello ({exc})")
+                    continue
+                if not chunk:
+                    drop(s, "it closed before its hello")
+                    continue
+                entry[1] += chunk
+                if len(entry[1]) < _HELLO.size:
+                    continue
+                peer = read_hello(entry[1], seal, rank, size)
+                if peer is None or peer in socks:
+                    drop(s, "its hello is no peer's of this team (a stranger's, another team's, or a "
+                            "second one)" if peer is None else f"a second hello of rank {peer}")
+                    continue
+                pending.pop(s)
+                sel.unregister(s)
+                s.setblocking(True)
+                socks[peer] = s
+    finally:
+        for s in list(pending):
+            s.close()
+        sel.close()
