@@ -62,10 +62,11 @@ def space(key: bytes, name: str) -> str:
 class Seal:
     """A team's key and random id: MACs of what its ranks write for each other to read."""
 
-    __slots__ = ("key", "team_id")
+    __slots__ = ("key", "team_id", "_base")
 
     def __init__(self, key: bytes, team_id: bytes) -> None:
         self.key, self.team_id = key, team_id
+        self._base = hmac.new(key, team_id, hashlib.sha256)  # (copied for each MAC: one key schedule)
 
     @classmethod
     def fresh(cls, key: Optional[bytes] = None) -> Seal:
@@ -80,7 +81,7 @@ class Seal:
     def mac(self, name: str, rank: int, content: bytes) -> bytes:
         """The MAC of ``content`` written by ``rank`` as the entry ``name`` of this team."""
         label = name.encode()
-        h = hmac.new(self.key, self.team_id, hashlib.sha256)
+        h = self._base.copy()
         h.update(struct.pack("<QI", len(label), rank & 0xFFFFFFFF))
         h.update(label)
         h.update(content)
