@@ -52,12 +52,13 @@ int pycoll_shm_sleep(pc_shm_coll_t *c, uint64_t timeout_ns);
 int64_t pycoll_cma_read(int64_t pid, void *local, uint64_t remote, uint64_t n);
 int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64_t n);
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq,
+                    const uint8_t *mark);
 int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                      uint32_t slot);
 int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t *out);
+                    uint64_t *out, uint8_t *mark);
 int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                         uint32_t slot, int64_t pid, void *to, uint64_t addr, uint64_t nbytes);
 int pycoll_p2p_consumed(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
@@ -70,6 +71,11 @@ ffibuilder = FFI()
 for _name in ("sim.h", "exec.h", "exec_shm.h"):
     with open(os.path.join(HERE, _name)) as _header:
         CDEF += "".join(line for line in _header if not line.startswith("#"))
+# (declared in pycoll_native.h, after exec_shm.h's pc_sx_t)
+CDEF += """
+int pc_sx_early_marked(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *data, uint64_t nbytes,
+                       const uint8_t *mark);
+"""
 
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(

@@ -16,6 +16,18 @@
  *
  * Nothing in a descriptor is trusted: its size must be the receive's slice's, its state one of
  * the three, and the memory it names is read from the process that attached as that rank.
+ *
+ * Marks (exec.h): where e->mark is set, every send but the agreement exchange's posts its
+ * descriptor with e->mark, and every such receive compares the mark of the message it matched
+ * with e->mark as the message is taken (from the ring, or from the transport's stash through
+ * pc_sx_early_marked), copying it into e->marks + PC_MARK_BYTES * i. A message that carries
+ * another mark, none, or another length is refused: none of its payload is read (its descriptor
+ * is marked consumed, so its sender's send completes), and its receive fails with PC_ST_MARK
+ * (e->got: the length that came) when it is issued, at once if it was. (So a program that came
+ * late to a peer's message still sends what it sends before that receive, and the peer finds
+ * the mismatch itself, as it would had the message come after the receive.) This is the wire of
+ * ShmTransport.isend_marked and irecv_marked: a rank running the collective natively and one
+ * running it in Python check each other.
  */
 #include <errno.h>
 #include <sched.h>
@@ -40,6 +52,10 @@ static int sx_fail(pc_sx_t *e, int i, int status, int detail)
     return PC_EXEC_FAILED;
 }
 
+/* e->matched[i] of a receive whose message was refused before it was issued (early[i]: its length,
+ * an int64_t) */
+#define SX_REFUSED 2
+
 /* Free the messages read before their receives were issued. */
 static void sx_drop_early(pc_sx_t *e)
 {
@@ -59,6 +75,7 @@ void pc_sx_start(pc_sx_t *e, uint64_t khash, uint64_t agree)
     e->next = e->lo = 0;
     e->failed = e->stalled = -1;
     e->status = e->detail = 0;
+    e->got = 0;
     sx_drop_early(e);
     memset(e->state, 0, (size_t)e->n);
     memset(e->matched, 0, (size_t)e->n);
@@ -88,13 +105,51 @@ static int sx_match(const pc_sx_t *e, int src, uint64_t step, int agree)
     return -1;
 }
 
+/* Whether receive i may take the message it matched (of nbytes, carrying mark; NULL: none): always
+ * where e->mark is unset or i is of the agreement exchange; else only if the message carries
+ * e->mark and is the receive's length. The mark is copied into e->marks (for Python to describe
+ * a failure). */
+static int sx_marked(pc_sx_t *e, int i, uint64_t nbytes, const uint8_t *mark)
+{
+    if (!e->mark || (e->ins[i].flags & PC_F_AGREE))
+        return 1;
+    if (e->marks) {
+        uint8_t *at = e->marks + (size_t)PC_MARK_BYTES * (size_t)i;
+        if (mark)
+            memcpy(at, mark, PC_MARK_BYTES);
+        else
+            memset(at, 0, PC_MARK_BYTES);
+    }
+    return mark && nbytes == e->ins[i].len[0] && !memcmp(mark, e->mark, PC_MARK_BYTES);
+}
+
+/* Receive i's message (of nbytes) was refused (sx_marked): fail i now if it was issued
+ * (PC_EXEC_FAILED), else keep the length for when it is (0; PC_EXEC_FAILED when out of memory). */
+static int sx_refuse(pc_sx_t *e, int i, uint64_t nbytes)
+{
+    int64_t got = nbytes > (uint64_t)INT64_MAX ? -1 : (int64_t)nbytes;
+    e->matched[i] = SX_REFUSED;
+    if (e->state[i] == PC_S_POSTED) {
+        e->got = got;
+        return sx_fail(e, i, PC_ST_MARK, 0);
+    }
+    int64_t *kept = malloc(sizeof *kept);
+    if (!kept)
+        return sx_fail(e, i, PC_SX_NOMEM, 0);
+    *kept = got;
+    e->early[i] = (char *)kept;
+    return 0;
+}
+
 /* Take the messages of this collective at the head of the ring from src; stop at another's. */
 static int sx_read(pc_sx_t *e, int src)
 {
-    uint64_t d[5];
+    uint64_t d[6];
+    uint8_t mark[PC_MARK_BYTES];
     for (;;) {
         uint32_t slot = e->recv_slot[src];
-        int rc = pycoll_p2p_take(e->base, e->mapped, (uint32_t)e->size, (uint32_t)src, (uint32_t)e->rank, slot, d);
+        int rc = pycoll_p2p_take(e->base, e->mapped, (uint32_t)e->size, (uint32_t)src, (uint32_t)e->rank, slot, d,
+                                 mark);
         if (rc == 0)
             return PC_EXEC_RUNNING;
         if (rc < 0)
@@ -109,6 +164,16 @@ static int sx_read(pc_sx_t *e, int src)
         int i = sx_match(e, src, d[1], agree);
         if (i < 0)
             return sx_fail(e, e->lo, PC_SX_UNEXPECTED, src);
+        if (!sx_marked(e, i, d[2], (d[5] & PC_DESC_MARKED) ? mark : NULL)) {
+            /* (none of its payload is read; consumed, so that its sender's send completes) */
+            rc = pycoll_p2p_consumed(e->base, e->mapped, (uint32_t)e->size, (uint32_t)src, (uint32_t)e->rank, slot);
+            if (rc)
+                return sx_fail(e, i, PC_SX_SEGMENT, rc);
+            e->recv_slot[src] = (slot + 1) % PC_RING;
+            if (sx_refuse(e, i, d[2]))
+                return PC_EXEC_FAILED;
+            continue;
+        }
         uint64_t len = e->ins[i].len[0];
         if (d[2] != len)
             return sx_fail(e, i, PC_SX_TRUNC, 0);
@@ -187,9 +252,10 @@ static int sx_issue(pc_sx_t *e, int i)
         if (e->errflags[in->peer])
             return sx_fail(e, i, PC_SX_LOST, e->errflags[in->peer]);
         uint32_t slot = e->send_slot[in->peer];
-        uint64_t khash = (in->flags & PC_F_AGREE) ? e->agree : e->khash;
+        int agree = (in->flags & PC_F_AGREE) != 0;
         int rc = pycoll_p2p_post(e->base, e->mapped, (uint32_t)e->size, (uint32_t)e->rank, (uint32_t)in->peer, slot,
-                                 khash, (uint64_t)in->step, in->len[0], (uint64_t)(uintptr_t)sx_at(e, in, 0), 0);
+                                 agree ? e->agree : e->khash, (uint64_t)in->step, in->len[0],
+                                 (uint64_t)(uintptr_t)sx_at(e, in, 0), 0, agree ? NULL : e->mark);
         if (rc < 0)
             return sx_fail(e, i, PC_SX_SEGMENT, rc);
         if (rc == 0)
@@ -204,6 +270,12 @@ static int sx_issue(pc_sx_t *e, int i)
         if (in->peer < 0 || in->peer >= e->size || in->peer == e->rank)
             return sx_fail(e, i, PC_SX_INVALID, in->peer);
         PC_MARK(e, i, 0);
+        if (e->matched[i] == SX_REFUSED) { /* its message was refused before it was issued */
+            e->got = *(const int64_t *)e->early[i];
+            free(e->early[i]);
+            e->early[i] = NULL;
+            return sx_fail(e, i, PC_ST_MARK, 0);
+        }
         if (e->matched[i]) { /* read before it was issued */
             memcpy(sx_at(e, in, 0), e->early[i], in->len[0]);
             free(e->early[i]);
@@ -310,14 +382,18 @@ int pc_sx_run(pc_sx_t *e, int64_t spin_ns, int yield_every)
 }
 
 /* Hand the executor a message of its collective that the transport took before the program
- * started (from src; agree: of the agreement exchange): kept for the first receive not yet
- * matched that expects it. 0, or PC_EXEC_FAILED when no receive expects it or it has another
- * length (e->status says which). */
-int pc_sx_early(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *data, uint64_t nbytes)
+ * started (from src; agree: of the agreement exchange; mark: the mark it carried, NULL: none):
+ * kept for the first receive not yet matched that expects it (refused, where e->mark is set and
+ * it carries another mark, none or another length: that receive fails when it is issued). 0, or
+ * PC_EXEC_FAILED when no receive expects it, or it has another length (e->status says which). */
+int pc_sx_early_marked(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *data, uint64_t nbytes,
+                       const uint8_t *mark)
 {
     int i = sx_match(e, src, step, agree);
     if (i < 0)
         return sx_fail(e, e->lo, PC_SX_UNEXPECTED, src);
+    if (!sx_marked(e, i, nbytes, mark))
+        return sx_refuse(e, i, nbytes);
     if (nbytes != e->ins[i].len[0])
         return sx_fail(e, i, PC_SX_TRUNC, 0);
     char *to = e->early[i] = malloc(nbytes ? nbytes : 1);
@@ -333,6 +409,12 @@ int pc_sx_early(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *d
         e->state[i] = PC_S_DONE;
     }
     return 0;
+}
+
+/* pc_sx_early_marked of a message that carried no mark. */
+int pc_sx_early(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *data, uint64_t nbytes)
+{
+    return pc_sx_early_marked(e, src, agree, step, data, nbytes, NULL);
 }
 
 /* After a failure or a cancel: free the messages kept for receives and the slots of sends that

@@ -37,7 +37,7 @@ size_t pycoll_dtype_size(int dtype);
 
 /* ------------------------------------------------------------------ shared segment */
 #define PC_SHM_MAGIC 0x314D48534C4F4350ULL /* "PCOLSHM1" */
-#define PC_SHM_VERSION 9
+#define PC_SHM_VERSION 10 /* 10: point-to-point descriptors of 128 bytes that carry a mark */
 #define PC_SHM_MAX_RANKS 1024
 #define PC_LINE 64
 
@@ -65,24 +65,37 @@ typedef struct {
 } pc_shm_header_t;
 
 /* point-to-point: one descriptor ring per (sender, receiver); the receiver copies the payload
- * straight out of the sender's memory (process_vm_readv) and marks the descriptor consumed */
+ * straight out of the sender's memory (process_vm_readv) and marks the descriptor consumed. A
+ * marked message (PC_DESC_MARKED in flags) carries its call's mark (exec.h's PC_MARK_BYTES, see
+ * pycoll.tl.marks) in the descriptor's second cache line; an unmarked one leaves mark as it was. */
 #define PC_RING 64
 enum { PC_DESC_FREE = 0, PC_DESC_POSTED = 1, PC_DESC_CONSUMED = 2 };
+enum { PC_DESC_MARKED = 1 }; /* flags: the message carries a mark (no other bit is valid) */
+#define PC_DESC_MARK 32      /* bytes of a mark (PC_MARK_BYTES) */
 typedef struct {
     uint64_t state;         /* atomic: PC_DESC_* */
     uint64_t khash, step, nbytes, addr, seq;
     uint64_t pad[2];
+    uint64_t flags;         /* PC_DESC_MARKED or 0 */
+    uint64_t pad2[3];
+    uint8_t mark[PC_DESC_MARK];
 } pc_desc_t;
 /* a payload of at most this many bytes is in the descriptor, from addr on (over seq and pad) */
 #define PC_DESC_INLINE 32
 
+/* Post a message (mark: its PC_DESC_MARK bytes, or NULL: unmarked) in a FREE descriptor: 1, 0 when
+ * the descriptor is not free (the ring is full), or < 0. */
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq);
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq,
+                    const uint8_t *mark);
 int pycoll_p2p_state(const void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst,
                      uint32_t slot); /* the state, or < 0 */
 int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot);
 int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t *out); /* copies khash, step, nbytes, addr, seq of a POSTED descriptor */
+                    uint64_t *out, uint8_t *mark);
+    /* copies khash, step, nbytes, addr, seq, flags of a POSTED descriptor into out (6 words) and its
+     * mark into mark (PC_DESC_MARK bytes; zeros for an unmarked message; NULL: not copied): 1, 0
+     * when the descriptor is not posted, PC_ESTATE for a state or flags no sender writes */
 int64_t pycoll_p2p_read(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
                         int64_t pid, void *to, uint64_t addr, uint64_t nbytes);
     /* copies the payload of a POSTED descriptor of nbytes into to (from the descriptor, or out of
@@ -287,5 +300,11 @@ int64_t pycoll_cma_write(int64_t pid, const void *local, uint64_t remote, uint64
 
 /* ------------------------------------------------------------------ programs over shared memory */
 #include "exec_shm.h"
+/* pc_sx_early for a message that carried mark (NULL: none): where e->mark is set, a message of the
+ * collective (not of its agreement exchange) whose mark is not e->mark, or that has none or another
+ * length, is refused, and its receive fails with PC_ST_MARK when it is issued (its mark in
+ * e->marks, its length in e->got; see exec_shm.c). */
+int pc_sx_early_marked(pc_sx_t *e, int32_t src, int agree, uint64_t step, const void *data, uint64_t nbytes,
+                       const uint8_t *mark);
 
 #endif

@@ -46,6 +46,10 @@
 #define PC_AREAS 4
 _Static_assert(sizeof(pc_shm_ctrl_t) == PC_CTRL_BYTES, "a control block is PC_CTRL_BYTES");
 _Static_assert(offsetof(pc_shm_ctrl_t, reduced) == PC_LINE, "arrive and inline data fill one line");
+_Static_assert(sizeof(pc_desc_t) == 2 * PC_LINE, "a descriptor is two lines");
+_Static_assert(offsetof(pc_desc_t, addr) + PC_DESC_INLINE == PC_LINE, "an inline payload fills the first line");
+_Static_assert(offsetof(pc_desc_t, mark) + PC_DESC_MARK == 2 * PC_LINE, "the mark ends the second line");
+_Static_assert(PC_DESC_MARK == PC_MARK_BYTES, "a descriptor's mark is a program's");
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 uint64_t pycoll_shm_layout(uint32_t nranks, uint64_t slot_bytes, pc_shm_header_t *h) {
@@ -1620,7 +1624,8 @@ static pc_desc_t *desc(void *base, uint64_t mapped, uint32_t nranks, uint32_t sr
 }
 
 int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq) {
+                    uint64_t khash, uint64_t step, uint64_t nbytes, uint64_t addr, uint64_t seq,
+                    const uint8_t *mark) {
     int rc;
     pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
     if (!d) return rc;
@@ -1628,6 +1633,8 @@ int pycoll_p2p_post(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
     d->khash = khash;
     d->step = step;
     d->nbytes = nbytes;
+    d->flags = mark ? PC_DESC_MARKED : 0;
+    if (mark) memcpy(d->mark, mark, PC_DESC_MARK);
     if (nbytes <= PC_DESC_INLINE) { /* the payload in the descriptor: its reader makes no system call */
         memcpy(&d->addr, (const void *)(uintptr_t)addr, nbytes);
     } else {
@@ -1656,17 +1663,26 @@ int pycoll_p2p_free(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, 
 }
 
 int pycoll_p2p_take(void *base, uint64_t mapped, uint32_t nranks, uint32_t src, uint32_t dst, uint32_t slot,
-                    uint64_t *out) {
+                    uint64_t *out, uint8_t *mark) {
     int rc;
     pc_desc_t *d = desc(base, mapped, nranks, src, dst, slot, &rc);
     if (!d) return rc;
     uint64_t s = atomic_load_explicit((_Atomic uint64_t *)&d->state, memory_order_acquire);
     if (s != PC_DESC_POSTED) return s > PC_DESC_CONSUMED ? PC_ESTATE : 0;
+    uint64_t flags = d->flags; /* (read once: the caller acts on what it was given) */
+    if (flags & ~(uint64_t)PC_DESC_MARKED) return PC_ESTATE;
     out[0] = d->khash;
     out[1] = d->step;
     out[2] = d->nbytes;
     out[3] = d->addr;
     out[4] = d->seq;
+    out[5] = flags;
+    if (mark) {
+        if (flags & PC_DESC_MARKED)
+            memcpy(mark, d->mark, PC_DESC_MARK);
+        else
+            memset(mark, 0, PC_DESC_MARK);
+    }
     return 1;
 }
 

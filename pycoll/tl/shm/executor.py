@@ -8,6 +8,12 @@ own when it came before the receive was issued. Messages are matched by the coll
 (:func:`pycoll.tl.base.untagged_hash`) and step, as the transport matches a rank that runs the same
 collective in Python. A peer the transport found dead, a descriptor that does not fit, or memory
 that cannot be read fails the task with a TransportError naming the instruction and the peer.
+
+Marks: once the planner gave the task its mark, every message but the agreement exchange's
+carries it in its descriptor, and a receive whose message carries another mark, none, or another
+size fails the task with the mark's MismatchError (:meth:`NativeProgramTask._failure`) once it is
+issued, none of that payload read, whether the message came through the ring or, before the
+program started, through the transport's stash (:meth:`ShmProgramTask.early`, with its mark).
 """
 
 from __future__ import annotations
@@ -89,13 +95,15 @@ class ShmProgramTask(NativeProgramTask):
     def _stopped(self) -> None:
         self.prepared.transport.native_ended(self._keys)
 
-    def early(self, src: int, khash: int, step: int, data: np.ndarray) -> None:
+    def early(self, src: int, khash: int, step: int, data: np.ndarray, mark: Optional[bytes] = None) -> None:
         """Keep a message of this call that the transport took before the program started (from
-        ``src``, key hash ``khash``, ``step``) for the receive that expects it (a failure, if none
-        does, shows at the next progress)."""
+        ``src``, key hash ``khash``, ``step``; ``mark``: the mark it carried, None: none) for the
+        receive that expects it (a failure, if none does or its mark differs, shows at the next
+        progress)."""
         ffi = self.prepared.ffi
-        self.prepared.lib.pc_sx_early(self.e, src, int(bool(khash & AGREE_HASH)), step,
-                                      ffi.from_buffer(data), data.nbytes)
+        self.prepared.lib.pc_sx_early_marked(self.e, src, int(bool(khash & AGREE_HASH)), step,
+                                             ffi.from_buffer(data), data.nbytes,
+                                             ffi.NULL if mark is None else mark)
 
     def _give_up(self) -> None:
         """Let go of the messages read ahead; the transport keeps the task and its buffers while

@@ -20,6 +20,15 @@ the collectives it runs (their key hashes are registered while they run), this t
 other (see :meth:`ShmTransport._read`); a message of a program that arrived before the program
 started is handed to it when it starts.
 
+Marks (:mod:`pycoll.tl.marks`): a marked message's descriptor carries its mark (flagged marked;
+the payload is where it is for any message), so the wire is the same for the executor and for
+:meth:`ShmTransport.isend_marked` and :meth:`ShmTransport.irecv_marked`. A marked receive compares
+the descriptor's mark and size with its own before it reads the payload (``unmarked``): one that
+fails reads none of it (the descriptor is consumed all the same, so that the send completes). A
+message that came before its receive (stashed, or handed to a native program) keeps its mark for
+that comparison, made when the receive is posted. An unmarked receive takes a marked message's
+payload as any other.
+
 Traffic (``transport.traffic``): a send counts in :meth:`ShmTransport.isend` (even while it waits
 for a free descriptor), a receive when its payload has been copied: in :meth:`ShmTransport._read`,
 or in ``irecv`` for a message copied before it was posted. The segment collectives (allreduce_shm
@@ -40,10 +49,12 @@ import numpy as np
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.native import address, ffi, lib
 from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
+from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment, cause_order
 
 RING = 64  # PC_RING
 POSTED, CONSUMED = 1, 2
+MARKED = 1  # (PC_DESC_MARKED: a descriptor's flags)
 ECMA = -6  # (PC_ECMA: reading a peer's memory failed; errno says why)
 #: How long reads of a peer's memory may fail before a peer that still looks alive is lost (see
 #: ShmTransport.unreadable).
@@ -52,11 +63,11 @@ MAX_MESSAGE = 1 << 40
 
 
 class _Send(TransportRequest):
-    __slots__ = ("buf", "khash", "step", "slot", "seq")
+    __slots__ = ("buf", "khash", "step", "slot", "seq", "mark")
 
 
 class _Recv(TransportRequest):
-    __slots__ = ("buf",)
+    __slots__ = ("buf", "mark")
 
 
 #: A read by process_vm_readv that costs more than this many in-cache copies of the same bytes
@@ -120,6 +131,8 @@ class ShmTransport(Transport):
     """Messages between the ranks of a team on one host, through its segment."""
 
     name = "shm"
+    #: Its native programs carry marks (``native/exec_shm.c``), on the same wire as this class.
+    program_marks = True
 
     def __init__(self, seg: ShmSegment) -> None:
         self.ffi, self.lib, self.seg = ffi, lib, seg
@@ -137,8 +150,10 @@ class ShmTransport(Transport):
         self._native: Dict[int, Any] = {}  # key hash -> the native program task running that collective
         self._held: List[Tuple[Any, Callable[[], bool]]] = []  # given-up programs peers may still read
         self._posted: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
+        # (src, key hash, step) -> (mark or None, payload) of messages that came before their receive
         self._stash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
-        self._desc = ffi.new("uint64_t[5]")
+        self._desc = ffi.new("uint64_t[6]")
+        self._theirs = ffi.new("uint8_t[]", MARK_BYTES)  # (the mark of the descriptor taken)
         self._seq = 0
         self._busy_since = 0.0
         self._dead: Dict[int, TransportError] = {}
@@ -149,10 +164,21 @@ class ShmTransport(Transport):
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self._send(buf, peer, tag, None)
+
+    def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        """Send ``buf`` with ``mark`` in its descriptor (the bytes it holds now, should the send
+        wait for a free descriptor)."""
+        return self._send(buf, peer, tag, mark)
+
+    def _send(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Optional[Mark]) -> TransportRequest:
+        """:meth:`isend` (``mark`` None) and :meth:`isend_marked`: each is wrapped on its own by a
+        bandwidth limit, so neither calls the other."""
         self._check_peer(peer)
         prefix, step, _ = split_key(tag)
         req = _Send("send", peer, tag, buf.nbytes)
         req.buf, req.khash, req.step = buf, key_hash(prefix), step
+        req.mark = ffi.NULL if mark is None else mark.blob
         self._seq += 1
         req.seq = self._seq
         self.traffic.sent(peer, buf.nbytes)
@@ -164,7 +190,7 @@ class ShmTransport(Transport):
         peer = req.peer
         slot = self._send_slot[peer]
         rc = self.lib.pycoll_p2p_post(self._base, self._mapped, self.size, self.rank, peer, slot, req.khash,
-                                      req.step, req.buf.nbytes, address(req.buf), req.seq)
+                                      req.step, req.buf.nbytes, address(req.buf), req.seq, req.mark)
         if rc < 0:
             raise TransportError(f"shm: cannot post a message to rank {peer}: segment error {rc}")
         if rc == 0:
@@ -176,18 +202,25 @@ class ShmTransport(Transport):
 
     # ------------------------------------------------------------------ receives
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self.irecv_marked(buf, peer, tag, None)
+
+    def irecv_marked(self, buf: np.ndarray, peer: int, tag: Hashable,
+                     mark: Optional[Mark]) -> TransportRequest:
+        """Receive into ``buf`` a message whose descriptor must carry ``mark`` and be ``buf``'s
+        size (None: any message that fits, marked or not)."""
         self._check_peer(peer)
         prefix, step, _ = split_key(tag)
         k = (peer, key_hash(prefix), step)
         req = _Recv("recv", peer, tag, buf.nbytes)
-        req.buf = buf
+        req.buf, req.mark = buf, mark
         stashed = self._stash.get(k)
         if stashed:
-            data = stashed.popleft()
+            theirs, data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
             self.unexpected_taken(k[1])
-            deliver("shm", req, req.buf, data, self.traffic)
+            if mark is None or unmarked(req, mark, theirs or b"", data.nbytes, buf.nbytes):
+                deliver("shm", req, req.buf, data, self.traffic)
             return req
         self._posted[k].append(req)
         self._read(peer)
@@ -204,7 +237,8 @@ class ShmTransport(Transport):
         lib, out, moved = self.lib, self._desc, 0
         while True:
             slot = self._recv_slot[src]
-            rc = lib.pycoll_p2p_take(self._base, self._mapped, self.size, src, self.rank, slot, out)
+            rc = lib.pycoll_p2p_take(self._base, self._mapped, self.size, src, self.rank, slot, out,
+                                     self._theirs)
             if rc <= 0:
                 if rc < 0:
                     self._lose(src, TransportError(f"shm: bad descriptor from rank {src} (error {rc})"))
@@ -221,6 +255,14 @@ class ShmTransport(Transport):
             if nbytes > MAX_MESSAGE:
                 self._lose(src, TransportError(f"shm: rank {src} announced a message of {nbytes} B"))
                 return moved
+            theirs = self.ffi.buffer(self._theirs)[:] if out[5] & MARKED else None
+            if recv is not None and recv.mark is not None and not unmarked(
+                    recv, recv.mark, theirs or b"", nbytes, recv.buf.nbytes):
+                # (refused: none of its payload is read; consumed, so that its sender's send completes)
+                lib.pycoll_p2p_consumed(self._base, self._mapped, self.size, src, self.rank, slot)
+                self._recv_slot[src] = (slot + 1) % RING
+                moved += 1
+                continue
             if recv is not None and nbytes > recv.buf.nbytes:
                 recv.error = too_large("shm", nbytes, src, recv.tag, recv.buf.nbytes)
                 recv.done = True
@@ -249,7 +291,7 @@ class ShmTransport(Transport):
                 recv.done = True
                 self.traffic.received(src, nbytes)
             else:
-                self._stash[k].append(target)
+                self._stash[k].append((theirs, target))
                 self.unexpected_arrived(khash)
             moved += 1
 
@@ -381,15 +423,15 @@ class ShmTransport(Transport):
         """Native program ``task`` started on collective key hashes ``keys`` (the collective's and
         its agreement exchange's): until :meth:`native_ended`, :meth:`_read` leaves their messages
         to its executor. Messages of them this transport already took are handed to it
-        (``task.early(src, key hash, step, payload)``)."""
+        (``task.early(src, key hash, step, payload, mark)``, mark None where there was none)."""
         for khash in keys:
             self._native[khash] = task
         if self._stash:
             for k in [k for k in self._stash if k[1] in keys]:
                 src, khash, step = k
-                for data in self._stash.pop(k):
+                for theirs, data in self._stash.pop(k):
                     self.unexpected_taken(khash)
-                    task.early(src, khash, step, data)
+                    task.early(src, khash, step, data, theirs)
 
     def native_ended(self, keys: Tuple[int, int]) -> None:
         """The native program running on key hashes ``keys`` ended, failed or was cancelled."""
