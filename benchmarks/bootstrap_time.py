@@ -60,7 +60,8 @@ def mpi_rank(teams: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("how", choices=("store", "mpi"))
     parser.add_argument("-n", type=int, default=2, help="ranks (store: started here)")
     parser.add_argument("--teams", type=int, default=20)
@@ -81,9 +82,9 @@ def main() -> None:
     env = dict(os.environ)
     if not args.no_key:
         env["PYCOLL_JOB_KEY"] = secrets.token_hex(32)
-    procs = [subprocess.Popen([sys.executable, __file__, "store", "-n", str(args.n), "--teams", str(args.teams),
-                               "--rounds", str(args.rounds), "--rank", str(r), "--port", str(server.port)],
-                              env=env) for r in range(args.n)]
+    each = [sys.executable, __file__, "store", "-n", str(args.n), "--teams", str(args.teams),
+            "--rounds", str(args.rounds), "--port", str(server.port)]
+    procs = [subprocess.Popen([*each, "--rank", str(r)], env=env) for r in range(args.n)]
     try:
         codes = [p.wait(timeout=600) for p in procs]
     finally:
