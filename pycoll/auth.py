@@ -2,7 +2,8 @@
 
 A job has a secret only its ranks know: ``PYCOLL_JOB_KEY`` (``pycoll run`` makes one per job and
 hands it to its ranks in their environment), or, for a team made from an MPI communicator, a key
-rank 0 draws and sends over MPI. Every team has a random id, drawn by its rank 0 when it is made.
+rank 0 draws and sends over MPI. Every team has a random id, drawn by its rank 0 when it is made
+(sent over MPI with the key, or with rank 0's value of the team's first exchange through a store).
 What pycoll reads back from the store, from a peer's bootstrap exchange or from a TCP hello carries
 a MAC (:class:`Seal`): HMAC-SHA256 with the key over the team id, the entry's name, the writer's
 rank and the content. An entry of another team, under another name or of another rank does not
@@ -24,7 +25,7 @@ import itertools
 import logging
 import secrets
 import struct
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from pycoll import config
 from pycoll.errors import AuthError, TransportError
@@ -67,6 +68,11 @@ class Seal:
     def __init__(self, key: bytes, team_id: bytes) -> None:
         self.key, self.team_id = key, team_id
         self._base = hmac.new(key, team_id, hashlib.sha256)  # (copied for each MAC: one key schedule)
+
+    def settle(self, team_id: bytes) -> None:
+        """Take ``team_id`` as the team's (read from rank 0 in the team's first exchange)."""
+        self.team_id = team_id
+        self._base = hmac.new(self.key, team_id, hashlib.sha256)
 
     @classmethod
     def fresh(cls, key: Optional[bytes] = None) -> Seal:
@@ -117,42 +123,42 @@ def refuse(why: str, say: bool = True) -> None:
     raise AuthError(f"refused {why}")
 
 
-def sealed(allgather: Exchange, seal: Seal, rank: int, size: int, what: str) -> Exchange:
+def sealed(allgather: Exchange, seal: Seal, rank: int, size: int, what: str, draw: bool = False) -> Exchange:
     """The bootstrap exchange ``allgather(bytes) -> list[bytes]`` with every rank's value signed,
     and checked on the way back, as the entry ``what<round>`` (the store's key names for a
-    store's exchange): a value of another exchange or round does not pass."""
+    store's exchange): a value of another exchange or round does not pass. ``draw``: the team's
+    id comes with its first round (rank 0 draws it; ``seal`` takes it once every value passed)."""
     rounds = itertools.count()
 
     def exchange(value: bytes) -> List[bytes]:
-        name = f"{what}{next(rounds)}"
+        k = next(rounds)
+        name, first = f"{what}{k}", draw and k == 0
+        if first:
+            value = (secrets.token_bytes(ID_BYTES) if rank == 0 else bytes(ID_BYTES)) + bytes(value)
         parts = allgather(seal.sign(name, rank, bytes(value)))
         if len(parts) != size:
             raise TransportError(f"bootstrap exchange {name}: {len(parts)} values for {size} ranks")
-        return [seal.verify(name, p, size, rank=r)[1] for r, p in enumerate(parts)]
+        out = [seal.verify(name, p, size, rank=r)[1] for r, p in enumerate(parts)]
+        if first:
+            if any(len(p) < ID_BYTES for p in out):
+                refuse(f"{name}: a value without the team's id")
+            seal.settle(out[0][:ID_BYTES])
+            out = [p[ID_BYTES:] for p in out]
+        return out
 
     return exchange
 
 
-def store_seal(store: Any, name: str, rank: int, size: int, key: bytes) -> Tuple[Seal, str]:
-    """The seal of the store-made team ``name`` and where its entries lie (collective: rank 0
-    draws the team id and writes it, signed, for the others to read)."""
-    from pycoll.store import store_get  # noqa: PLC0415 - (pycoll.store imports nothing of this)
-
+def store_seal(name: str, size: int, key: bytes) -> Tuple[Seal, str]:
+    """The seal of the store-made team ``name`` and where its entries lie. Its id is drawn by rank
+    0 and comes with the team's first exchange (``sealed(..., draw=True)``); a team of one draws
+    its own at once."""
     global _warned_unkeyed
-    where = space(key, name)
     if not key and not _warned_unkeyed:
         _warned_unkeyed = True
         log.debug("pycoll: %s is unset: team %s is only as safe as its store (anyone who reaches the "
                   "store can join or disturb the team; see docs/guide/security.md)", KEY_VAR, name)
-    entry, bare = f"{where}/id", Seal(key, b"")
-    if rank == 0:
-        seal = Seal.fresh(key)
-        store.set(entry, bare.sign(entry, 0, seal.team_id))  # type: ignore[attr-defined]
-        return seal, where
-    _, team_id = bare.verify(entry, store_get(store, entry), size, rank=0)
-    if len(team_id) != ID_BYTES:
-        refuse(f"{entry}: a team id of {len(team_id)} B")
-    return Seal(key, team_id), where
+    return (Seal.fresh(key) if size == 1 else Seal(key, b"")), space(key, name)
 
 
 def job_key() -> bytes:

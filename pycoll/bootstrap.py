@@ -10,7 +10,7 @@ here too: they run the server loop and never get a team.
 
 Every team is bound to its job's key (:mod:`pycoll.auth`): rank 0 of a team made from MPI draws a
 key and a team id and sends them over MPI; a team made from a store takes ``PYCOLL_JOB_KEY`` and a
-team id rank 0 writes to the store, and keeps its entries under names derived from the key. Every
+team id rank 0 sends with its first exchange, and keeps its entries under names derived from the key. Every
 value of the bootstrap exchange is signed and checked (:func:`pycoll.auth.sealed`), which covers the
 transports' addresses and the segment's ids; MPI's exchange uses its buffer calls (mpi4py's
 lowercase ones pickle).
@@ -143,7 +143,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     _store_teams[prefix] = _store_teams.get(prefix, 0) + 1
     team_prefix = f"{prefix}/team{_store_teams[prefix]}"
     ctx = ctx if ctx is not None else get_context()
-    seal, space = auth.store_seal(store, team_prefix, rank, size, auth.job_key())  # (the team's id, signed)
+    seal, space = auth.store_seal(team_prefix, size, auth.job_key())  # (its id comes with its first exchange)
     if size == 1:
         transport: Transport = SelfTransport()
     else:
@@ -155,7 +155,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         def barrier(poll: Callable[[], int]) -> None:
             store_barrier(store, f"{space}/barrier{next(exchanges)}", size, poll, _store_timeout(store))
 
-        exchange = auth.sealed(allgather, seal, rank, size, f"{space}/addr")
+        exchange = auth.sealed(allgather, seal, rank, size, f"{space}/addr", draw=True)
         chosen = _p2p_transport("tcp", rank, size, exchange, ctx, tls, barrier)
         if chosen is None:
             if advertise is None:
