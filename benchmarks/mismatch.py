@@ -1,22 +1,28 @@
-"""Mismatch campaign: ranks that disagree, on every transport and front end. Target: 0 silent.
+"""Mismatch campaign: ranks that disagree, on every transport and front end, at any call number
+of a long-lived team. Target: 0 silent.
 
 For each transport (the host's shared segment; MPI, TCP and UCX point to point, by
 ``PYCOLL_TLS``) this starts ``-n`` ranks under mpiexec. Each rank runs every kind of disagreement
 through every front end (``pycoll.Team``, ``pycoll.mpi.Comm``, ``torch.distributed`` on backend
-``pycoll``), the last rank calling differently from the others, on a fresh team (group,
-communicator) per case, and reports what its call did:
+``pycoll``), the last rank calling differently from the others at call number N of a team
+(group, communicator) that made N - 1 agreeing calls before (N of ``--calls``), then one more
+agreeing call, and reports what each of the two did:
 
-- ``raised``: ``pycoll.MismatchError`` (for ``Comm`` an ``MPI.Exception`` of class
-  ``MPI.ERR_TRUNCATE``, for torch a ``DistBackendError``, each also a ``MismatchError``);
-- ``silent``: the call returned (a result computed from arguments that do not agree);
+- ``raised``: the disagreeing call raised ``pycoll.MismatchError`` (for ``Comm`` an
+  ``MPI.Exception`` of class ``MPI.ERR_TRUNCATE``, for torch a ``DistBackendError``, each also a
+  ``MismatchError``);
+- ``next``: it returned, and the next call raised the mismatch error (a rank whose part of the
+  call received nothing that told it, a bcast's root: it learns at its next call, as
+  :mod:`pycoll.agreement` promises);
+- ``silent``: both returned (a result computed from arguments that do not agree);
 - ``other``: another error (a timeout included).
 
 (torch's groups are made from a store, never from MPI: where ``PYCOLL_TLS`` names ``mpi`` alone,
-they run over TCP.) A case passes when every rank raised. The table counts cases per transport
-and front end; the exit status is 1 if any case was not raised on every rank.
+they run over TCP.) A case passes when every rank raised or learned at its next call. The table
+counts cases per transport and front end; the exit status is 1 if any case did not pass.
 
-    python benchmarks/mismatch.py              # 3 ranks; segment, mpi, tcp (and ucx if built)
-    python benchmarks/mismatch.py --quick      # 2 ranks, segment and mpi (the test suite's)
+    python benchmarks/mismatch.py              # 3 ranks; segment, mpi, tcp (and ucx if built); calls 1-100
+    python benchmarks/mismatch.py --quick      # 2 ranks, segment and mpi, a few call numbers (the tests')
 """
 
 from __future__ import annotations
@@ -28,54 +34,76 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 FRONTS = ("team", "comm", "torch")
+COLUMNS = ("cases", "raised", "next", "silent", "other")
 
 
 # ------------------------------------------------------------------ one rank
+#: The kinds of disagreement, in order (``--quick`` takes the first QUICK_KINDS and the v-form).
+QUICK_KINDS = 6
+
+
 def kinds(r: int, n: int, np: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """(kind, arguments of this rank): the last rank disagrees with the others."""
     odd = r == n - 1
     f32 = np.float32
     yield "count", {"coll": "allreduce", "count": 100 + odd, "dtype": f32, "op": "sum"}
-    yield "dtype", {"coll": "allreduce", "count": 100, "dtype": np.float64 if odd else f32, "op": "sum"}
     yield "dtype of one size", {"coll": "allreduce", "count": 100, "dtype": np.int32 if odd else f32,
                                 "op": "sum"}
     yield "op", {"coll": "allreduce", "count": 100, "dtype": f32, "op": "max" if odd else "sum"}
     yield "bcast root", {"coll": "bcast", "count": 100, "dtype": f32, "root": n - 1 if odd else 0}
+    yield "bcast count", {"coll": "bcast", "count": 100 + odd, "dtype": f32, "root": 0}
+    yield "scan op", {"coll": "scan", "count": 100, "dtype": f32, "op": "max" if odd else "sum"}
+    yield "allgatherv counts", {"coll": "allgatherv", "count": 10 + odd, "dtype": f32}
+    yield "dtype", {"coll": "allreduce", "count": 100, "dtype": np.float64 if odd else f32, "op": "sum"}
     yield "reduce root", {"coll": "reduce", "count": 100, "dtype": f32, "op": "sum",
                           "root": n - 1 if odd else 0}
     yield "collective", {"coll": "bcast" if odd else "allreduce", "count": 100, "dtype": f32, "op": "sum",
                          "root": 0}
     yield "allgather count", {"coll": "allgather", "count": 10 + odd, "dtype": f32}
+    yield "exscan op", {"coll": "exscan", "count": 100, "dtype": f32, "op": "max" if odd else "sum"}
     yield "large count", {"coll": "allreduce", "count": 300_000 + odd, "dtype": f32, "op": "sum"}
+
+
+def _counts(a: Dict[str, Any], n: int) -> List[int]:
+    """The allgatherv counts of every rank as a rank with arguments ``a`` sees them."""
+    return [10] * (n - 1) + [a["count"]]
 
 
 def team_call(team: Any, a: Dict[str, Any], np: Any) -> Callable[[], Any]:
     x = np.ones(a["count"], a["dtype"])
-    if a["coll"] == "allreduce":
-        return lambda: team.allreduce(x, op=a["op"]).wait(timeout=20)
+    if a["coll"] in ("allreduce", "scan", "exscan"):
+        return lambda: getattr(team, a["coll"])(x, op=a["op"]).wait(timeout=20)
     if a["coll"] == "bcast":
         return lambda: team.bcast(x, root=a["root"]).wait(timeout=20)
     if a["coll"] == "reduce":
         return lambda: team.reduce(x, np.empty_like(x), op=a["op"], root=a["root"]).wait(timeout=20)
+    if a["coll"] == "allgatherv":
+        counts = _counts(a, team.size)
+        return lambda: team.allgatherv(x, np.empty(sum(counts), x.dtype), counts).wait(timeout=20)
     return lambda: team.allgather(x, np.empty(team.size * x.size, x.dtype)).wait(timeout=20)
 
 
 def comm_call(comm: Any, a: Dict[str, Any], np: Any, MPI: Any) -> Callable[[], Any]:
     x = np.ones(a["count"], a["dtype"])
     op = {"sum": MPI.SUM, "max": MPI.MAX}.get(a.get("op", "sum"))
-    if a["coll"] == "allreduce":
-        return lambda: comm.Allreduce(x, np.empty_like(x), op=op)
+    if a["coll"] in ("allreduce", "scan", "exscan"):
+        method = {"allreduce": comm.Allreduce, "scan": comm.Scan, "exscan": comm.Exscan}[a["coll"]]
+        return lambda: method(x, np.empty_like(x), op=op)
     if a["coll"] == "bcast":
         return lambda: comm.Bcast(x, root=a["root"])
     if a["coll"] == "reduce":
         return lambda: comm.Reduce(x, np.empty_like(x), op=op, root=a["root"])
+    if a["coll"] == "allgatherv":
+        counts = _counts(a, comm.Get_size())
+        return lambda: comm.Allgatherv(x, [np.empty(sum(counts), x.dtype), counts])
     return lambda: comm.Allgather(x, np.empty(comm.Get_size() * x.size, x.dtype))
 
 
-def torch_call(group: Any, a: Dict[str, Any], np: Any) -> Callable[[], Any]:
+def torch_call(group: Any, a: Dict[str, Any], np: Any) -> Optional[Callable[[], Any]]:
+    """The call through torch.distributed (None: torch has no such collective)."""
     import torch
     import torch.distributed as dist
 
@@ -87,11 +115,15 @@ def torch_call(group: Any, a: Dict[str, Any], np: Any) -> Callable[[], Any]:
         return lambda: dist.broadcast(x, src=a["root"], group=group)
     if a["coll"] == "reduce":
         return lambda: dist.reduce(x, dst=a["root"], op=op, group=group)
-    out = torch.empty(dist.get_world_size() * x.numel(), dtype=x.dtype)
-    return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    if a["coll"] == "allgather":
+        out = torch.empty(dist.get_world_size() * x.numel(), dtype=x.dtype)
+        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    return None
 
 
 def outcome(call: Callable[[], Any], front: str, MPI: Any) -> str:
+    """What ``call`` did: ``raised`` (the front end's mismatch error), ``silent`` (it returned) or
+    ``other: ...``."""
     import pycoll
 
     try:
@@ -111,7 +143,17 @@ def outcome(call: Callable[[], Any], front: str, MPI: Any) -> str:
     return "silent"
 
 
-def rank_main(fronts: List[str], quick: bool) -> None:
+def agreeing(front: str, made: Any, np: Any, MPI: Any) -> Callable[[], Any]:
+    """An agreeing call of every rank (a small allreduce) on ``made`` (team, Comm or group)."""
+    args = {"coll": "allreduce", "count": 4, "dtype": np.float32, "op": "sum"}
+    if front == "team":
+        return team_call(made, args, np)
+    if front == "comm":
+        return comm_call(made, args, np, MPI)
+    return torch_call(made, args, np)  # type: ignore[return-value]
+
+
+def rank_main(fronts: List[str], quick: bool, numbers: List[int]) -> None:
     import numpy as np
     from mpi4py import MPI
 
@@ -128,29 +170,56 @@ def rank_main(fronts: List[str], quick: bool) -> None:
         dist.init_process_group("gloo", rank=r, world_size=n)  # (the pycoll groups are made per case)
     cases = list(kinds(r, n, np))
     if quick:
-        cases = cases[:5]
+        cases = cases[:QUICK_KINDS] + [c for c in cases if c[0] == "allgatherv counts"]
     for front in fronts:
         for kind, args in cases:
-            if front == "team":
-                team = Team.from_mpi(world)
-                result = outcome(team_call(team, args, np), front, MPI)
-                team.close()
-            elif front == "comm":
-                comm = Comm(world)
-                result = outcome(comm_call(comm, args, np, MPI), front, MPI)
-                comm.team.close()
-            else:
-                import torch.distributed as dist
+            for number in (numbers if not quick or front == "team" else [9]):
+                if front == "team":
+                    made: Any = Team.from_mpi(world)
+                    bad = team_call(made, args, np)
+                elif front == "comm":
+                    made = Comm(world)
+                    bad = comm_call(made, args, np, MPI)
+                else:
+                    import torch.distributed as dist
 
-                group = dist.new_group(backend="pycoll")
-                result = outcome(torch_call(group, args, np), front, MPI)
-            # (marked: mpiexec may join two ranks' lines)
-            rep = json.dumps({"rank": r, "front": front, "kind": kind, "result": result})
-            print(f"@@{rep}@@", flush=True)
-            world.Barrier()
+                    made = dist.new_group(backend="pycoll")
+                    bad = torch_call(made, args, np)  # type: ignore[assignment]
+                if bad is not None:
+                    good = agreeing(front, made, np, MPI)
+                    before = [outcome(good, front, MPI) for _ in range(number - 1)]
+                    result = next((b for b in before if b != "silent"), None)
+                    if result is not None:  # (an agreeing call failed: the case says so)
+                        result = f"other: agreeing call: {result}"
+                    else:
+                        result = outcome(bad, front, MPI)
+                        if result == "silent":  # (did the rank learn at its next call?)
+                            after = outcome(good, front, MPI)
+                            result = {"raised": "next", "silent": "silent"}.get(after,
+                                                                                f"silent, then {after}")
+                    # (marked: mpiexec may join two ranks' lines)
+                    rep = json.dumps({"rank": r, "front": front, "kind": kind, "number": number,
+                                      "result": result})
+                    print(f"@@{rep}@@", flush=True)
+                if front == "team":
+                    made.close()
+                elif front == "comm":
+                    made.team.close()
+                else:
+                    dist.destroy_process_group(made)
+                world.Barrier()
 
 
 # ------------------------------------------------------------------ the campaign
+def call_numbers(text: str) -> List[int]:
+    """``"1-100"``, ``"9"``, ``"1,9,50-52"`` as the call numbers they name."""
+    out: List[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def transports(quick: bool) -> List[Tuple[str, Dict[str, str]]]:
     out = [("segment", {"PYCOLL_TLS": "shm,mpi"}), ("mpi", {"PYCOLL_TLS": "mpi"})]
     if quick:
@@ -169,14 +238,20 @@ def transports(quick: bool) -> List[Tuple[str, Dict[str, str]]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, help="ranks (default 3; 2 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="2 ranks, 5 kinds, segment and mpi")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"2 ranks, {QUICK_KINDS + 1} kinds, segment and mpi, calls 1, 9 and 50 (comm and "
+                         "torch: 9)")
+    ap.add_argument("--calls", default="1-100",
+                    help="call numbers at which the ranks disagree: N, A-B, or a list of those "
+                         "(default 1-100)")
     ap.add_argument("--fronts", default=",".join(FRONTS), help="front ends (default team,comm,torch)")
     ap.add_argument("--timeout", type=float, default=600, help="wall-clock limit per transport (s)")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fronts = [f for f in args.fronts.split(",") if f]
+    numbers = [1, 9, 50] if args.quick and args.calls == "1-100" else call_numbers(args.calls)
     if args.rank:
-        rank_main(fronts, args.quick)
+        rank_main(fronts, args.quick, numbers)
         return 0
     from pycoll.launch import find_mpiexec
 
@@ -185,7 +260,8 @@ def main() -> int:
     bad = []
     for name, extra in transports(args.quick):
         env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", **extra)
-        cmd = [find_mpiexec(), "-n", str(n), sys.executable, __file__, "--rank", "--fronts", ",".join(fronts)]
+        cmd = [find_mpiexec(), "-n", str(n), sys.executable, __file__, "--rank", "--fronts", ",".join(fronts),
+               "--calls", ",".join(map(str, numbers))]
         if args.quick:
             cmd.append("--quick")
         t0 = time.monotonic()
@@ -196,24 +272,28 @@ def main() -> int:
         except subprocess.TimeoutExpired as exc:
             got = exc.stdout or ""
             out, rc = got.decode() if isinstance(got, bytes) else got, "timeout"
-        results: Dict[Tuple[str, str], List[str]] = {}
+        results: Dict[Tuple[str, str, int], List[str]] = {}
         for text in re.findall(r"@@(.*?)@@", out):
             rep = json.loads(text)
-            results.setdefault((rep["front"], rep["kind"]), []).append(rep["result"])
-        for (front, kind), got in sorted(results.items()):
-            row = rows.setdefault((name, front), {"cases": 0, "raised": 0, "silent": 0, "other": 0})
+            results.setdefault((rep["front"], rep["kind"], rep["number"]), []).append(rep["result"])
+        for (front, kind, number), got in sorted(results.items()):
+            row = rows.setdefault((name, front), dict.fromkeys(COLUMNS, 0))
             row["cases"] += 1
-            verdict = "raised" if got == ["raised"] * n else "silent" if "silent" in got else "other"
+            passed = len(got) == n and all(g in ("raised", "next") for g in got)
+            verdict = ("raised" if got == ["raised"] * n else "next" if passed else
+                       "silent" if "silent" in got else "other")  # ("silent, then ...": other)
             row[verdict] += 1
-            if verdict != "raised":
-                bad.append(f"{name} {front} {kind}: {got}")
+            if not passed:
+                bad.append(f"{name} {front} {kind} at call {number}: {got}")
         if rc != 0:
             bad.append(f"{name}: ranks exited with {rc} after {time.monotonic() - t0:.0f} s")
-    print(f"{n} ranks; a case is 'raised' when every rank raised the mismatch error\n")
-    print(f"{'transport':<10} {'front':<6} {'cases':>5} {'raised':>6} {'silent':>6} {'other':>5}")
+    print(f"{n} ranks, disagreeing at calls {args.calls if not args.quick else numbers}; a case is "
+          "'raised' when every rank raised the mismatch error at the call, 'next' when every rank did "
+          "at the call or at its next\n")
+    print(f"{'transport':<10} {'front':<6} {'cases':>5} {'raised':>6} {'next':>5} {'silent':>6} {'other':>5}")
     for (name, front), row in rows.items():
-        print(f"{name:<10} {front:<6} {row['cases']:>5} {row['raised']:>6} {row['silent']:>6} "
-              f"{row['other']:>5}")
+        print(f"{name:<10} {front:<6} {row['cases']:>5} {row['raised']:>6} {row['next']:>5} "
+              f"{row['silent']:>6} {row['other']:>5}")
     for line in bad:
         print("NOT RAISED:", line)
     return 1 if bad else 0

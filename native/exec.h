@@ -13,6 +13,12 @@ enum { PC_S_WAITING = 0, PC_S_POSTED = 1, PC_S_DONE = 2 };
 enum { PC_F_AGREE = 1 };
 /* e->status of a failed PC_I_CHECK: the ranks' fingerprints disagree (no UCS status is positive) */
 enum { PC_ST_MISMATCH = 1 };
+/* e->status of a failed receive whose message's mark is not e->mark, or whose payload has another
+ * length (e->got: the payload bytes that came; -1: more than fit): see pycoll.tl.base's marks.
+ * Where e->mark is set, every send and receive but the agreement exchange's (PC_F_AGREE) carries
+ * the PC_MARK_BYTES of e->mark ahead of its payload, in one message; a receive's lands in
+ * e->marks + PC_MARK_BYTES * i. */
+enum { PC_ST_MARK = 16, PC_MARK_BYTES = 32 };
 /* a fingerprint (pycoll.agreement): WORDS uint64, the first FLOWS alike on every rank, then two sums */
 enum { PC_FP_WORDS = 8, PC_FP_FLOWS = 6 };
 

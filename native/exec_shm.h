@@ -39,6 +39,9 @@ typedef struct {
     uint32_t *slot;           /* per send: the descriptor it posted */
     char **early;             /* per receive: its message, read before it was issued (malloc) */
     uint64_t *times;          /* NULL, or per instruction when issued and when done (tracing) */
+    const uint8_t *mark;      /* NULL, or the mark every message but the exchange's carries (exec.h) */
+    uint8_t *marks;           /* per receive: where its message's mark lands (PC_MARK_BYTES each) */
+    int64_t got;              /* a receive that failed with PC_ST_MARK: the payload bytes that came */
 } pc_sx_t;
 
 void pc_sx_start(pc_sx_t *e, uint64_t khash, uint64_t agree);

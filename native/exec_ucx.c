@@ -29,6 +29,37 @@ static int pc_exec_fail(pc_exec_t *e, int i, int status)
     return PC_EXEC_FAILED;
 }
 
+/* Whether instruction i's messages carry the call's mark (exec.h): all but the exchange's. */
+static int pc_exec_marked(const pc_exec_t *e, const pc_instr_t *in)
+{
+    return e->mark != NULL && !(in->flags & PC_F_AGREE);
+}
+
+/* A receive i that ended with status st and length bytes: 0 if its message is the one expected
+ * (its mark, where marked, and its length), else the failure (PC_EXEC_FAILED). */
+static int pc_exec_received(pc_exec_t *e, int i, ucs_status_t st, size_t length)
+{
+    const pc_instr_t *in = &e->ins[i];
+    if (!pc_exec_marked(e, in)) {
+        if (st != UCS_OK)
+            return pc_exec_fail(e, i, st);
+        if (length != in->len[0]) /* a short message: the slice would be left part unwritten */
+            return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
+        return 0;
+    }
+    if (st == UCS_ERR_MESSAGE_TRUNCATED) { /* longer than mark and slice: not this call's */
+        e->got = -1;
+        return pc_exec_fail(e, i, PC_ST_MARK);
+    }
+    if (st != UCS_OK)
+        return pc_exec_fail(e, i, st);
+    e->got = (int64_t)length - PC_MARK_BYTES;
+    if (length != in->len[0] + PC_MARK_BYTES || memcmp(e->marks + (size_t)PC_MARK_BYTES * i, e->mark,
+                                                       PC_MARK_BYTES) != 0)
+        return pc_exec_fail(e, i, PC_ST_MARK);
+    return 0;
+}
+
 /* Start (or reset for a new call) with base tag base: nothing posted, nothing done. */
 static void pc_exec_start(pc_exec_t *e, uint64_t base)
 {
@@ -65,15 +96,17 @@ static int pc_exec_test(pc_exec_t *e)
         if (st == UCS_INPROGRESS)
             continue;
         ucp_tag_recv_info_t info;
-        info.length = in->len[0];
+        info.length = in->len[0] + (pc_exec_marked(e, in) ? PC_MARK_BYTES : 0);
         if (in->kind == PC_I_RECV && st == UCS_OK)
             ucp_tag_recv_request_test(e->reqs[i], &info);
         ucp_request_free(e->reqs[i]);
         e->reqs[i] = NULL;
-        if (st != UCS_OK)
+        if (in->kind == PC_I_RECV) {
+            if (pc_exec_received(e, i, st, info.length))
+                return PC_EXEC_FAILED;
+        } else if (st != UCS_OK) {
             return pc_exec_fail(e, i, st);
-        if (info.length != in->len[0]) /* a short message: the slice would be left part unwritten */
-            return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
+        }
         PC_MARK(e, i, 1);
         e->state[i] = PC_S_DONE;
     }
@@ -105,23 +138,43 @@ static int pc_exec_progress(pc_exec_t *e)
             ucp_tag_recv_info_t info;
             ucs_status_ptr_t p;
             uint64_t base = (in->flags & PC_F_AGREE) ? e->base | e->agree : e->base;
-            info.length = in->len[0];
+            int marked = pc_exec_marked(e, in);
+            /* a marked message is the mark then the slice, as one message (two parts: an IOV) */
+            const void *data = pc_exec_at(e, in, 0);
+            size_t count = in->len[0];
+            if (marked) {
+                ucp_dt_iov_t *iov = e->iovs + 2 * (size_t)i;
+                iov[0].buffer = in->kind == PC_I_SEND ? (void *)e->mark : e->marks + (size_t)PC_MARK_BYTES * i;
+                iov[0].length = PC_MARK_BYTES;
+                iov[1].buffer = (void *)data;
+                iov[1].length = in->len[0];
+                data = iov;
+                count = 2;
+            }
+            info.length = in->len[0] + (marked ? PC_MARK_BYTES : 0);
             if (in->kind == PC_I_SEND) {
-                param.op_attr_mask = 0;
-                p = ucp_tag_send_nbx(e->eps[in->peer], pc_exec_at(e, in, 0), in->len[0],
+                param.op_attr_mask = marked ? UCP_OP_ATTR_FIELD_DATATYPE : 0;
+                param.datatype = ucp_dt_make_iov();
+                p = ucp_tag_send_nbx(e->eps[in->peer], data, count,
                                      base | ((uint64_t)e->rank << 32) | (uint64_t)(in->step & 0xfff), &param);
             } else {
-                param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+                param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO | (marked ? UCP_OP_ATTR_FIELD_DATATYPE : 0);
                 param.recv_info.tag_info = &info;
-                p = ucp_tag_recv_nbx(e->worker, pc_exec_at(e, in, 0), in->len[0],
+                param.datatype = ucp_dt_make_iov();
+                p = ucp_tag_recv_nbx(e->worker, (void *)data, count,
                                      base | ((uint64_t)in->peer << 32) | (uint64_t)(in->step & 0xfff),
                                      UINT64_MAX, &param);
             }
-            if (UCS_PTR_IS_ERR(p))
+            if (UCS_PTR_IS_ERR(p)) {
+                if (in->kind == PC_I_RECV && marked && UCS_PTR_STATUS(p) == UCS_ERR_MESSAGE_TRUNCATED) {
+                    e->got = -1;
+                    return pc_exec_fail(e, i, PC_ST_MARK);
+                }
                 return pc_exec_fail(e, i, UCS_PTR_STATUS(p));
+            }
             if (p == NULL) {
-                if (info.length != in->len[0])
-                    return pc_exec_fail(e, i, UCS_ERR_MESSAGE_TRUNCATED);
+                if (in->kind == PC_I_RECV && pc_exec_received(e, i, UCS_OK, info.length))
+                    return PC_EXEC_FAILED;
                 PC_MARK(e, i, 1);
                 e->state[i] = PC_S_DONE;
             } else {

@@ -23,6 +23,10 @@ typedef struct {
     void **reqs;
     uint8_t *state;
     uint64_t *times; /* NULL, or per instruction when issued and when done (PYCOLL_TRACE_INSTRUCTIONS) */
+    const uint8_t *mark; /* NULL, or the mark every message but the exchange's carries (exec.h) */
+    uint8_t *marks;      /* per receive: where its message's mark lands (PC_MARK_BYTES each) */
+    ucp_dt_iov_t *iovs;  /* per instruction: the two parts (mark, slice) of a marked message */
+    int64_t got;         /* a receive that failed with PC_ST_MARK: the payload bytes that came */
 } pc_exec_t;
 
 #endif

@@ -208,6 +208,21 @@ static void *pc_ucx_recv(ucp_worker_h worker, void *buf, size_t n, uint64_t tag,
     return pc_ucx_result(ucp_tag_recv_nbx(worker, buf, n, tag, mask, &param), status);
 }
 
+/* Receive a header then a payload, as one message (an IOV; iov must live until completion). */
+static void *pc_ucx_recv2(ucp_worker_h worker, ucp_dt_iov_t *iov, void *hdr, size_t hlen, void *buf, size_t n,
+                          uint64_t tag, uint64_t mask, ucp_tag_recv_info_t *info, int *status)
+{
+    ucp_request_param_t param;
+    iov[0].buffer = hdr;
+    iov[0].length = hlen;
+    iov[1].buffer = buf;
+    iov[1].length = n;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FIELD_DATATYPE;
+    param.recv_info.tag_info = info;
+    param.datatype = ucp_dt_make_iov();
+    return pc_ucx_result(ucp_tag_recv_nbx(worker, iov, 2, tag, mask, &param), status);
+}
+
 /* Whether a message matching (tag, mask) waits unreceived; with remove, take it: *msg is then its
  * handle for pc_ucx_msg_recv. */
 static int pc_ucx_probe(ucp_worker_h worker, uint64_t tag, uint64_t mask, int remove, void **msg,

@@ -52,6 +52,8 @@ void *pc_ucx_send2(ucp_ep_h ep, ucp_dt_iov_t *iov, const void *hdr, size_t hlen,
                    size_t n, uint64_t tag, int *status);
 void *pc_ucx_recv(ucp_worker_h worker, void *buf, size_t n, uint64_t tag, uint64_t mask,
                   ucp_tag_recv_info_t *info, int *status);
+void *pc_ucx_recv2(ucp_worker_h worker, ucp_dt_iov_t *iov, void *hdr, size_t hlen, void *buf, size_t n,
+                   uint64_t tag, uint64_t mask, ucp_tag_recv_info_t *info, int *status);
 int pc_ucx_probe(ucp_worker_h worker, uint64_t tag, uint64_t mask, int remove, void **msg,
                  uint64_t *sender_tag, size_t *length);
 void *pc_ucx_msg_recv(ucp_worker_h worker, void *msg, ucp_dt_iov_t *iov, void *hdr, size_t hlen,

@@ -4,24 +4,40 @@ Ranks that call different collectives, or the same one with a count, dtype, op o
 agree and does not, would otherwise exchange messages that match by key and size alone: a wrong
 result, silently, wherever the byte sizes happen to agree (float32 against int32, SUM against MAX).
 The segment's collectives sign every call in the segment (``native/shm.c``); the others, on MPI,
-TCP, UCX or several hosts, are checked here: before a checked call moves any data its ranks
-allgather a fingerprint of it (:func:`fingerprint`), and every rank raises
-:class:`pycoll.MismatchError` naming each rank's call when they differ.
+TCP, UCX, the one-host point to point or several hosts, are checked here, on every call, two ways:
 
-Which calls are checked (``PYCOLL_CHECK``): ``auto``, the first :data:`CHECK_FIRST` collectives of
-each team (and uses of each tag) and then those whose number is a power of two, so that a mistake
-in a script is caught at once and a late one soon, at a cost that vanishes over a long run; ``all``,
-every call; ``off``, none. The choice depends only on the collective's message key, which every
-rank gives alike, so the ranks always agree on which calls carry the extra exchange; but the
-v-collectives (:data:`ALWAYS`) and a rank's rejection of a call (under every mode) are always
-checked. (Ranks of which some call a v-collective and others another, unchecked one, at the same
-place then wait on each other until the timeout: a late error, never a silent one.)
+* **Marks** (every call, at no measurable cost). Every message of a collective carries its call's
+  mark (:class:`pycoll.tl.base.Mark`, 32 bytes ahead of the payload): what :func:`mark_fields`
+  packs of the call (collective, count or the digest of the v-counts, dtype, op, root,
+  algorithm) and a word of history, and every receive compares it with its own before it takes
+  the payload. The history word of an untagged collective folds in every marked untagged
+  collective the team posted before it (:func:`history`), so that a call that differed where no
+  message told the ranks apart (a bcast that each rank took itself the root of) is caught at the
+  next message between them; a tagged one's is its key. A receive whose mark differs fails its
+  collective with :class:`pycoll.MismatchError` naming both calls (:func:`explain`); the team then
+  takes no more calls on that rank, and the others learn it no later than at their next call (see
+  :meth:`pycoll.planner.Planner.judge`): ranks whose part sent and received nothing that tells
+  (a bcast's root) return, and raise at their next call.
+* **The exchange** (before the call moves any data): the ranks allgather a fingerprint of it
+  (:func:`fingerprint`) and every rank raises MismatchError naming each rank's call when they
+  differ; nothing was sent, and the team goes on. It runs for the v-collectives (:data:`ALWAYS`:
+  each rank knows its own blocks only, which the fingerprint's flows compare), for a rank's
+  rejection of a call, and under ``PYCOLL_CHECK=all`` for every call.
+
+``PYCOLL_CHECK``: ``on`` (the default; ``auto`` is an older name for it) as above; ``all``, the
+exchange too before every call; ``off``, no marks and the exchange only for rejections. The choice
+depends only on the collective and its message key, which every rank gives alike, so the ranks
+always agree on which calls carry the exchange. (Ranks of which some call a v-collective and
+others another collective at the same place then wait on each other until the timeout: a late
+error, never a silent one.)
 """
 
 from __future__ import annotations
 
+import logging
+import struct
 import zlib
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -33,12 +49,14 @@ from pycoll.errors import MismatchError
 from pycoll.ops import ReduceOp
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, FINISHED, Task
+from pycoll.tl.base import key_hash
+from pycoll.tl.marks import Mark
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.planner import Planner
 
-#: Collectives checked before the check thins out to powers of two (``PYCOLL_CHECK=auto``).
-CHECK_FIRST = 8
+log = logging.getLogger("pycoll")
+
 #: Words (uint64) of a fingerprint: six that every rank gives alike, then the two :func:`flows`.
 WORDS = 8
 FLOWS = 6
@@ -56,14 +74,10 @@ _NONE = 0xFFFFFFFF
 ALWAYS = frozenset(c.name for c in COLLECTIVES.values() if c.vector)
 
 
-def due(key: tuple, mode: str) -> bool:
-    """Whether the collective of message key ``key`` is checked under ``PYCOLL_CHECK=mode``."""
-    if mode == "off":
-        return False
-    if mode == "all":
-        return True
-    k = key[1] if key[0] == "c" else key[2]
-    return k < CHECK_FIRST or not (k & (k - 1))
+def due(coll: str, mode: str) -> bool:
+    """Whether collective ``coll`` runs behind the exchange under ``PYCOLL_CHECK=mode`` (a
+    rejection does under every mode)."""
+    return mode == "all" or (mode == "on" and coll in ALWAYS)
 
 
 def on_segment(coll: str, name: str) -> bool:
@@ -113,6 +127,12 @@ def fingerprint(call: Call, name: str, rank: int = 0, size: int = 1) -> np.ndarr
     """What must agree across ranks of ``call`` run by algorithm ``name`` (on rank ``rank`` of
     ``size``): collective, dtype, op, root, count (or the digest of the v-forms' counts),
     algorithm; and the :func:`flows` of the blocks whose sizes only their two ends know."""
+    return np.array([*fields(call, name), *flows(call, rank, size)], np.uint64)
+
+
+def fields(call: Call, name: str) -> Tuple[int, int, int, int, int, int]:
+    """The first :data:`FLOWS` words of a fingerprint: collective, dtype, op, root, count (or the
+    digest of the v-forms' counts), algorithm (0xFF..: none)."""
     coll = call.coll
     row = COLLECTIVES.get(coll)
     agreed = row.agreed if row is not None else ""
@@ -122,11 +142,154 @@ def fingerprint(call: Call, name: str, rank: int = 0, size: int = 1) -> np.ndarr
         count = buf.size
     elif row is not None and row.agreed_count == "counts" and call.layout is not None:
         count = zlib.crc32(repr([c for _, c in call.layout]).encode()) | 1 << 32
-    return np.array([_COLLS.index(coll) if coll in _COLLS else 0xFF,
-                     DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if agreed else 0xFF,
-                     _OPS.index(call.op) if row is not None and row.reduces else 0xFF,
-                     call.root if (row is not None and row.rooted) or call.root == REJECTED else _NONE,
-                     count, zlib.crc32(name.encode()), *flows(call, rank, size)], np.uint64)
+    return (_COLLS.index(coll) if coll in _COLLS else 0xFF,
+            DTYPE_CODES.get(buf.dtype, 0x100 | buf.dtype.itemsize) if agreed else 0xFF,
+            _OPS.index(call.op) if row is not None and row.reduces else 0xFF,
+            call.root if (row is not None and row.rooted) or call.root == REJECTED else _NONE,
+            count, zlib.crc32(name.encode()))
+
+
+# ---------------------------------------------------------------------------------------- marks
+#: A mark's fields: magic, collective, op, dtype, root, algorithm (crc32 of its name), count.
+_MARK = struct.Struct("<4sBBHIIQ")
+_MARK_MAGIC = b"PCMK"
+#: The multiplier of :func:`history` (odd: a step of it loses nothing of the history before).
+_MIX = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+
+
+def mark_fields(call: Call, name: str) -> bytes:
+    """The fields of the mark that the messages of ``call`` by algorithm ``name`` carry (24 bytes;
+    a :class:`pycoll.tl.base.Mark` adds the history word)."""
+    coll, dtype, op, root, count, algo = fields(call, name)
+    return _MARK.pack(_MARK_MAGIC, coll & 0xFF, op & 0xFF, dtype & 0xFFFF, root & 0xFFFFFFFF, algo, count)
+
+
+def history(before: int, fid: int, seq: int) -> int:
+    """The history word of untagged collective ``seq`` (mark digest ``fid``; 0 for a call checked
+    by the exchange, which compares the calls itself) after the history ``before``."""
+    return (before * _MIX + fid + seq) & _MASK
+
+
+class Marks:
+    """The marks of one team's collectives: made for each new collective (:meth:`make`), stamped
+    with their history as each call takes its key (:meth:`stamp`), and the judge of a receive that
+    finds another mark (:meth:`judge`). ``mode`` is ``PYCOLL_CHECK``."""
+
+    def __init__(self, planner: Planner, mode: str) -> None:
+        self.planner = planner
+        self.mode = mode
+        #: Whether the team's collectives carry marks (not under ``off``, nor on a team of one).
+        self.on = mode != "off" and planner.team.size > 1
+        self.history = 0  # of the marked untagged collectives posted (see history())
+        #: What tells the peers that this rank found the ranks' calls out of step, with the error
+        #: they are to raise (set by the bootstrap: the segment, the store, an MPI communicator,
+        #: the other in-process ranks; see :meth:`judge`), or None.
+        self.news: Optional[Callable[[MismatchError], None]] = None
+        #: Where the team has them: a cheap look whether a peer's news waits (``pending``), taking
+        #: it (``take``), and letting it go when the team closes (``close_news``); see
+        #: :mod:`pycoll.news`.
+        self.pending: Optional[Callable[[], bool]] = None
+        self.take: Optional[Callable[[], bool]] = None
+        self.close_news: Optional[Callable[[], None]] = None
+
+    def make(self, task: Task, channel: Any, call: Call, name: str) -> Optional[Mark]:
+        """Give a new collective's task (built for ``call`` by algorithm ``name``; its messages go
+        on ``channel``) the mark its messages carry, if the team marks its calls and the algorithm
+        sends messages (the segment's do not); returns it."""
+        if not self.on or on_segment(call.coll, name):
+            return None
+        task.mark = channel.mark = mark = Mark(mark_fields(call, name), self)
+        return mark
+
+    def stamp(self, mark: Mark, key: tuple, coll: str) -> None:
+        """Write the history word of the call of collective ``coll`` that takes message key ``key``
+        into its task's mark, as it takes the key: an untagged one's folds in the team's history
+        (:func:`history`; one behind the exchange, which compares the calls itself, folds in its
+        number only; ``coll`` empty: such a call), a tagged one's is its key."""
+        if key[0] == "c":
+            fid = 0 if not coll or due(coll, self.mode) else mark.fid
+            self.history = h = history(self.history, fid, key[1])
+            mark.stamp(h)
+        else:
+            mark.stamp(key_hash(key))
+
+    def judge(self, mark: Mark, peer: int, theirs: bytes, nbytes: int, expected: int) -> MismatchError:
+        """The error of a receive from ``peer`` that found ``theirs`` where its mark ``mark``
+        should be (or a payload of ``nbytes`` where ``expected``): a :class:`MismatchError`
+        naming both calls (:func:`explain`). The ranks' calls are out of step from here on: this
+        rank's team takes no more calls (each raises MismatchError), its other collectives in
+        flight fail, and :attr:`news` tells the peers, which learn it no later than at their next
+        call (called by a transport, in the engine, under its lock)."""
+        planner = self.planner
+        team = planner.team
+        text = explain(mark.blob, theirs, team.rank, peer, nbytes, expected)
+        error = MismatchError(f"{team.name}: {text}")
+        if planner.revoked is None:
+            after = MismatchError(f"{team.name}: the ranks' calls went out of step: rank {team.rank} found "
+                                  f"that {text}; every later call on this team raises this error: close it "
+                                  "and make a new one")
+            planner.revoked = after
+            planner.ctx.fail_owned((planner,), error)  # (those in flight: this one too)
+            news = self.news
+            if news is not None:
+                try:
+                    news(after)
+                except Exception:  # noqa: BLE001 - the error this rank raises matters more
+                    log.warning("pycoll: telling the peers of a mismatch failed", exc_info=True)
+        return error
+
+    def heard(self) -> bool:
+        """Whether the team takes no more calls, after taking a peer's news if one waits (the
+        planner asks at every post where :attr:`pending` is set)."""
+        if self.pending is not None and self.pending() and self.take is not None:
+            self.take()
+        return self.planner.revoked is not None
+
+    def closed(self) -> None:
+        """The team closes: no more news."""
+        if self.close_news is not None:
+            self.close_news()
+        self.news = self.pending = self.take = self.close_news = None
+
+    def learned(self, error: MismatchError) -> None:
+        """A peer found the ranks' calls out of step (its :attr:`news` reached this rank): the team
+        takes no more calls (each raises ``error``'s text), and its collectives in flight fail."""
+        planner = self.planner
+        if planner.revoked is None:
+            planner.revoked = error
+            planner.ctx.fail_owned((planner,), error)
+
+
+def _describe_mark(mark: bytes) -> str:
+    magic, coll, op, dtype, root, algo, count = _MARK.unpack_from(mark)
+    rec = np.array([coll if coll != 0xFF else 0xFF, dtype, op, root, count], np.uint64)
+    return describe(rec)
+
+
+def explain(mine: bytes, theirs: bytes, rank: int, peer: int, nbytes: int, expected: int) -> str:
+    """Why a receive of rank ``rank`` from ``peer`` failed its mark check: this rank's mark
+    ``mine``, the bytes ``theirs`` where the peer's mark was (fewer: its message was shorter),
+    the payload bytes that came (``nbytes``; -1: more than fit) and were expected."""
+    me = _describe_mark(mine)
+    if len(theirs) < _MARK.size + 8 or theirs[:4] != _MARK_MAGIC:
+        return (f"rank {peer}'s message for this collective carries no call mark where this rank (rank "
+                f"{rank}: {me}) expects one: it called another collective here (or a point-to-point "
+                "send), or its PYCOLL_CHECK differs from this rank's")
+    them = _describe_mark(theirs)
+    if theirs[:_MARK.size] != mine[:_MARK.size]:
+        algos = _MARK.unpack_from(theirs)[5] != _MARK.unpack_from(mine)[5]
+        calls = sorted([(rank, me + (" (this rank)" if not algos else " (this rank's algorithm)")),
+                        (peer, them + (" (another algorithm)" if algos else ""))])
+        return ("the ranks called different collectives, or the same one with arguments that must agree: "
+                + "; ".join(f"rank {r}: {text}" for r, text in calls))
+    if theirs[_MARK.size:] != mine[_MARK.size:]:
+        return (f"rank {peer} and this rank (rank {rank}) agree on this call ({me}) but not on the calls "
+                "before it on this team: an earlier collective was called on some ranks and not on others, "
+                "or with arguments that must agree and did not, where no message told the ranks apart")
+    got = "more" if nbytes < 0 else f"{nbytes} B"
+    return (f"the ranks disagree on the sizes of the blocks (the counts) of this {me}: rank {peer} sent "
+            f"rank {rank} {got} where it expects {expected} B")
 
 
 def describe(rec: np.ndarray) -> str:

@@ -38,6 +38,7 @@ from pycoll import auth, config
 from pycoll.algorithms.push_pull import Roles
 from pycoll.engine.context import Context, get_context
 from pycoll.errors import RevokedError
+from pycoll.news import MPINews
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
 from pycoll.recovery import Recovery, revoke_here
@@ -93,6 +94,8 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
         team.planner.peer_status = MPIStatus(dup.Dup(), team.planner, ctx.lock)
         ctx.watch(_answering(team.planner.peer_status))
     attach_shm(team, exchange, tls)
+    if team.size > 1:  # a rank that finds the calls out of step tells the others there (pycoll.news)
+        _hear(team, MPINews(team.planner.peer_status.comm, team.planner.marks, ctx.lock))
     topo = team.topology
     if topo is not None and topo.hierarchical:
         rank = team.rank
@@ -276,6 +279,10 @@ def close(team: Team) -> None:
     if team.recovery is not None:  # (it stops looking at the store)
         team.recovery.close()
     team.ps.close()
+    marks = team.planner.marks
+    if marks.take is not None:  # (the news of a team made from MPI: before its communicator goes)
+        team.ctx.unwatch(marks.take)
+        marks.closed()
     asked = team.planner.peer_status
     if asked is not None:
         if isinstance(asked, MPIStatus):
@@ -317,6 +324,8 @@ def local_teams(cls: type, n: int, ctx: Optional[Context] = None) -> List[Team]:
     ctx = ctx if ctx is not None else Context()
     fabric = LocalFabric(n)
     teams = [cls(r, n, fabric.transport(r), ctx, name=f"local{n}") for r in range(n)]
+    for team in teams:  # (a rank that finds the ranks' calls out of step tells the others directly)
+        team.planner.marks.news = _told(teams)
     topo = Topology.from_keys([node_key(r) for r in range(n)])  # PYCOLL_RANKS_PER_NODE by team rank
     for team in teams:
         team.topology = topo
@@ -331,6 +340,29 @@ def local_teams(cls: type, n: int, ctx: Optional[Context] = None) -> List[Team]:
                                              else (0,) * len(members))
                     setattr(teams[r].levels, level, made)
     return teams
+
+
+def _hear(team: Team, news: MPINews) -> None:
+    """Give ``team``'s marks ``news`` (see :mod:`pycoll.news`): told by this rank, looked at by
+    the engine's watch, and probed at every post where that costs little (a team on MPI's point to
+    point, with no shared segment)."""
+    marks = team.planner.marks
+    marks.news = news.tell
+    marks.take = _weakly(news.look)
+    marks.close_news = news.close
+    if team.shared is None and team.transport.name == "mpi":
+        marks.pending = news.pending
+    team.ctx.watch(marks.take)
+
+
+def _told(teams: List[Team]) -> Callable[[BaseException], None]:
+    """The news of in-process ranks: every rank learns a mismatch at once."""
+
+    def news(error: BaseException) -> None:
+        for team in teams:
+            team.planner.marks.learned(error)  # type: ignore[arg-type]
+
+    return news
 
 
 def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx: Context,

@@ -88,11 +88,11 @@ def parse_ranks_per_node(text: str) -> Tuple[int, ...]:
 
 
 def parse_check(text: str) -> str:
-    """Parse PYCOLL_CHECK: auto, all (or 1, always) or off (or 0, none)."""
+    """Parse PYCOLL_CHECK: on (or auto, its older name), all (or 1, always) or off (or 0, none)."""
     s = str(text).strip().lower()
-    s = {"1": "all", "always": "all", "0": "off", "none": "off"}.get(s, s)
-    if s not in ("auto", "all", "off"):
-        raise ConfigError(f"PYCOLL_CHECK must be auto, all or off, got {text!r}")
+    s = {"1": "all", "always": "all", "0": "off", "none": "off", "auto": "on"}.get(s, s)
+    if s not in ("on", "all", "off"):
+        raise ConfigError(f"PYCOLL_CHECK must be on, all or off, got {text!r}")
     return s
 
 
@@ -239,19 +239,23 @@ _declare("PYCOLL_TRACE_INSTRUCTIONS", "0", parse_flag,
          "from when its executor issued it to when it was done (send, recv with its peer and bytes; "
          "reduce, copy, check), under the collective's own span. Costs two clock reads per instruction. "
          "Read when a program's task is made.")
-_declare("PYCOLL_CHECK", "auto", parse_check,
-         "Which collectives off the shared segment (MPI, TCP, UCX, several hosts, tagged calls) first "
-         "exchange a fingerprint of the call (collective, count, dtype, op, root) so that ranks that "
-         "disagree raise pycoll.MismatchError instead of computing a wrong result: auto = the first 8 "
-         "collectives of each team (and uses of each tag), then those whose number is a power of two; "
-         "all = every one; off = none. On the shared segment every call is checked, but the other ranks "
-         "of a rooted collective (bcast, reduce, gather(v), scatter(v)) check the root's call alone "
-         "(auto: past the first 8 collectives, but on the powers of two; off: always; all: never): a rank "
-         "whose call matches the root's then returns while the root and the ranks that differ raise, "
-         "and a later call (usually its next) raises PeerLostError (a gather's other ranks return "
-         "without waiting for the root and compare their call with the root's within their next two "
-         "calls or when the team closes: MismatchError if it differed, else PeerLostError within "
-         "three calls). Must be equal on all ranks.")
+_declare("PYCOLL_CHECK", "on", parse_check,
+         "How ranks that call a collective with arguments that must agree and do not (collective, count, "
+         "dtype, op, root) are caught, so that they raise pycoll.MismatchError instead of computing a "
+         "wrong result. on (auto is its older name): off the shared segment (MPI, TCP, UCX, several "
+         "hosts, tagged calls) every message carries a 32-byte mark of its call and of the team's calls "
+         "before it, which every receive compares: a rank that finds another mark raises, the team then "
+         "takes no more calls, and the other ranks raise at their next call at the latest; the v-forms "
+         "(and rejected calls) exchange a fingerprint of the call before moving data (every rank raises "
+         "and the team goes on). all: that exchange before every collective too (every rank names every "
+         "rank's call). off: neither (rejections still exchange). On the shared segment every call is "
+         "signed, but the other ranks of a rooted collective (bcast, reduce, gather(v), scatter(v)) check "
+         "the root's call alone (on: past the segment's first 8 collectives, but on the powers of two; "
+         "off: always; all: never): a rank whose call matches the root's then returns while the root and "
+         "the ranks that differ raise, and a later call (usually its next) raises PeerLostError (a "
+         "gather's other ranks return without waiting for the root and compare their call with the "
+         "root's within their next two calls or when the team closes: MismatchError if it differed, "
+         "else PeerLostError within three calls). Must be equal on all ranks.")
 _declare("PYCOLL_NATIVE_PROGRAMS", "1", parse_flag,
          "1: the point-to-point algorithms that lower to programs (pycoll info lists them) run as native "
          "programs where the team's transport has an executor (UCX, one host's shared memory), for "

@@ -369,7 +369,7 @@ class Comm:
         try:
             args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
         except ARGUMENT_ERRORS as exc:
-            raise self.rejected("Alltoallw", exc) from None
+            raise self.rejected("Alltoallw", exc, "alltoallv") from None
         if args is None:
             return self.comm.Alltoallw(sendbuf, recvbuf)
         try:
@@ -383,7 +383,7 @@ class Comm:
         try:
             args = alltoallw_bytes(sendbuf, recvbuf, self.team.size)
         except ARGUMENT_ERRORS as exc:
-            raise self.rejected("Ialltoallw", exc) from None
+            raise self.rejected("Ialltoallw", exc, "alltoallv") from None
         if args is None:
             return self.comm.Ialltoallw(sendbuf, recvbuf)
         try:
@@ -402,7 +402,7 @@ class Comm:
         except PycollError as exc:
             raise mpi_error(exc) from None
 
-    def rejected(self, method: str, error: Exception) -> BaseException:
+    def rejected(self, method: str, error: Exception, coll: Optional[str] = None) -> BaseException:
         """The error to raise for a call of ``method`` whose arguments failed this rank's checks
         (``error``, before anything was sent): this rank takes its part in the call as a rejection
         (:meth:`pycoll.planner.Planner.reject`), so that peers that posted it raise too instead
@@ -410,7 +410,7 @@ class Comm:
         else an ``MPI.Exception`` that is a :class:`pycoll.MismatchError`, on every rank."""
         if isinstance(error, PycollError) and not isinstance(error, ValueError):
             return error  # (the engine's own errors: the call was posted; pycoll's ValueErrors are checks')
-        err = self.team.planner.reject(method, error)
+        err = self.team.planner.reject(method, error, coll=coll)
         if err is error:
             return error
         flavoured = mpi_error(err) if isinstance(err, PycollError) else err
@@ -613,7 +613,7 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
                 return Handed(getattr(self.comm, method)(*(values[p] for p in row.mpi_params)))
             req = getattr(self.team, coll)(**kwargs, **kw)
         except ARGUMENT_ERRORS as exc:
-            raise self.rejected(method, exc) from None
+            raise self.rejected(method, exc, coll) from None
         # (counts given as None are gathered from every rank on every call, and an in-place copy
         # is made on every call: never a repeat)
         if not kw and not any(v is None for p, v in values.items() if p.endswith("counts")) and \

@@ -109,6 +109,8 @@ class Planner:
         self._large_seen: Optional[tuple] = None  # the shape of the last large collective finished
         self._selected: Dict[tuple, str] = {}  # (coll, bytes, untagged) -> default algorithm
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
+        #: The marks of the team's collectives and their history (:class:`pycoll.agreement.Marks`).
+        self.marks = agreement.Marks(self, self._check)
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
         self._layouts_seen: Set[tuple] = set()  # the v-collective shapes built once (see native)
         self._recorded: Dict[tuple, Any] = {}  # shape -> its program (None: not lowerable; native)
@@ -158,6 +160,15 @@ class Planner:
         self._tag_uses[tag] = uses + 1
         return ("u", tag, uses)
 
+    def rekey(self, task: Task, call: Call, tag: Optional[Hashable]) -> tuple:
+        """Rebind finished ``task`` to ``call``'s buffers and ``tag``'s next key (returned), stamping
+        its mark (a kept schedule's collectives on a sub-team, rebound with it)."""
+        key = self.coll_key(tag)
+        task.rebind(call.src, call.dst, key)
+        if task.mark is not None:
+            self.marks.stamp(task.mark, key, call.coll)
+        return key
+
     # ------------------------------------------------------------------ posting
     def post(self, call: Call, priority: int, tag: Optional[Hashable], algorithm: Optional[str],
              timeout: Optional[float], options: dict) -> Request:
@@ -167,7 +178,7 @@ class Planner:
 
         The common case is the short path: a finished task of the same shape waits in the pool;
         it is rebound to the new buffers and key and submitted, nothing built."""
-        if self.revoked is not None:
+        if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
             self.refuse()
         ctx = self.ctx
         lock = ctx.lock
@@ -178,6 +189,9 @@ class Planner:
             if task is not None:
                 key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
                 task.rebind(call.src, call.dst, key)
+                mark = task.mark
+                if mark is not None:
+                    self.marks.stamp(mark, key, call.coll)
                 if task.credit and ctx.credit_bytes:  # its credit was set when it was built
                     ctx.watch_demand(task, self.team.transport, key)
             else:
@@ -208,23 +222,22 @@ class Planner:
         program that runs its check itself: see :meth:`native_check`)."""
         coll = owner.coll
         itself = getattr(task, "checks_itself", False)
-        # (a run of a team closed or revoked since goes through restart_as, which refuses it)
-        def due(k: int) -> bool:
+        mark = task.mark
+
+        def due(k: int) -> bool:  # (called with the number of every run of the lane, as it takes it)
+            if mark is not None:
+                self.marks.stamp(mark, ("c", k), coll)
+            # (a run of a team closed or revoked since goes through restart_as, which refuses it)
             return self.revoked is not None or (not itself and self.check_due(coll, k))
 
         return self.ctx.express_lane(task, self._seq, result, owner, due)
 
     def check_due(self, coll: str, k: int) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
-        behind the agreement check (``PYCOLL_CHECK``; see :mod:`pycoll.agreement`). It depends on
-        the collective and its number alone, which every rank gives alike, whichever path (a new
-        call, a pooled task, a persistent run, an express lane) each rank's call takes: were it to
-        depend on more (whether the call repeats this rank's last one), ranks making the same call
-        could disagree on it and wait on each other until the timeout."""
-        mode = self._check
-        if mode == "auto":
-            return k < agreement.CHECK_FIRST or not k & (k - 1) or coll in agreement.ALWAYS
-        return mode != "off"
+        behind the agreement check's exchange (``PYCOLL_CHECK``; :mod:`pycoll.agreement`): on the
+        collective alone, which every rank gives alike whichever path its call takes (a new call,
+        a pooled task, a persistent run, an express lane), so that the ranks never disagree on it."""
+        return agreement.due(coll, self._check)
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
                 timeout: Optional[float], key: Optional[tuple] = None) -> Request:
@@ -232,11 +245,13 @@ class Planner:
         message key (``key``, when an express lane took it already), its credit, submitted (it
         stays with its persistent collective, never pooled). Under the engine's lock (the
         caller holds it)."""
-        if self.revoked is not None:
+        if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
             self.refuse()
         ctx = self.ctx
-        if key is None:
+        if key is None:  # (else an express lane took it, and stamped its mark)
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
+            if task.mark is not None:
+                self.marks.stamp(task.mark, key, call.coll)
         task.rebind(call.src, call.dst, key)
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
@@ -298,11 +313,13 @@ class Planner:
 
     # ------------------------------------------------------------------ building
     def build(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict,
-              reuse: bool, credit: bool = True, checked: bool = True) -> Tuple[Task, tuple, Optional[tuple]]:
+              reuse: bool, credit: bool = True, checked: bool = True,
+              stands_for: Optional[str] = None) -> Tuple[Task, tuple, Optional[tuple]]:
         """``(task, key, shape)`` of a new collective: a finished task of the same shape rebound
         to these buffers and a new key (``reuse``), or a new one; ``shape`` is None for a
         partitioned collective (which is never reused). ``checked=False``: a collective inside a
-        schedule (:meth:`task`), which the agreement check never wraps."""
+        schedule (:meth:`task`), which the agreement check never wraps. Its mark is stamped as it
+        takes its key (``stands_for``: the collective a rejection stands for, see :meth:`reject`)."""
         if self.revoked is not None:
             self.refuse()
         coll, src, dst = call.coll, call.src, call.dst
@@ -314,6 +331,8 @@ class Planner:
         if task is not None:
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
             task.rebind(src, dst, key)
+            if task.mark is not None:
+                self.marks.stamp(task.mark, key, coll)
             return task, key, shape
         if algorithm is None and element_code(src.dtype) is None and agreement.on_segment(coll, name):
             name = self.off_segment(coll, call.nbytes)  # (elements the segment cannot move: 32 bytes)
@@ -328,12 +347,16 @@ class Planner:
         if tag is not None:  # the key coll_key takes next: hierarchical algorithms derive theirs from it
             args.tag = ("u", tag, self._tag_uses.get(tag, 0))
         task = build(args)  # a builder that rejects its arguments raises before a key is taken
+        mark = self.marks.make(task, args.channel, call, name)
         if tag is None and self._native_programs and runs_native(coll, name):
             task = self.native(task, call, name, args, shape, checked)
+            task.mark = mark
         task.plan_name = name
         task.owner = self
         key = self.coll_key(tag)
         args.channel.rekey(key)
+        if mark is not None:
+            self.marks.stamp(mark, key, coll if stands_for is None else stands_for)
         return task, key, shape
 
     def native(self, task: Task, call: Call, name: str, args: CollArgs, shape: tuple, checked: bool) -> Task:
@@ -345,7 +368,7 @@ class Planner:
         of a layout seen once. ``checked``: the call goes through :meth:`checked` (a v-collective's
         program then runs its check itself, see :meth:`native_check`); not a schedule's."""
         make = getattr(self.team.transport, "program_task", None)
-        if make is None or self.ctx.credit_bytes:
+        if make is None or self.ctx.credit_bytes or (self.marks.on and not self.team.transport.program_marks):
             return task
         if call.layout is not None and shape not in self._layouts_seen:
             _remember(self._layouts_seen, shape)
@@ -403,8 +426,7 @@ class Planner:
     def shape(self, call: Call, tag: Optional[Hashable], algorithm: Optional[str], options: dict) -> tuple:
         """The plan-cache key of a call: what a finished task must share with it to be rebound to
         its buffers (collective, algorithm, sizes, dtype, op, in place or where ``src`` lies in
-        ``dst``, root, layouts, the options the algorithm takes). (Measured: a memo of it by the
-        identity of the buffers costs as much as computing it.)"""
+        ``dst``, root, layouts, the options it takes). (A memo by the buffers' ids costs as much.)"""
         coll, src, dst = call.coll, call.src, call.dst
         if algorithm is None:
             nbytes = call.nbytes
@@ -456,7 +478,8 @@ class Planner:
                         tag=key if key[0] == "u" else None, topology=team.topology,
                         node_team=team.node_team() if hier else None,
                         rail_team=team.rail_team() if hier else None,
-                        leaders_team=team.leaders_team() if hier else None)
+                        leaders_team=team.leaders_team() if hier else None,
+                        marked=self.marks.on and not agreement.on_segment(call.coll, name))
 
     def credit_unit(self, task: Task, key: tuple) -> Task:
         """Make ``task`` (one collective, or one part of it) a unit of credit: it holds its bytes
@@ -494,8 +517,12 @@ class Planner:
         key = self.coll_key(tag)
         sched = Schedule(name=f"{call.coll}#{key[1]}/parts@{self.team.rank}")
         sched.key = key
+        mark = self.marks.make(sched, args.channel, call, name)  # (the whole call's: every part carries it)
+        if mark is not None:
+            self.marks.stamp(mark, key, call.coll)
         for i, (task, args) in enumerate(built):
             part_key = (*key, "part", i)
+            task.mark = args.channel.mark = mark
             args.channel.rekey(part_key)
             if credit:
                 self.credit_unit(task, part_key)
@@ -610,7 +637,8 @@ class Planner:
         self.close()
         return failed
 
-    def reject(self, what: str, error: BaseException, timeout: Optional[float] = None) -> BaseException:
+    def reject(self, what: str, error: BaseException, timeout: Optional[float] = None,
+               coll: Optional[str] = None) -> BaseException:
         """Take this rank's part in collective ``what``, whose arguments failed this rank's own
         checks (``error``), so that its peers never wait for it: a barrier marked as a rejection
         (:data:`pycoll.calls.REJECTION`) in the collective's place. Returns the error to raise:
@@ -622,9 +650,15 @@ class Planner:
         peer) if the peers never come."""
         if self.team.size == 1 or self.revoked is not None:
             return error
+        # Behind the exchange where the collective itself would be (a v-collective; or everywhere
+        # unmarked): the ranks that posted it meet this rank's fingerprint there. Else a marked
+        # barrier on the collective's own key: its messages meet theirs, and the marks differ.
+        exchanged = coll is None or not self.marks.on or self.check_due(coll, 0)
         with self.ctx.lock:
-            task, key, _shape = self.build(REJECTION, None, None, {}, reuse=False)
-            task = self.checked(task, REJECTION, key)
+            task, key, _shape = self.build(REJECTION, None, None, {}, reuse=False,
+                                           stands_for="" if exchanged else coll)
+            if exchanged:
+                task = self.checked(task, REJECTION, key)
             req = self.submit(task, 0, timeout, None)
         try:
             req.wait()
@@ -640,8 +674,7 @@ class Planner:
         return err
 
     def is_revoked(self) -> bool:
-        """Whether the team was revoked (not merely closed)."""
-        return isinstance(self.revoked, RevokedError)
+        return isinstance(self.revoked, RevokedError)  # (not merely closed)
 
     def refuse(self) -> None:
         """Raise why the team takes no more calls (:attr:`revoked`: a fresh error of its type) for a

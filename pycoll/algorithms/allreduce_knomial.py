@@ -71,7 +71,7 @@ class KnomialAllreduce(StepTask):
         ch, op, radix = a.channel, a.op, self.radix
         copy_in(a)
         dst = a.dst
-        if a.size == 1 or dst.size == 0:
+        if a.size == 1 or (dst.size == 0 and not a.marked):
             finish(a)
             return
         wire = as_wire(dst)

@@ -36,7 +36,7 @@ class RecursiveDoublingAllreduce(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         ch, rank, src, dst = a.channel, a.rank, a.src, a.dst
-        if a.size == 1 or dst.size == 0:
+        if a.size == 1 or (dst.size == 0 and not a.marked):
             copy_in(a)
             finish(a)
             return

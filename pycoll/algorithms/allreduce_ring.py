@@ -201,7 +201,7 @@ def lowered(args: CollArgs) -> Task:
     opts = options(args, OPTIONS)
     sched = Schedule(name=f"{args.name}/lowered")
     n, rank, src, dst = args.size, args.rank, args.src, args.dst
-    if n == 1 or args.count == 0:
+    if n == 1 or (args.count == 0 and not args.marked):
         if src is not dst and dst.size:
             sched.add(CopyTask(dst, src))
         return sched
@@ -248,6 +248,6 @@ def lowered(args: CollArgs) -> Task:
 
 def build(args: CollArgs) -> Task:
     opts = options(args, OPTIONS)
-    if args.size == 1 or args.count == 0:
+    if args.size == 1 or (args.count == 0 and not args.marked):
         return _Trivial(args)
     return RingAllreduce(args, opts["fragment_bytes"], opts["depth"])

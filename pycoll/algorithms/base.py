@@ -58,6 +58,10 @@ class CollArgs:
     node_team: Any = None
     rail_team: Any = None
     leaders_team: Any = None
+    #: Whether the collective's messages carry its call's mark (see :mod:`pycoll.agreement`): then
+    #: a rank with nothing to move still exchanges its (empty) messages, so that a peer that has
+    #: something learns that their calls differ instead of waiting for it.
+    marked: bool = False
 
     @property
     def in_place(self) -> bool:

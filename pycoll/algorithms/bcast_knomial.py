@@ -33,7 +33,7 @@ class KnomialBcast(StepTask):
 
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
-        if a.size == 1 or a.dst.size == 0:
+        if a.size == 1 or (a.dst.size == 0 and not a.marked):
             return
         ch = a.channel
         wire = as_wire(a.dst)

@@ -26,7 +26,7 @@ class ScatterAllgatherBcast(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         n, rank, root, ch = a.size, a.rank, a.root, a.channel
-        if n == 1 or a.dst.size == 0:
+        if n == 1 or (a.dst.size == 0 and not a.marked):
             return
         wire = as_wire(a.dst)
         bounds = block_bounds(wire.size, n)
@@ -72,5 +72,5 @@ def build(args: CollArgs) -> Task:
     options(args, OPTIONS)
     task = ScatterAllgatherBcast(args, name=args.name)
     # every rank but the root starts by receiving its blocks from its parent
-    task.sends_first = args.rank == args.root or args.size == 1 or args.dst.size == 0
+    task.sends_first = args.rank == args.root or args.size == 1 or (args.dst.size == 0 and not args.marked)
     return task

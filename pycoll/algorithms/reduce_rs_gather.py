@@ -29,7 +29,7 @@ class RsGatherReduce(StepTask):
         n, rank, root, ch = a.size, a.rank, a.root, a.channel
         src = a.src
         count = src.size
-        if n == 1 or count == 0:
+        if n == 1 or (count == 0 and not a.marked):
             if rank == root and a.dst is not src and count:
                 copy_into(a.dst, src)
             return

@@ -40,7 +40,7 @@ class RecursiveDoublingScan(StepTask):
     def run(self) -> Generator[Waitable, None, None]:
         a = self.args
         ch, rank, src, dst = a.channel, a.rank, a.src, a.dst
-        if dst.size == 0 or (a.size == 1 and self.exclusive):
+        if (dst.size == 0 and not a.marked) or (a.size == 1 and self.exclusive):
             return
         partial = self.scratch(0, dst)  # this rank's group's reduction (what it sends)
         copy_into(partial, src)  # (before dst changes: in place, src is dst)

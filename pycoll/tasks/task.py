@@ -137,6 +137,9 @@ class Task(EventManager):
     #: Who built the task as a whole collective (a team's planner), or None: what a revoked team
     #: fails in the engine (see :meth:`Context.fail_owned <pycoll.engine.context.Context.fail_owned>`).
     owner: Any = None
+    #: The :class:`~pycoll.tl.base.Mark` its collective's messages carry (set by the planner that
+    #: built it, which stamps it for each call; None: unmarked).
+    mark: Any = None
     #: Whether a new task of this kind takes ``nbytes`` of credit (``task.credit``) while in
     #: progress. The unit of credit is a unit of communication: a collective (or one partition of
     #: it) takes credit as a whole, so the sends, receives and reductions inside it take none.

@@ -8,6 +8,8 @@ Contract (the engine's deadlock-freedom rests on it): a send completes without t
 posted the matching receive (the transport buffers unexpected messages), so credit held by sends
 is always given back. Messages between one pair of ranks with the same tag match in order.
 
+Marks (the agreement check that travels with the data): see :mod:`pycoll.tl.marks`.
+
 Bandwidth limit (``PYCOLL_BW_LIMIT``, for experiments): every transport calls :func:`limit_sends`
 once at the end of its constructor. With no limit set that does nothing (no cost per message); with
 one, it routes the transport's sends through the process's :class:`BandwidthLimiter`, one token
@@ -48,6 +50,7 @@ import numpy as np
 
 from pycoll import config
 from pycoll.errors import TransportError
+from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _HASHES: Dict[Any, int] = {}
 #: Keys whose hash is kept (a program's tags repeat; one that makes a new tag per call would
@@ -231,16 +234,56 @@ class TransportRequest:
         return f"<{self.kind} peer={self.peer} tag={self.tag!r} {self.nbytes} B {state}>"
 
 
+class _Unpack(TransportRequest):
+    """A marked receive on a transport that does not carry marks itself: the message (mark, then
+    payload) lands in ``stage``; once it is there and its mark matches, the payload is copied to
+    ``buf``."""
+
+    __slots__ = ("inner", "stage", "buf", "mark", "transport")
+
+    def test(self) -> bool:
+        if self.done:
+            if self.error is not None:
+                raise self.error
+            return True
+        if self.error is not None:
+            raise self.error
+        inner = self.inner
+        try:
+            if not inner.test():
+                return False
+        except TransportError as exc:  # a message longer than mark and payload: not this call's
+            if "larger than the receive buffer" not in str(exc):
+                raise
+            self.error = self.mark.judge(self.peer, b"", -1, self.buf.nbytes)
+            self.done = True
+            raise self.error from None
+        n = inner.nbytes - MARK_BYTES
+        self.transport.traffic.add(self.peer, (0, -MARK_BYTES, 0, 0))  # (marks are no payload)
+        if not unmarked(self, self.mark, self.stage[:MARK_BYTES].tobytes(), n, self.buf.nbytes):
+            raise self.error  # type: ignore[misc]
+        self.buf[:n] = self.stage[MARK_BYTES:MARK_BYTES + n]
+        self.nbytes = n
+        self.done = True
+        return True
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
 class Channel:
     """Point-to-point messaging of one collective: every message is keyed by the collective's
     key plus a step number, so concurrent collectives never match each other's messages.
     Transports may return a subclass that precomputes what the key means on their wire."""
 
-    __slots__ = ("transport", "key")
+    __slots__ = ("transport", "key", "mark")
 
     def __init__(self, transport: Transport, key: tuple) -> None:
         self.transport = transport
         self.key = key
+        #: The :class:`Mark` every message of the collective carries (None: unmarked), set by
+        #: whoever built the collective (a team's planner).
+        self.mark: Optional[Mark] = None
 
     def rekey(self, key: tuple) -> None:
         """Use this channel for another collective (same transport)."""
@@ -250,10 +293,16 @@ class Channel:
         return repr(self.key)
 
     def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        return self.transport.isend(buf, peer, (*self.key, step))
+        mark = self.mark
+        if mark is None:
+            return self.transport.isend(buf, peer, (*self.key, step))
+        return self.transport.isend_marked(buf, peer, (*self.key, step), mark)
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        return self.transport.irecv(buf, peer, (*self.key, step))
+        mark = self.mark
+        if mark is None:
+            return self.transport.irecv(buf, peer, (*self.key, step))
+        return self.transport.irecv_marked(buf, peer, (*self.key, step), mark)
 
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
         """Send ``sendbuf`` to ``peer`` and receive ``recvbuf`` from it (MPI_Sendrecv): one
@@ -304,6 +353,8 @@ class Transport(abc.ABC):
     limiter: Optional[BandwidthLimiter] = None
     #: Bytes and messages this transport sent and received, per peer (see the module doc).
     traffic: Traffic = _TrafficSlot()  # type: ignore[assignment]
+    #: Whether its native programs (``program_task``, where it has them) carry marks.
+    program_marks = False
 
     @abc.abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
@@ -312,6 +363,26 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         """Start receiving a message of at most ``buf.nbytes`` bytes from ``peer`` into ``buf``."""
+
+    def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        """Send ``buf`` behind ``mark`` (see the module doc). This fallback packs both into one
+        buffer (a copy) and sends it with :meth:`isend`; transports that carry marks override it."""
+        stage = np.empty(MARK_BYTES + buf.nbytes, np.uint8)
+        stage[:MARK_BYTES] = mark.buf
+        stage[MARK_BYTES:] = buf
+        req = self.isend(stage, peer, tag)
+        self.traffic.add(peer, (-MARK_BYTES, 0, 0, 0))  # (marks are no payload)
+        return req
+
+    def irecv_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        """Receive a message sent with :meth:`isend_marked` into ``buf``, comparing its mark with
+        ``mark`` (see the module doc). This fallback receives into a buffer of its own and copies
+        the payload out; transports that carry marks override it."""
+        req = _Unpack("recv", peer, tag, buf.nbytes)
+        req.stage = np.empty(MARK_BYTES + buf.nbytes, np.uint8)
+        req.buf, req.mark, req.transport = buf, mark, self
+        req.inner = self.irecv(req.stage, peer, tag)
+        return req
 
     def probe(self, peer: int, tag: Hashable) -> bool:
         """Whether a message from ``peer`` with ``tag`` arrived and waits for its receive (for
@@ -424,10 +495,10 @@ class _Deferred(TransportRequest):
     __slots__ = ("limiter", "transport", "send", "buf", "real")
 
     def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
         if self.done:
             return True
-        if self.error is not None:
-            raise self.error
         real = self.real
         if real is None:
             self.limiter.release()
@@ -566,6 +637,18 @@ class BandwidthLimiter:
         def limited_progress() -> int:
             return self.release() + progress()
 
+        if type(transport).isend_marked is not Transport.isend_marked:  # (the fallback sends with isend)
+            isend_marked = transport.isend_marked
+
+            def limited_isend_marked(buf: np.ndarray, peer: int, tag: Hashable,
+                                     mark: Mark) -> TransportRequest:
+                send = functools.partial(_send_marked, isend_marked, mark)
+                if peer == rank:
+                    return send(buf, peer, tag)
+                return self.send(transport, send, buf, peer, tag)
+
+            transport.isend_marked = limited_isend_marked  # type: ignore[method-assign]
+
         def limited_close() -> None:
             self.forget(transport)
             close()
@@ -578,6 +661,12 @@ class BandwidthLimiter:
         transport.close = limited_close  # type: ignore[method-assign]
         transport.channel = functools.partial(Channel, transport)  # type: ignore[method-assign]
         transport.limiter = self
+
+
+def _send_marked(isend_marked: Callable[..., TransportRequest], mark: Mark, buf: np.ndarray, peer: int,
+                 tag: Hashable) -> TransportRequest:
+    """``isend_marked(buf, peer, tag, mark)``, as the bandwidth limiter calls a send."""
+    return isend_marked(buf, peer, tag, mark)
 
 
 _LIMITER: Optional[BandwidthLimiter] = None

@@ -34,12 +34,14 @@ from pycoll.lower.execute import call_bytes
 from pycoll.lower.program import SLICES, Instr, Program, ProgramError
 from pycoll.ops import OP_CODES, ReduceOp, finish_avg
 from pycoll.tasks.task import IN_PROGRESS, Task
+from pycoll.tl.marks import MARK_BYTES
 from pycoll.trace import tracer
 
 _KINDS = {"send": 0, "recv": 1, "reduce": 2, "copy": 3, "avg": 4, "check": 5}
 _SLICES = {**SLICES, "check": ("buf",)}  # (a check: the fingerprints gathered, one row per rank)
 _AGREE_FLAG = 1  # (PC_F_AGREE)
 _MISMATCH = 1  # (PC_ST_MISMATCH)
+_MARK = 16  # (PC_ST_MARK)
 _RUNNING, _DONE, _PYTHON = 0, 1, 2  # (PC_EXEC_RUNNING, PC_EXEC_DONE, PC_EXEC_PYTHON)
 _POSTED = 1  # (PC_S_POSTED)
 #: The longest an express run polls before handing its task to the engine (nanoseconds): the
@@ -198,6 +200,9 @@ class NativeProgramTask(Task, metaclass=abc.ABCMeta):
             self._bufs[i] = ffi.cast("char *", ffi.from_buffer(self.scratch[name]))
         e.rank, e.size, e.n, e.nbufs = args.rank, args.size, n, len(prepared.names)
         e.ins, e.deps, e.bufs, e.state = prepared.ins, prepared.deps, self._bufs, self._state
+        self._marks = ffi.new("uint8_t[]", MARK_BYTES * max(n, 1))  # (where each receive's mark lands)
+        e.marks = self._marks
+        self._markp: Any = None  # (e.mark: set once the planner gave the task its mark)
         self._tracer = tracer() if config.get("PYCOLL_TRACE_INSTRUCTIONS") else None
         if self._tracer is not None:  # (the executor notes when each instruction is issued and done)
             self._times = ffi.new("uint64_t[]", 2 * max(n, 1))
@@ -287,9 +292,18 @@ class NativeProgramTask(Task, metaclass=abc.ABCMeta):
                 self._keep.append(ptr)
                 self._bufs[i] = ffi.cast("char *", ptr)
             self._bound = (a.src, a.dst)
+        if self._markp is None and self.mark is not None:
+            self._point_at_mark()
         self._start(a.channel.key)
         self._running = True
         self.progress()
+
+    def _point_at_mark(self) -> None:
+        """Point the executor at the mark its messages carry (the task's, whose memory stays put:
+        the planner stamps each call's history word into it)."""
+        ffi = self.prepared.ffi
+        self._markp = ffi.from_buffer(self.mark.buf)
+        self.e.mark = ffi.cast("uint8_t *", self._markp)
 
     def express_run(self, number: int) -> bool:
         """Run this finished task again on the buffers it is bound to, as untagged collective
@@ -306,6 +320,8 @@ class NativeProgramTask(Task, metaclass=abc.ABCMeta):
         else:
             most, every = int(ctx.backoff[0] * 1e9), 0
         budget = self.budget if 0 < self.budget < most else most
+        if self._markp is None and self.mark is not None:
+            self._point_at_mark()
         rc = self._run(number, budget, every)
         if rc == _DONE:
             if budget < most:
@@ -392,6 +408,9 @@ class NativeProgramTask(Task, metaclass=abc.ABCMeta):
         if ins.kind == "check" and e.status == _MISMATCH:
             recs = self.scratch["agree_recs"].view(np.uint64).reshape(self.args.size, -1)
             return MismatchError(self.prepared.check.explain(recs))
+        if ins.kind == "recv" and e.status == _MARK and self.mark is not None:
+            theirs = bytes(self.prepared.ffi.buffer(self._marks + MARK_BYTES * i, MARK_BYTES))
+            return self.mark.judge(ins.peer, theirs, e.got, ins.slices["buf"][2])  # type: ignore[return-value]
         what = f"{self.name}: instruction {i} ({ins.kind}"
         what += f" of {ins.slices['buf'][2]} B with rank {ins.peer})" if ins.kind in ("send", "recv") else ")"
         return self._error(i, what)

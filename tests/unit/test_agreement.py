@@ -10,10 +10,11 @@ from pycoll.calls import allreduce, bcast
 
 
 def test_which_calls_are_checked():
-    auto = [k for k in range(300) if agreement.due(("c", k), "auto")]
-    assert auto == [0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256]
-    assert agreement.due(("u", "grads", 3), "auto") and not agreement.due(("u", "grads", 9), "auto")
-    assert agreement.due(("c", 1001), "all") and not agreement.due(("c", 0), "off")
+    """The exchange: the v-collectives under ``on``, every one under ``all``, none under ``off``
+    (rejections: under every mode, see the planner); every other call is checked by its marks."""
+    assert [c for c in ("allreduce", "bcast", "allgatherv", "scatterv") if agreement.due(c, "on")] == \
+        ["allgatherv", "scatterv"]
+    assert agreement.due("allreduce", "all") and not agreement.due("gatherv", "off")
     assert agreement.on_segment("allreduce", "shm") and agreement.on_segment("alltoall", "cma")
     assert not agreement.on_segment("allgather", "cma")  # reads peers' memory, over messages
     assert not agreement.on_segment("allreduce", "ring")
@@ -32,9 +33,10 @@ def test_fingerprints_say_what_must_agree():
     assert agreement.disagreement(np.stack([a, a]), "ring") is None
 
 
-@pytest.mark.parametrize("mode", ["auto", "all"])
-def test_in_process_ranks_that_disagree_raise_on_every_rank(mode, monkeypatch):
-    monkeypatch.setenv("PYCOLL_CHECK", mode)
+def test_in_process_ranks_that_disagree_raise_on_every_rank_under_all(monkeypatch):
+    """``PYCOLL_CHECK=all``: the exchange before the call; every rank names every rank's call, and
+    the team goes on (nothing was sent)."""
+    monkeypatch.setenv("PYCOLL_CHECK", "all")
     teams = pycoll.local_teams(3)
     bufs = [np.ones(8, np.int32 if r == 2 else np.float32) for r in range(3)]
     reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
@@ -44,6 +46,38 @@ def test_in_process_ranks_that_disagree_raise_on_every_rank(mode, monkeypatch):
     # the team goes on: the next calls agree and compute
     out = [t.allreduce(np.full(4, r + 1.0)) for r, t in enumerate(teams)]
     assert all((req.wait(timeout=10) == 6.0).all() for req in out)
+
+
+@pytest.mark.parametrize("number", [0, 1, 8, 9, 10, 50, 100])
+def test_marks_catch_a_mismatch_at_any_call_number(number):
+    """Under the default every message carries its call's mark: ranks that disagree at call
+    ``number`` of a long-lived team raise MismatchError naming both calls, and the team then takes
+    no more calls on any rank."""
+    teams = pycoll.local_teams(3)
+    for _ in range(number):
+        reqs = [t.allreduce(np.full(4, r + 1.0, np.float32)) for r, t in enumerate(teams)]
+        assert all((req.wait(timeout=10) == 6.0).all() for req in reqs)
+    bufs = [np.ones(8, np.int32 if r == 2 else np.float32) for r in range(3)]
+    reqs = [t.allreduce(b) for t, b in zip(teams, bufs)]
+    for req in reqs:
+        with pytest.raises(pycoll.MismatchError, match="allreduce 8 x int32 sum"):
+            req.wait(timeout=10)
+    for t in teams:
+        with pytest.raises(pycoll.MismatchError, match="out of step"):
+            t.allreduce(np.ones(8, np.float32))
+
+
+def test_a_call_no_message_told_apart_is_caught_at_the_next_message():
+    """Two ranks that each take themselves for a bcast's root receive nothing in it: the history
+    word of the next call's marks tells them apart."""
+    teams = pycoll.local_teams(2)
+    reqs = [t.bcast(np.full(4, r, np.float32), root=r, algorithm="knomial") for r, t in enumerate(teams)]
+    for req in reqs:
+        req.wait(timeout=10)  # (each rank was a root: nothing to compare yet)
+    reqs = [t.allreduce(np.ones(4, np.float32)) for t in teams]
+    for req in reqs:
+        with pytest.raises(pycoll.MismatchError, match="not on the calls before it"):
+            req.wait(timeout=10)
 
 
 def test_off_adds_no_exchange(monkeypatch):

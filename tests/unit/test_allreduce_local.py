@@ -343,8 +343,8 @@ def test_persistent_bcast_and_barrier():
 def test_collectives_not_kept_free_their_scratch_without_the_garbage_collector(how, monkeypatch):
     """A schedule is a reference cycle (its children point back at it): a collective that is not
     kept for reuse must release its scratch when it is let go, not at the next garbage collection
-    (a soak of random calls held 17 MiB that way). The first calls of a team run behind the
-    agreement check, and return to the pool afterwards like any other."""
+    (a soak of random calls held 17 MiB that way). A call behind the agreement check's exchange
+    (``PYCOLL_CHECK=all``) returns to the pool afterwards like any other."""
     import gc
     import weakref
 
@@ -360,6 +360,8 @@ def test_collectives_not_kept_free_their_scratch_without_the_garbage_collector(h
         return arr
 
     monkeypatch.setattr(ring, "scratch_array", mapped)
+    if how == "checked":
+        monkeypatch.setenv("PYCOLL_CHECK", "all")
     n, count = 3, 3 * (256 << 10) // 8  # float64: each rank's block maps its scratch (>= 128 KiB)
     ctx = pycoll.Context(partition_bytes=(256 << 10) if how == "partitioned" else None)
     teams = pycoll.local_teams(n, ctx)

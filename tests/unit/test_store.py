@@ -68,7 +68,9 @@ def test_tcp_rejects_malformed_header():
     listener.close()
     t = TCPTransport(0, 2, {1: a})
     req = t.irecv(np.zeros(4, np.uint8), 1, ("p", 0))
-    b.sendall(b"\xff" * 32)
+    from pycoll.tl.tcp import transport
+
+    b.sendall(b"\xff" * transport._HEADER.size)
     for _ in range(100):
         t.progress()
         if req.error is not None:

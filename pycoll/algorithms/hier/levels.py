@@ -148,7 +148,7 @@ class HierSchedule(Schedule):
         for lv in self._levels:
             team = lv.team
             call = team.call(lv.coll, *[self.view(x) for x in lv.args], **lv.kwargs)
-            lv.task.rebind(call.src, call.dst, team.planner.coll_key(level_tag(a, lv.name, lv.frag)))
+            team.planner.rekey(lv.task, call, level_tag(a, lv.name, lv.frag))
 
     def unbind(self) -> None:
         super().unbind()

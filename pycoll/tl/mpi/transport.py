@@ -13,6 +13,12 @@ the receiver probes (``Improbe``) its (source, tag) channel, reads headers, and 
 payload into the buffer of the receive whose key it names, or stashes it until that receive is
 posted. MPI's non-overtaking rule makes the payload the next message after its header.
 
+Marks (see :mod:`pycoll.tl.base`): a marked untagged message is one MPI message holding the mark
+then the payload: up to :data:`PACK_BYTES` of payload packed into one buffer (a copy each way), a
+larger one sent and received in place through a derived datatype of the two (``MPI_BOTTOM`` with
+their addresses; kept per pair of addresses, :meth:`MPITransport.joined`). A checked key's header
+carries the mark instead (and says whether there is one).
+
 When the engine holds work back for lack of credit it asks :meth:`has_unexpected`; that drains
 every message that arrived without a matching receive into the stash, so a peer's sends complete
 (the transport contract) and the engine learns which collectives peers have started.
@@ -33,6 +39,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from pycoll.buffers import address
 from pycoll.errors import TransportError
 from pycoll.tl.base import (
     Channel,
@@ -44,15 +51,24 @@ from pycoll.tl.base import (
     split_key,
     too_large,
 )
+from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _CHECKED = 1 << 28
 _STEP_BITS = 12
 _STEP_MASK = (1 << _STEP_BITS) - 1
 _SLOT_MASK = 0xFFFF
-_HEADER = struct.Struct("<IIQQQ")  # magic, version, key hash, step, payload bytes
+_HEADER = struct.Struct("<IIQQQ32s")  # magic, version, key hash, step, payload bytes, mark
 _MAGIC = 0x50434F4C  # "PCOL"
-_VERSION = 1
+_VERSION = 2  # (and _VERSION | _MARKED: a mark follows)
+_MARKED = 1 << 16
+_NO_MARK = bytes(MARK_BYTES)
+#: The most payload bytes a marked untagged message packs with its mark into one buffer (a copy
+#: each way); a larger one goes in place, in a derived datatype of the two.
+PACK_BYTES = 4096
+#: Derived datatypes kept (pairs of addresses), the oldest freed past this many.
+MAX_JOINED = 1024
 _Key = Tuple[int, int, int]  # (source, key hash, step)
+_Target = Tuple[Any, _Key, int, Optional[bytes]]  # (receive or None, key, size, mark or None)
 
 
 def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
@@ -91,10 +107,10 @@ class _MPIRequest(TransportRequest):
     __slots__ = ("reqs",)
 
     def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
         if self.done:
             return True
-        if self.error is not None:
-            raise self.error
         return _test(self, self.reqs)
 
     def cancel(self) -> None:
@@ -112,23 +128,24 @@ class _MPIRecv(_MPIRequest):
     __slots__ = ("transport",)
 
     def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
         if self.done:
             return True
-        if self.error is not None:
-            raise self.error
         return self.transport.test_recv(self, self.reqs)
 
 
 class _CheckedRecv(TransportRequest):
-    """A receive of a checked key: waits for its header, then for its payload."""
+    """A receive of a checked key: waits for its header, then for its payload (``mark``: the one
+    its header must carry, or None)."""
 
-    __slots__ = ("buf", "transport", "khash", "step", "wire", "payload")
+    __slots__ = ("buf", "transport", "khash", "step", "wire", "payload", "mark")
 
     def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
         if self.done:
             return True
-        if self.error is not None:
-            raise self.error
         if self.payload is None:
             self.transport.probe_channel(self.peer, self.wire)
             if self.payload is None or self.done:
@@ -145,19 +162,62 @@ class _CheckedRecv(TransportRequest):
             self.transport.withdraw(self)
 
 
+class _PackedRecv(_MPIRequest):
+    """A marked untagged receive of at most :data:`PACK_BYTES`: the message (mark, then payload)
+    lands in ``stage``; once its mark matches, the payload is copied to ``buf``."""
+
+    __slots__ = ("transport", "stage", "buf", "mark")
+
+    def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
+        if self.done:
+            return True
+        if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
+            return False
+        n = self.nbytes
+        if n < 0 or not unmarked(self, self.mark, self.stage[:MARK_BYTES], n, self.buf.nbytes):
+            self.error = self.error or self.mark.judge(self.peer, b"", n, self.buf.nbytes)
+            raise self.error
+        if n:
+            memoryview(self.buf)[:] = memoryview(self.stage)[MARK_BYTES:]
+        return True
+
+
+class _JoinedRecv(_MPIRequest):
+    """A marked untagged receive of more than :data:`PACK_BYTES`, in place: the mark lands in
+    ``area`` (the channel's, for that peer and step), the payload in ``buf``."""
+
+    __slots__ = ("transport", "area", "buf", "mark")
+
+    def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
+        if self.done:
+            return True
+        if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
+            return False
+        n = self.nbytes
+        if n < 0 or not unmarked(self, self.mark, self.area.tobytes() if n >= 0 else b"", n, self.buf.nbytes):
+            self.error = self.error or self.mark.judge(self.peer, b"", n, self.buf.nbytes)
+            raise self.error
+        return True
+
+
 class MPIChannel(Channel):
     """A channel whose untagged messages skip key parsing: the tag base is computed once.
 
     ``stash`` is the transport's store of untagged messages that arrived before their receive: the
     fast receive is taken only while it is empty (a stashed message must match first)."""
 
-    __slots__ = ("fast", "base", "comm", "traffic", "stash")
+    __slots__ = ("fast", "base", "comm", "traffic", "stash", "areas")
 
     def __init__(self, transport: MPITransport, key: tuple, stash: Dict[Tuple[int, int], deque]) -> None:
         super().__init__(transport, key)
         self.comm = transport.comm
         self.traffic = transport.traffic
         self.stash = stash
+        self.areas: Optional[Dict[Tuple[int, int], np.ndarray]] = None  # (marks of large receives)
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -167,22 +227,47 @@ class MPIChannel(Channel):
 
     def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast:
-            return self.transport.isend(buf, peer, (*self.key, step))
+            return super().isend(buf, peer, step)
+        mark = self.mark
         req = _MPIRequest("send", peer, step, buf.nbytes)
-        req.reqs = (self.comm.Isend([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
+        message = [buf, MPI.BYTE] if mark is None else self.transport.marked(buf, mark)
+        req.reqs = (self.comm.Isend(message, peer, self.base | (step & _STEP_MASK)),)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast or self.stash:
-            return self.transport.irecv(buf, peer, (*self.key, step))
+            return super().irecv(buf, peer, step)
+        mark = self.mark
+        if mark is not None:
+            return self.marked_recv(buf, peer, self.base | (step & _STEP_MASK), mark, step)
         req = _MPIRecv("recv", peer, step, buf.nbytes)
         req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
         req.transport = self.transport
         return req
 
+    def marked_recv(self, buf: np.ndarray, peer: int, tag: int, mark: Mark, step: int) -> TransportRequest:
+        """A receive of a marked message into ``buf`` (see the module doc)."""
+        n = buf.nbytes
+        if n <= PACK_BYTES:
+            req: Any = _PackedRecv("recv", peer, step, n)
+            req.stage = stage = bytearray(MARK_BYTES + n)
+            req.reqs = (self.comm.Irecv([stage, MPI.BYTE], peer, tag),)
+        else:
+            areas = self.areas
+            if areas is None:
+                areas = self.areas = {}
+            area = areas.get((peer, step))
+            if area is None:
+                area = areas[(peer, step)] = np.empty(MARK_BYTES, np.uint8)
+            req = _JoinedRecv("recv", peer, step, n)
+            req.area = area
+            req.reqs = (self.comm.Irecv(self.transport.joined(area, buf), peer, tag),)
+        req.transport, req.buf, req.mark = self.transport, buf, mark
+        return req
+
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        if not self.fast or self.stash:
+        if not self.fast or self.stash or self.mark is not None:
             return super().exchange(sendbuf, recvbuf, peer, step)
         tag = self.base | (step & _STEP_MASK)
         req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
@@ -211,8 +296,11 @@ class MPITransport(Transport):
         self._kstash: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
         # checked receives waiting for their header, by (source, key hash, step)
         self._waiting: Dict[Tuple[int, int, int], deque] = defaultdict(deque)
-        # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash)
-        self._payload_for: Dict[Tuple[int, int], Tuple[Optional[_CheckedRecv], _Key, int]] = {}
+        # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash),
+        # its key, its size and the mark its header carried (None: none)
+        self._payload_for: Dict[Tuple[int, int], _Target] = {}
+        # derived datatypes of (mark, payload) pairs by their addresses and sizes (see joined)
+        self._joined: Dict[Tuple[int, int, int], Any] = {}
         self._header_buf = bytearray(_HEADER.size)
         self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see test_recv)
         limit_sends(self)
@@ -220,13 +308,69 @@ class MPITransport(Transport):
     def channel(self, key: tuple) -> Channel:
         return MPIChannel(self, key, self._stash)
 
+    # ------------------------------------------------------------------ marks
+    def marked(self, buf: np.ndarray, mark: Mark) -> Any:
+        """The MPI message of ``buf`` behind ``mark``: packed into one buffer up to
+        :data:`PACK_BYTES`, else the two in place (:meth:`joined`)."""
+        if buf.nbytes <= PACK_BYTES:
+            return [mark.blob + buf.tobytes(), MPI.BYTE]
+        return self.joined(mark.buf, buf)
+
+    def joined(self, first: np.ndarray, buf: np.ndarray) -> Any:
+        """``[MPI.BOTTOM, 1, datatype]`` of the bytes of ``first`` then ``buf``, where they lie
+        (one derived datatype per pair of addresses and sizes, kept: a repeated call reuses it)."""
+        key = (address(first), address(buf), buf.nbytes)
+        dtype = self._joined.get(key)
+        if dtype is None:
+            if len(self._joined) >= MAX_JOINED:  # (MPI lets operations still using it finish)
+                oldest = next(iter(self._joined))
+                self._joined.pop(oldest).Free()
+            dtype = MPI.BYTE.Create_hindexed([first.nbytes, buf.nbytes], [key[0], key[1]]).Commit()
+            self._joined[key] = dtype
+        return [MPI.BOTTOM, 1, dtype]
+
+    def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        prefix, step, checked = split_key(tag)
+        wire = wire_tag(prefix, step, checked)
+        req = _MPIRequest("send", peer, tag, buf.nbytes)
+        if checked:
+            header = bytearray(_HEADER.pack(_MAGIC, _VERSION | _MARKED, key_hash(prefix), step, buf.nbytes,
+                                            mark.blob))
+            req.reqs = [self.comm.Isend([header, MPI.BYTE], peer, wire),
+                        self.comm.Isend([buf, MPI.BYTE], peer, wire)]
+        else:
+            req.reqs = [self.comm.Isend(self.marked(buf, mark), peer, wire)]
+        self.traffic.sent(peer, buf.nbytes)
+        return req
+
+    def irecv_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        prefix, step, checked = split_key(tag)
+        if checked:
+            return self.irecv(buf, peer, tag, mark)
+        wire = wire_tag(prefix, step, checked)
+        stashed = self._stash.get((peer, wire))
+        if not stashed:
+            return MPIChannel(self, prefix, self._stash).marked_recv(buf, peer, wire, mark, step)
+        req = _MPIRequest("recv", peer, tag, buf.nbytes)
+        data = stashed.popleft()
+        if not stashed:
+            del self._stash[(peer, wire)]
+        self.unexpected_taken(("slot", wire >> _STEP_BITS))
+        n = data.nbytes - MARK_BYTES
+        if unmarked(req, mark, data[:MARK_BYTES].tobytes(), n, buf.nbytes):
+            buf[:n] = data[MARK_BYTES:]
+            req.nbytes = n
+            self.traffic.received(peer, n)
+            req.done = True
+        return req
+
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
         req = _MPIRequest("send", peer, tag, buf.nbytes)
         if checked:
-            header = bytearray(_HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes))
+            header = bytearray(_HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes, _NO_MARK))
             req.reqs = [self.comm.Isend([header, MPI.BYTE], peer, wire),
                         self.comm.Isend([buf, MPI.BYTE], peer, wire)]
         else:
@@ -235,7 +379,10 @@ class MPITransport(Transport):
         return req
 
     # ------------------------------------------------------------------ receives
-    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+    def irecv(self, buf: np.ndarray, peer: int, tag: Hashable,
+              mark: Optional[Mark] = None) -> TransportRequest:
+        """A receive (``mark``: of a checked key, the mark its header must carry; see
+        :meth:`irecv_marked`)."""
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
         if not checked:
@@ -251,20 +398,23 @@ class MPITransport(Transport):
             req.reqs = [self.comm.Irecv([buf, MPI.BYTE], peer, wire)]
             return req
         req = _CheckedRecv("recv", peer, tag, buf.nbytes)
-        req.buf, req.transport, req.step, req.wire, req.payload = buf, self, step, wire, None
+        req.buf, req.transport, req.step, req.wire, req.payload, req.mark = buf, self, step, wire, None, mark
         req.khash = key_hash(prefix)
         k = (peer, req.khash, step)
         stashed = self._kstash.get(k)
         if stashed:
-            deliver("mpi", req, buf, stashed.popleft(), self.traffic)
+            theirs, data = stashed.popleft()
             if not stashed:
                 del self._kstash[k]
             self.unexpected_taken(req.khash)
+            if mark is None or unmarked(req, mark, theirs or b"", data.nbytes, buf.nbytes):
+                deliver("mpi", req, buf, data, self.traffic)
             return req
         target = self._payload_for.get((peer, wire))
-        if target is not None and target[0] is None and target[1] == k and target[2] <= buf.nbytes:
+        if target is not None and target[0] is None and target[1] == k and target[2] <= buf.nbytes and (
+                mark is None or (target[3] == mark.blob and target[2] == buf.nbytes)):
             # its header was read before this receive was posted: take the payload directly
-            self._payload_for[(peer, wire)] = (req, k, target[2])
+            self._payload_for[(peer, wire)] = (req, k, target[2], target[3])
             self.unexpected_taken(req.khash)
             self.probe_channel(peer, wire)
             return req
@@ -284,10 +434,12 @@ class MPITransport(Transport):
         target = self._payload_for.get((peer, wire))  # its header was read, the payload follows
         return target is not None and target[0] is None and target[1] == k
 
-    def test_recv(self, req: TransportRequest, mpi_reqs: Any) -> bool:
+    def test_recv(self, req: TransportRequest, mpi_reqs: Any, marked: int = 0) -> bool:
         """Test ``req``'s MPI requests, the last of them a receive (its receives' ``test``): once
-        they are done, count the bytes that arrived (the receive's status) in :attr:`traffic`
-        and, for a plain receive, put them in ``req.nbytes``."""
+        they are done, count the bytes that arrived (the receive's status; less the ``marked``
+        bytes of a mark) in :attr:`traffic` and, for a plain receive, put them in ``req.nbytes``
+        (negative: fewer than a mark). A marked receive that a longer message truncated is done
+        with ``nbytes`` -1."""
         statuses = self._statuses
         try:
             if len(mpi_reqs) == 1:
@@ -295,15 +447,19 @@ class MPITransport(Transport):
             else:
                 ok = MPI.Request.Testall(mpi_reqs, statuses)
         except MPI.Exception as exc:
+            if marked and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                req.nbytes = -1
+                req.done = True
+                return True
             req.error = failure(req, exc, statuses[:len(mpi_reqs)])
             raise req.error from None
         if ok:
             status = statuses[len(mpi_reqs) - 1]
             if not status.Is_cancelled():
-                n = status.Get_count(MPI.BYTE)
+                n = status.Get_count(MPI.BYTE) - marked
                 if req.kind == "recv":
                     req.nbytes = n
-                self.traffic.received(req.peer, n)
+                self.traffic.received(req.peer, max(n, 0))
             req.done = True
         return ok
 
@@ -343,7 +499,7 @@ class MPITransport(Transport):
         channel = (src, wire)
         target = self._payload_for.pop(channel, None)
         if target is not None:  # the payload of a header already read
-            recv, k, size = target
+            recv, k, size, theirs = target
             if nbytes != size:
                 raise TransportError(f"mpi: rank {src} announced {size} B but sent {nbytes} B")
             if recv is not None:
@@ -358,18 +514,20 @@ class MPITransport(Transport):
                     if not waiting:
                         del self._waiting[k]
                     self.unexpected_taken(k[1])
-                    deliver("mpi", recv, recv.buf, data, self.traffic)
+                    if recv.mark is None or unmarked(recv, recv.mark, theirs or b"", nbytes, recv.buf.nbytes):
+                        deliver("mpi", recv, recv.buf, data, self.traffic)
                 else:
-                    self._kstash[k].append(data)
+                    self._kstash[k].append((theirs, data))
             return
         if nbytes != _HEADER.size:
             raise TransportError(f"mpi: expected a {_HEADER.size}-byte header from rank {src} on tag "
                                  f"{wire:#x}, got {nbytes} B")
         msg.Recv([self._header_buf, MPI.BYTE])
-        magic, version, khash, step, size = _HEADER.unpack(self._header_buf)
-        if magic != _MAGIC or version != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
+        magic, version, khash, step, size, mark = _HEADER.unpack(self._header_buf)
+        if magic != _MAGIC or version & ~_MARKED != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
                 or ((khash & _SLOT_MASK) << _STEP_BITS) != (wire & (_SLOT_MASK << _STEP_BITS)):
             raise TransportError(f"mpi: malformed header from rank {src} on tag {wire:#x}")
+        theirs = mark if version & _MARKED else None
         k = (src, khash, step)
         waiting = self._waiting.get(k)
         recv = None
@@ -377,12 +535,14 @@ class MPITransport(Transport):
             recv = waiting.popleft()
             if not waiting:
                 del self._waiting[k]
-            if size > recv.buf.nbytes:
+            if recv.mark is not None and not unmarked(recv, recv.mark, theirs or b"", size, recv.buf.nbytes):
+                recv = None  # (failed: drain its payload into the stash)
+            elif size > recv.buf.nbytes:
                 recv.error = too_large("mpi", size, src, recv.tag, recv.buf.nbytes)
                 recv = None  # drain it into the stash
         if recv is None:
             self.unexpected_arrived(khash)  # a peer started this collective: its payload has no receive yet
-        self._payload_for[channel] = (recv, k, size)
+        self._payload_for[channel] = (recv, k, size, theirs)
 
     def progress(self) -> int:
         """Probe the channels where headers or payloads of checked receives are awaited."""
@@ -414,4 +574,9 @@ class MPITransport(Transport):
             [f"waiting {k}: {len(q)}" for k, q in self._waiting.items()]
 
     def close(self) -> None:
-        pass
+        for dtype in self._joined.values():
+            try:
+                dtype.Free()
+            except MPI.Exception:  # (MPI finalized already)
+                pass
+        self._joined.clear()

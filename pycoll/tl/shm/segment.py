@@ -65,7 +65,7 @@ MIN_POLLS_PER_CALL = 64
 CMA_FAILED = -6
 #: ``PYCOLL_CHECK`` -> the native state's ``check`` (``PC_CHECK_*``): whose signatures the other
 #: ranks of a rooted collective wait for (``native/shm.c``, ``checks_every_rank``)
-CHECK_CODES = {"auto": 0, "all": 1, "off": 2}
+CHECK_CODES = {"on": 0, "all": 1, "off": 2}
 #: The native errors of ranks whose blocks' sizes (PC_EDISAGREE) or signatures of a collective
 #: (PC_EMISMATCH) differ, and of a rank whose earlier gather, which it went on from without the
 #: root (eager), differs from the root's (PC_EMISMATCH_EARLIER).

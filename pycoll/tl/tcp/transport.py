@@ -1,15 +1,16 @@
 """TCP transport: non-blocking sockets, one per peer, progressed by the engine.
 
-Every message is a 32-byte header then the payload::
+Every message is a 64-byte header then the payload::
 
-    magic u32, version u32, key hash u64 (of the key without its step), step u64, payload bytes u64
+    magic u32, version u32, key hash u64 (of the key without its step), step u64, payload bytes u64,
+    mark (32 bytes: a marked message's, see :mod:`pycoll.tl.base`; zeros when the version says none)
 
 The receiver reads eagerly: a payload whose receive is posted goes straight into its buffer;
 otherwise it is kept until that receive is posted (so a send always completes, whatever the
 receiver is doing, as the transport contract asks). Headers are validated before use; a peer
 whose connection closes fails every operation with it, naming the rank.
 
-Traffic (``transport.traffic``, payload bytes, not the 32-byte headers): a send counts in
+Traffic (``transport.traffic``, payload bytes, not the 64-byte headers): a send counts in
 :meth:`TCPTransport.isend` (the message joins the peer's outgoing queue), a receive when its payload
 is complete: in :meth:`TCPTransport._read`, or in ``irecv`` for a message that arrived before it.
 
@@ -36,11 +37,22 @@ import numpy as np
 from pycoll import config
 from pycoll.auth import Seal
 from pycoll.errors import PeerLostError, TransportError
-from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
+from pycoll.tl.base import (
+    Transport,
+    TransportRequest,
+    deliver,
+    key_hash,
+    limit_sends,
+    split_key,
+    too_large,
+)
+from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
-_HEADER = struct.Struct("<IIQQQ")
+_HEADER = struct.Struct("<IIQQQ32s")
 _MAGIC = 0x50544350  # "PCTP"
-_VERSION = 1
+_VERSION = 2  # (and _VERSION | _MARKED: the header carries a mark)
+_MARKED = 1 << 16
+_NO_MARK = bytes(MARK_BYTES)
 _HELLO = struct.Struct("<II16s16s")  # magic, rank, team id, MAC (pycoll.auth)
 #: Seconds a connection to the mesh's listener has to say its hello before it is dropped.
 HELLO_S = 10.0
@@ -48,7 +60,7 @@ log = logging.getLogger("pycoll")
 #: The key hash of a ping: an empty message the receiver drops, sent to a peer from which this
 #: rank waits while nothing of its own waits for that peer's acknowledgement (see check_silence).
 _PING_HASH = 0x50494E4750494E47  # "PINGPING"
-_PING = _HEADER.pack(_MAGIC, _VERSION, _PING_HASH, 0, 0)
+_PING = _HEADER.pack(_MAGIC, _VERSION, _PING_HASH, 0, 0, _NO_MARK)
 _MAX_MESSAGE = 1 << 40
 
 
@@ -57,7 +69,7 @@ class _Send(TransportRequest):
 
 
 class _Recv(TransportRequest):
-    __slots__ = ("buf", "k")
+    __slots__ = ("buf", "k", "mark")
 
 
 class _Peer:
@@ -73,6 +85,7 @@ class _Peer:
         self.tgot = 0
         self.recv: Optional[_Recv] = None  # the receive being filled, or None: stash
         self.k: Tuple[int, int] = (0, 0)
+        self.theirs: Optional[bytes] = None  # the mark of the message being read (None: unmarked)
         self.data: Optional[np.ndarray] = None
         self.pinged = 0.0  # when this rank last pinged the peer (time.monotonic())
         self.unacked_since: Optional[float] = None  # since when data of ours has waited for its ACK
@@ -136,9 +149,20 @@ class TCPTransport(Transport):
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self._send(buf, peer, tag, None)
+
+    def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        return self._send(buf, peer, tag, mark)
+
+    def _send(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Optional[Mark]) -> TransportRequest:
+        """A send (``mark``: in its header; None: unmarked), behind what the peer's queue holds.
+        (isend and isend_marked each call it, so that a bandwidth limit wraps each once.)"""
         p = self._peer(peer)
         prefix, step, _ = split_key(tag)
-        header = _HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes)
+        if mark is None:
+            header = _HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes, _NO_MARK)
+        else:
+            header = _HEADER.pack(_MAGIC, _VERSION | _MARKED, key_hash(prefix), step, buf.nbytes, mark.blob)
         req = _Send("send", peer, tag, buf.nbytes)
         req.parts = [memoryview(header), memoryview(buf).cast("B")]
         self.traffic.sent(peer, buf.nbytes)
@@ -180,21 +204,28 @@ class TCPTransport(Transport):
 
     # ------------------------------------------------------------------ receives
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self.irecv_marked(buf, peer, tag, None)
+
+    def irecv_marked(self, buf: np.ndarray, peer: int, tag: Hashable,
+                     mark: Optional[Mark]) -> TransportRequest:
         prefix, step, _ = split_key(tag)
         k = (peer, key_hash(prefix), step)
         req = _Recv("recv", peer, tag, buf.nbytes)
         req.buf = buf
         req.k = k
+        req.mark = mark
         stashed = self._stash.get(k)
         if stashed:  # arrived before the receive (perhaps before the peer closed: still good)
-            data = stashed.popleft()
+            theirs, data = stashed.popleft()
             if not stashed:
                 del self._stash[k]
             self.unexpected_taken(k[1])
-            deliver("tcp", req, req.buf, data, self.traffic)
+            if mark is None or unmarked(req, mark, theirs or b"", data.nbytes, buf.nbytes):
+                deliver("tcp", req, req.buf, data, self.traffic)
             return req
         p = self._peer(peer)
-        if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None:
+        if p.recv is None and p.data is not None and (peer, *p.k) == k and p.target is not None and (
+                mark is None or (p.theirs == mark.blob and p.data.nbytes == buf.nbytes)):
             # the payload is arriving right now into a temporary buffer: take it over
             if p.data.nbytes <= buf.nbytes:
                 buf[:p.tgot] = p.data[:p.tgot]
@@ -237,19 +268,23 @@ class TCPTransport(Transport):
                 if p.hgot < _HEADER.size:
                     continue
                 p.hgot = 0
-                magic, version, khash, step, nbytes = _HEADER.unpack(p.header)
-                if magic != _MAGIC or version != _VERSION or nbytes > _MAX_MESSAGE:
+                magic, version, khash, step, nbytes, theirs = _HEADER.unpack(p.header)
+                if magic != _MAGIC or version & ~_MARKED != _VERSION or nbytes > _MAX_MESSAGE:
                     self._lost(p, f"sent a malformed header (magic {magic:#x}, version {version}, "
                                   f"{nbytes} B)")
                     return done
                 if khash == _PING_HASH and not step and not nbytes:  # a ping: nothing to deliver
                     continue
                 p.k = (khash, step)
+                p.theirs = theirs if version & _MARKED else None
                 queue = self._posted.get((p.rank, khash, step))
                 recv = queue.popleft() if queue else None
                 if queue is not None and not queue:
                     del self._posted[(p.rank, khash, step)]
-                if recv is not None and nbytes > recv.buf.nbytes:
+                if recv is not None and recv.mark is not None and not unmarked(
+                        recv, recv.mark, p.theirs or b"", nbytes, recv.buf.nbytes):
+                    recv = None  # (failed: its payload goes to the stash)
+                elif recv is not None and nbytes > recv.buf.nbytes:
                     recv.error = too_large("tcp", nbytes, p.rank, recv.tag, recv.buf.nbytes)
                     recv.done = True
                     recv = None
@@ -273,7 +308,7 @@ class TCPTransport(Transport):
                 self.traffic.received(p.rank, p.recv.nbytes)
                 done += 1
             else:
-                self._stash[(p.rank, *p.k)].append(p.data)
+                self._stash[(p.rank, *p.k)].append((p.theirs, p.data))
                 self.unexpected_arrived(p.k[0])
             p.target, p.recv, p.data = None, None, None
 

@@ -35,6 +35,8 @@ class UCXProgramTask(NativeProgramTask):
         e.worker, e.eps, e.errflags, e.reduce = t.worker, t.endpoints(), t.error_flags(), prepared.reduce
         e.agree = t.agree_bit
         e.reqs = self._reqs
+        self._iovs = prepared.ffi.new("ucp_dt_iov_t[]", 2 * max(n, 1))  # (the parts of marked messages)
+        e.iovs = self._iovs
 
     def _start(self, key: tuple) -> None:
         t = self.prepared.transport

@@ -35,6 +35,11 @@ receive into a stash, so a peer's rendezvous sends complete (the transport contr
 each under its demand id (``("slot", seq mod 2**20)`` for untagged, the key hash for checked) so
 ``has_unexpected`` is O(1). Receives look in the stash first, so order per (peer, key) is kept.
 
+Marks (see :mod:`pycoll.tl.marks`): a marked untagged message is sent as two parts (IOV), the
+mark then the payload, and received the same way (``pc_ucx_recv2``), so the native executor's
+marked messages (``native/exec_ucx.c``) and Python's are the same on the wire; a checked key's
+header carries the mark instead (and says whether there is one).
+
 A message larger than the receive posted for it fails that receive with a TransportError: UCP's
 ``UCS_ERR_MESSAGE_TRUNCATED`` for direct receives (UCP never writes past the buffer), the
 announced length for checked ones. Endpoints to ranks on other nodes use UCP's peer error mode: a
@@ -78,6 +83,7 @@ import numpy as np
 from pycoll import config
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, limit_sends, split_key
+from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 from pycoll.tl.ucx import loader
 
 _CHECKED = 1 << 63
@@ -97,9 +103,11 @@ _TEAM_FIELD = ((1 << _TEAM_BITS) - 1) << _TEAM_SHIFT
 _LOW = (1 << _SRC_SHIFT) - 1  # key and step bits
 _BYE = _CHECKED | _LOW  # key and step bits all ones, zero bytes: the close barrier's message
 _PING = _CHECKED | (_LOW - 1)  # zero bytes: a ping (see check_silence), dropped where it arrives
-_HEADER = struct.Struct("<QQII")  # key hash, step, magic, version
+_HEADER = struct.Struct("<QQII32s")  # key hash, step, magic, version (| _MARKED: with a mark), mark
 _MAGIC = 0x50435558  # "PCUX"
 _VERSION = 1
+_MARKED = 1 << 16
+_NO_MARK = bytes(MARK_BYTES)
 _BOOT = struct.Struct("<IIIII")  # magic, version, team size, address bytes, node name bytes
 _MAX_TEAMS = 1 << _TEAM_BITS
 _U8 = np.uint8
@@ -261,15 +269,16 @@ def _release(ctx: Any, w: _Worker) -> None:
 
 
 class _Req(TransportRequest):
-    """A send, or a receive posted to UCP (untagged), or one waiting for a stashed message."""
+    """A send, or a receive posted to UCP (untagged), or one waiting for a stashed message
+    (``mark``: the mark a marked receive compares, ``hdr`` where its message's landed)."""
 
-    __slots__ = ("ucp", "transport", "buf", "keep", "info")
+    __slots__ = ("ucp", "transport", "buf", "keep", "info", "mark", "hdr")
 
     def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
         if self.done:
             return True
-        if self.error is not None:
-            raise self.error
         ucp = self.ucp
         if ucp is None:
             return False
@@ -291,7 +300,7 @@ class _Req(TransportRequest):
 class _CRecv(TransportRequest):
     """A receive of a checked key: filled by the transport's progress (see the module doc)."""
 
-    __slots__ = ("buf", "k", "wire", "busy", "canceled", "transport")
+    __slots__ = ("buf", "k", "wire", "busy", "canceled", "transport", "mark")
 
     def cancel(self) -> None:
         if not self.done and not self.canceled:
@@ -337,17 +346,18 @@ class UCXChannel(Channel):
 
     def isend(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         if not self.fast:
-            return self.transport.isend(buf, peer, (*self.key, step))
+            return super().isend(buf, peer, step)
         t = self.transport
-        req = t.send_wire(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None)
+        req = t.send_wire(buf, peer, self.base | (t.rank << _SRC_SHIFT) | (step & _STEP_MASK), step, None,
+                          self.mark)
         t.traffic.sent(peer, buf.nbytes)
         return req
 
     def irecv(self, buf: np.ndarray, peer: int, step: int) -> TransportRequest:
         t = self.transport
         if not self.fast or self.stash:
-            return t.irecv(buf, peer, (*self.key, step))
-        return t.recv_wire(buf, peer, self.base | (peer << _SRC_SHIFT) | (step & _STEP_MASK), step)
+            return super().irecv(buf, peer, step)
+        return t.recv_wire(buf, peer, self.base | (peer << _SRC_SHIFT) | (step & _STEP_MASK), step, self.mark)
 
 
 class UCXTransport(Transport):
@@ -480,25 +490,42 @@ class UCXTransport(Transport):
 
     # ------------------------------------------------------------------ sends
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self._send(buf, peer, tag, None)
+
+    def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
+        return self._send(buf, peer, tag, mark)
+
+    def _send(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Optional[Mark]) -> TransportRequest:
+        """A send of ``buf`` (``mark``: behind it; None: unmarked), counted. (isend and
+        isend_marked each call it, so that a bandwidth limit wraps each once.)"""
         wire, h, step, checked = self._wire(self.rank, tag)
-        req = self.send_wire(buf, peer, wire, tag, (h, step) if checked else None)
+        req = self.send_wire(buf, peer, wire, tag, (h, step) if checked else None, mark)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
     def send_wire(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
-                  checked: Optional[Tuple[int, int]]) -> TransportRequest:
+                  checked: Optional[Tuple[int, int]], mark: Optional[Mark] = None) -> TransportRequest:
         """Send ``buf`` to ``peer`` on UCP tag ``wire`` (made by the caller: :meth:`isend`, or a
-        channel's fast path), with the header ``(key hash, step)`` of a checked key in front.
-        Counts no traffic (the callers do)."""
+        channel's fast path), with the header ``(key hash, step)`` of a checked key in front, or
+        else ``mark`` (the two parts as one message). Counts no traffic (the callers do)."""
         if peer in self._failed or not 0 <= peer < self.size or self._closed:
             self._check(peer)
         req = _Req("send", peer, tag, buf.nbytes)
         st = self._st
-        if checked is None:
+        if checked is None and mark is None:
             ucp = _lib.pc_ucx_send(self._eps[peer], _ffi.from_buffer(buf), buf.nbytes, wire, st)
             keep: Any = buf
+        elif checked is None:
+            iov = _ffi.new("ucp_dt_iov_t[2]")
+            hdr = _ffi.from_buffer(mark.buf)  # type: ignore[union-attr]
+            ucp = _lib.pc_ucx_send2(self._eps[peer], iov, hdr, MARK_BYTES, _ffi.from_buffer(buf), buf.nbytes,
+                                    wire, st)
+            keep = (buf, hdr, iov, mark)
         else:
-            hdr = _HEADER.pack(checked[0], checked[1], _MAGIC, _VERSION)
+            if mark is None:
+                hdr = _HEADER.pack(checked[0], checked[1], _MAGIC, _VERSION, _NO_MARK)
+            else:
+                hdr = _HEADER.pack(checked[0], checked[1], _MAGIC, _VERSION | _MARKED, mark.blob)
             iov = _ffi.new("ucp_dt_iov_t[2]")
             ucp = _lib.pc_ucx_send2(self._eps[peer], iov, hdr, len(hdr), _ffi.from_buffer(buf), buf.nbytes,
                                     wire, st)
@@ -516,20 +543,25 @@ class UCXTransport(Transport):
 
     # ------------------------------------------------------------------ receives
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
+        return self.irecv_marked(buf, peer, tag, None)
+
+    def irecv_marked(self, buf: np.ndarray, peer: int, tag: Hashable,
+                     mark: Optional[Mark]) -> TransportRequest:
         wire, h, step, checked = self._wire(peer, tag)
         if not checked:
-            return self.recv_wire(buf, peer, wire, tag)
+            return self.recv_wire(buf, peer, wire, tag, mark)
         self._check(peer)
         req = _CRecv("recv", peer, tag, buf.nbytes)
         req.buf, req.k, req.wire, req.busy, req.canceled, req.transport = buf, (peer, h, step), wire, False, \
             False, self
+        req.mark = mark
         stashed = self._kstash.get(req.k)
         if stashed:
-            data = stashed.popleft()
+            theirs, data = stashed.popleft()
             if not stashed:
                 del self._kstash[req.k]
             self.unexpected_taken(h)
-            deliver("ucx", req, buf, data, self.traffic)
+            self._give(req, theirs, data)
             return req
         self._waiting[req.k].append(req)
         self._wwait[wire].append(req)
@@ -537,12 +569,15 @@ class UCXTransport(Transport):
         self._pull(_CHECKED | self.team_bits, _CHECKED | _TEAM_FIELD)
         return req
 
-    def recv_wire(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable) -> TransportRequest:
+    def recv_wire(self, buf: np.ndarray, peer: int, wire: int, tag: Hashable,
+                  mark: Optional[Mark] = None) -> TransportRequest:
         """Receive an untagged message from ``peer`` on UCP tag ``wire`` (made by the caller:
-        :meth:`irecv`, or a channel's fast path) into ``buf``: from the stash if it is there."""
+        :meth:`irecv`, or a channel's fast path) into ``buf``: from the stash if it is there
+        (``mark``: a marked one, whose mark it compares)."""
         if peer in self._failed or not 0 <= peer < self.size or self._closed:
             self._check(peer)
         req = _Req("recv", peer, tag, buf.nbytes)
+        req.mark = mark
         stashed = self._stash.get(wire)
         if stashed:
             item = stashed.popleft()
@@ -550,14 +585,21 @@ class UCXTransport(Transport):
                 del self._stash[wire]
             self.unexpected_taken(("slot", (wire >> _KEY_SHIFT) & _KEY_MASK))
             if isinstance(item, np.ndarray):
-                deliver("ucx", req, buf, item, self.traffic)
+                self.give_raw(req, buf, item)
             else:  # still arriving: it completes this receive when it has
                 req.buf, req.ucp, req.transport = buf, None, self
                 item.waiter = req
             return req
         req.info = _ffi.new("ucp_tag_recv_info_t *")
         st = self._st
-        ucp = _lib.pc_ucx_recv(self.worker, _ffi.from_buffer(buf), buf.nbytes, wire, _FULL, req.info, st)
+        if mark is None:
+            ucp = _lib.pc_ucx_recv(self.worker, _ffi.from_buffer(buf), buf.nbytes, wire, _FULL, req.info, st)
+        else:
+            req.hdr = hdr = bytearray(MARK_BYTES)
+            req.buf = buf
+            iov = req.keep = _ffi.new("ucp_dt_iov_t[2]")
+            ucp = _lib.pc_ucx_recv2(self.worker, iov, _ffi.from_buffer(hdr), MARK_BYTES,
+                                    _ffi.from_buffer(buf), buf.nbytes, wire, _FULL, req.info, st)
         s = st[0]
         req.transport = self
         if s == _OK:
@@ -573,7 +615,14 @@ class UCXTransport(Transport):
         """The UCP request of ``req`` ended with status ``st`` (seen by its ``test``): UCP holds its
         buffer no more; it completes (counted as received) or fails."""
         self._live.pop(id(req), None)
-        if st == _OK:
+        mark = req.mark if req.kind == "recv" else None
+        if mark is not None and st in (_OK, _TRUNCATED):
+            n = req.info.length - MARK_BYTES if st == _OK else -1
+            if unmarked(req, mark, req.hdr, n, req.buf.nbytes):
+                req.nbytes = n
+                self.traffic.received(req.peer, n)
+                req.done = True
+        elif st == _OK:
             if req.kind == "recv":
                 req.nbytes = req.info.length
                 self.traffic.received(req.peer, req.nbytes)
@@ -676,7 +725,7 @@ class UCXTransport(Transport):
                 waiter.error = err
                 return
             if waiter is not None:
-                deliver("ucx", waiter, waiter.buf, p.data, self.traffic)
+                self.give_raw(waiter, waiter.buf, p.data)
             else:  # still in the stash: replace the placeholder by the data
                 q = self._stash.get(wire)
                 if q is not None:
@@ -698,18 +747,20 @@ class UCXTransport(Transport):
                 self.unwait(t)
                 return
             raise err
-        khash, step, magic, version = _HEADER.unpack(p.hdr.tobytes())
-        if magic != _MAGIC or version != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
+        khash, step, magic, version, mark = _HEADER.unpack(p.hdr.tobytes())
+        if magic != _MAGIC or version & ~_MARKED != _VERSION or (step & _STEP_MASK) != (wire & _STEP_MASK) \
                 or (khash & _KEY_MASK) != (wire >> _KEY_SHIFT) & _KEY_MASK:
             raise TransportError(f"ucx: malformed header from rank {src} on tag {wire:#x}")
+        theirs = mark if version & _MARKED else None
         k = (src, khash, step)
         n = p.nbytes
         if t is not None:
             if t.k == k and not t.canceled:
                 self.unwait(t)
-                t.nbytes = n
-                t.done = True
-                self.traffic.received(src, n)
+                if t.mark is None or unmarked(t, t.mark, theirs or b"", n, t.buf.nbytes):
+                    t.nbytes = n
+                    t.done = True
+                    self.traffic.received(src, n)
                 return
             data = t.buf[:n].copy()  # not this receive's message (a 20-bit collision): move it
             if t.canceled:
@@ -720,19 +771,36 @@ class UCXTransport(Transport):
         r = next((r for r in q if not r.busy), None) if q else None
         if r is not None:
             self.unwait(r)
-            deliver("ucx", r, r.buf, data, self.traffic)
+            self._give(r, theirs, data)
         else:
-            self._kstash[k].append(data)
+            self._kstash[k].append((theirs, data))
             self.unexpected_arrived(khash)
         if t is not None and not t.canceled:  # its own message may have been kept meanwhile
             q = self._kstash.get(t.k)
             if q:
-                data = q.popleft()
+                theirs, data = q.popleft()
                 if not q:
                     del self._kstash[t.k]
                 self.unexpected_taken(t.k[1])
                 self.unwait(t)
-                deliver("ucx", t, t.buf, data, self.traffic)
+                self._give(t, theirs, data)
+
+    def _give(self, req: Any, theirs: Optional[bytes], data: np.ndarray) -> None:
+        """Complete receive ``req`` of a checked key with a message that came (its header's mark
+        ``theirs``, None: unmarked) and was kept in ``data``."""
+        if req.mark is None or unmarked(req, req.mark, theirs or b"", data.nbytes, req.buf.nbytes):
+            deliver("ucx", req, req.buf, data, self.traffic)
+
+    def give_raw(self, req: _Req, buf: np.ndarray, data: np.ndarray) -> None:
+        """Complete untagged receive ``req`` into ``buf`` with a message taken before it was posted
+        (``data``, as it came: the mark first, for a marked receive)."""
+        mark = req.mark
+        if mark is None:
+            deliver("ucx", req, buf, data, self.traffic)
+            return
+        n = data.nbytes - MARK_BYTES
+        if unmarked(req, mark, data[:MARK_BYTES].tobytes(), n, buf.nbytes):
+            deliver("ucx", req, buf, data[MARK_BYTES:], self.traffic)
 
     def unwait(self, r: _CRecv) -> None:
         """Stop waiting for the message of checked receive ``r`` (it arrived, failed, or ``r`` was
@@ -838,6 +906,8 @@ class UCXTransport(Transport):
 
     #: What an agreement check's exchange adds to its collective's wire tags (see untagged_base).
     agree_bit = _AGREE
+    #: Its native programs carry marks (``native/exec_ucx.c``).
+    program_marks = True
 
     def program_task(self, args: Any, program: Any, credit_bytes: int, check: Optional[tuple] = None) -> Any:
         """A task running ``program`` natively for ``args`` (see :mod:`pycoll.tl.ucx.executor`),

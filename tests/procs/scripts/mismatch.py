@@ -1,10 +1,13 @@
 """Run under mpiexec by tests/procs/test_shm.py: ranks that call a collective with arguments that
 must agree and do not (count, dtype, op, root, the collective itself, v-counts), on the shared
-segment (``segment``) or off it (``p2p``: PYCOLL_TLS without shm, the agreement check of
+segment (``segment``) or off it (``p2p``: PYCOLL_TLS without shm, the marks and exchange of
 pycoll.agreement), through the Team API and through ``pycoll.mpi.Comm``: every rank raises
-``pycoll.MismatchError`` naming each rank's call, and no rank returns a result. (On the segment a
-gather's block sizes are known at the root alone: the root raises; the others, which have no
-output, may return.)"""
+``pycoll.MismatchError`` naming the calls, and no rank returns a result. On the segment each rank
+names every rank's call (a gather's block sizes are known at the root alone: the root raises; the
+others, which have no output, may return). Off it a rank raises naming its own call and that of
+the peer whose message told it (the v-forms, checked by the exchange: every rank's call), and a
+rank whose part received nothing that told it (a bcast's root) returns and raises at its next
+call, naming what the rank that found it saw; the team then takes no more calls."""
 
 import sys
 
@@ -67,9 +70,10 @@ def cases(r, n):
         yield ("gather block", lambda t: t.gather(np.ones(5 + odd, np.float32), None, root=0), None)
 
 
-def expect_mismatch(name, post, words, mpi=False):
+def expect_mismatch(name, post, words, mpi=False, after=None):
     """``post()`` raises MismatchError holding ``words`` (None: it may also return); ``mpi``: an
-    ``MPI.Exception`` of class ``MPI.ERR_TRUNCATE`` too, as mpi4py users catch it."""
+    ``MPI.Exception`` of class ``MPI.ERR_TRUNCATE`` too, as mpi4py users catch it. ``after``: the
+    rank's next call, which may raise it instead where ``post()`` returned (off the segment)."""
     try:
         post()
     except pycoll.MismatchError as exc:
@@ -78,10 +82,16 @@ def expect_mismatch(name, post, words, mpi=False):
         text = str(exc)
         for w in words or ():
             assert w in text, f"{name}: {w!r} not in {text!r}"
-        assert "rank 0:" in text and "rank 1:" in text, text
+        assert text.count("rank ") >= 2 and ": " in text, text
         return
     if words is None:
         return
+    if after is not None:
+        try:
+            after()
+        except pycoll.MismatchError as exc:
+            assert "out of step" in str(exc), str(exc)
+            return
     raise AssertionError(f"{name}: rank {MPI.COMM_WORLD.rank} got a result, not a MismatchError")
 
 
@@ -91,24 +101,27 @@ def main(where):
     for name, call, words in cases(r, n):
         team = Team.from_mpi(world)
         assert (team.shared is not None) == (where == "segment"), f"these checks are for {where}"
-        expect_mismatch(name, lambda c=call, t=team: c(t).wait(timeout=30), words)
+        after = None if where == "segment" else lambda t=team: t.allreduce(np.ones(2)).wait(timeout=30)
+        expect_mismatch(name, lambda c=call, t=team: c(t).wait(timeout=30), words, after=after)
         team.close()
         world.Barrier()
-    if where == "p2p":  # past the first calls the check thins out: collective #16 is checked again
-        team = Team.from_mpi(world)
-        for _ in range(16):
-            team.allreduce(np.ones(10, np.float32)).wait()
-        expect_mismatch("allreduce #16", lambda: team.allreduce(np.ones(10, np.int32 if r == n - 1
-                                                                        else np.float32)).wait(timeout=30),
-                        ["10 x float32", "10 x int32"])
-        team.close()
-        world.Barrier()
+    if where == "p2p":  # every call is checked, at any number of a team's life: #21 and #100 here
+        for at in (21, 100):
+            team = Team.from_mpi(world)
+            for _ in range(at):
+                team.allreduce(np.ones(10, np.float32)).wait()
+            expect_mismatch(f"allreduce #{at}", lambda t=team: t.allreduce(
+                np.ones(10, np.int32 if r == n - 1 else np.float32)).wait(timeout=30),
+                ["10 x int32"], after=lambda t=team: t.allreduce(np.ones(2)).wait(timeout=30))
+            team.close()
+            world.Barrier()
     # the mpi4py drop-in: the same error, on every rank
     odd = r == n - 1
     comm = Comm(world)
     expect_mismatch("Comm.Allreduce count", lambda: comm.Allreduce(np.ones(50 + odd), np.empty(50 + odd),
                                                                    op=MPI.SUM),
-                    ["allreduce 50 x float64 sum", "allreduce 51 x float64 sum"], mpi=True)
+                    ["allreduce 51 x float64 sum"], mpi=True,
+                    after=None if where == "segment" else lambda: comm.Allreduce(np.ones(2), np.empty(2)))
     comm.team.close()
     world.Barrier()
     # ranks that agree are unaffected: a fresh team computes as before

@@ -115,10 +115,11 @@ def views_and_arrays(team):
 
 def express_lane(team):
     """A repeated native program runs in the engine's express lane (started and polled in one
-    native call): right results, every run but those due the agreement check taken there; a run
-    whose number is due the check still goes through it (here a peer's other dtype at that number
-    raises MismatchError on every rank, where the lane alone would have run the float32 sum on
-    int32 bytes)."""
+    native call): right results, every run but those behind the agreement check's exchange taken
+    there. Its messages carry their call's mark: a peer's other dtype of the same size at any
+    call number (here one that is no power of two) raises MismatchError on every rank, where the
+    lane alone would have run the float32 sum on int32 bytes; the team then takes no more calls
+    (under PYCOLL_CHECK=all the exchange caught it first, and the team goes on)."""
     n, r = team.size, team.rank
     x, y = np.empty(2, np.float32), np.empty(2, np.float32)
     runs = []
@@ -140,8 +141,7 @@ def express_lane(team):
     assert len(runs) >= 150 and (checks or not any(team.planner.check_due("allreduce", k) for k in runs))
     if config.get("PYCOLL_CHECK") == "off":
         return
-    due = 1 << team.planner.posted().bit_length()  # the next power of two: checked
-    while team.planner.posted() < due:
+    while not team.planner.posted() & (team.planner.posted() - 1):  # (no power of two)
         team.allreduce(x, y).wait()
     other = x.view(np.int32) if r == n - 1 else x  # the same bytes as another element type
     try:
@@ -149,10 +149,18 @@ def express_lane(team):
     except MismatchError as exc:
         assert "int32" in str(exc) and "float32" in str(exc), exc
     else:
-        raise AssertionError(f"rank {r}: no MismatchError at collective {due}")
+        raise AssertionError(f"rank {r}: no MismatchError at collective {team.planner.posted() - 1}")
     x[:] = 1
-    team.allreduce(x, y).wait()  # the team goes on
-    assert (y == n).all(), y
+    if checks:
+        team.allreduce(x, y).wait()  # the team goes on: the exchange caught it before any data moved
+        assert (y == n).all(), y
+        return
+    try:
+        team.allreduce(x, y).wait()
+    except MismatchError as exc:
+        assert "out of step" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}: a team whose calls went out of step took another call")
 
 
 def point_to_point(team):
@@ -249,8 +257,11 @@ def main():
         ring_in_fragments(t)
         same_and_new_buffers(t)
         views_and_arrays(t)
-        express_lane(t)
         point_to_point(t)
+        # (a team of its own: one whose calls went out of step takes no more)
+        lane = Team.from_mpi(comm) if t is team else Team.from_store(store, rank, n, prefix="ucxlane")
+        express_lane(lane)
+        lane.close()
     # both teams at once: the same tags on two teams sharing the worker never mix
     a, b = np.full(1000, float(rank)), np.full(1000, 10.0 * rank)
     ra, rb = steam.allreduce(a, tag="same"), team.allreduce(b, tag="same")
