@@ -173,6 +173,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     try:
         team.store = store
         team.recovery = Recovery(team, store, seal, space, tls, advertise)
+        team.planner.marks.news = team.recovery.tell  # (see pycoll.news; its watch brings a peer's)
         if size > 1:  # where a timed-out collective asks its peers what they do (the watch answers)
             team.planner.peer_status = StoreStatus(store, f"{space}/status", rank, size, team.planner, seal)
         rounds = itertools.count()

@@ -9,8 +9,8 @@ its collectives in flight and every later call with the same :class:`pycoll.Mism
 * a team made from MPI: a message on the team's status communicator (its own duplicate of the
   team's, :mod:`pycoll.status`) with tag :data:`NEWS_TAG`, to every peer (:class:`MPINews`);
 * in-process ranks (``pycoll.local_teams``): at once (see the bootstrap);
-* a team made from a store: a key of the store the engine's watch looks at (see
-  :mod:`pycoll.recovery`).
+* a team made from a store: the revoke's entry in the store, signed, saying so (see
+  :mod:`pycoll.recovery`), which the engine's watch looks at.
 
 A peer learns it when its engine waits (its watch looks every ``WATCH_S``, 50 ms), and, on a
 team made from MPI without a shared segment, also when it posts its next collective (a probe of

@@ -42,13 +42,15 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from pycoll.auth import Seal, refuse
-from pycoll.errors import AuthError, PeerLostError, PycollError, RevokedError, TimeoutError
+from pycoll.errors import AuthError, MismatchError, PeerLostError, PycollError, RevokedError, TimeoutError
 from pycoll.status import StoreStatus
 from pycoll.store import TCPStore, store_get
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.team import Team
 
+#: What the revoke's entry starts with when it says that the team's calls went out of step.
+_MISMATCH = b"mismatch\0"
 #: What a rank's key of an agreement holds when a peer decided that the rank left.
 LOST = b"lost"
 #: The longest pause between two looks at the store while an agreement waits, in seconds.
@@ -118,6 +120,13 @@ class Recovery:
         key = self._revoked_key
         self.store.set(key, self.seal.sign(key, self.team.rank, str(error).encode()))
 
+    def tell(self, error: MismatchError) -> None:
+        """Tell the peers through the store that this rank found the team's calls out of step
+        (:mod:`pycoll.news`): the revoke's entry, saying so (the watch that brings a revoke brings
+        it, as :class:`MismatchError`)."""
+        key = self._revoked_key
+        self.store.set(key, self.seal.sign(key, self.team.rank, _MISMATCH + str(error).encode()))
+
     def look(self) -> bool:
         """If a peer revoked the team, revoke it here too, and answer the peers' questions (the
         engine's watch; False: stop)."""
@@ -138,6 +147,9 @@ class Recovery:
         except AuthError:  # (logged) a stranger's revoke: not acted on
             self._refused = blob
             return True
+        if said.startswith(_MISMATCH):  # (a peer found the calls out of step: see tell)
+            self.team.planner.marks.learned(MismatchError(said[len(_MISMATCH):].decode(errors="replace")))
+            return False
         text = said.decode(errors="replace")
         revoke_here(self.team, RevokedError(text, rank=rank), text)
         return False
