@@ -70,28 +70,44 @@ class _Refused(Exception):
         self.close = close
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
-    """``n`` bytes from ``sock``; with ``deadline`` (time.monotonic()), all of them by then, else
-    :class:`_Refused` (the server's reading of a request)."""
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Refused(f"the request did not arrive whole in time ({got} of {n} B)", close=True)
-            sock.settimeout(left)
-        try:
-            k = sock.recv_into(view[got:])
-        except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
-            if deadline is None:
-                raise
-            continue  # (the deadline says)
+        k = sock.recv_into(view[got:])
         if k == 0:
             raise ConnectionError("store connection closed")
         got += k
     return bytes(buf)
+
+
+class _Reader:
+    """A client's bytes as the server reads them: a buffer filled up to 64 KiB a read (a request
+    mostly arrives whole in one), every read waiting at most ``wait`` seconds, so that a request's
+    ``deadline`` is looked at at least that often."""
+
+    def __init__(self, conn: socket.socket, wait: float) -> None:
+        self.conn, self.buf = conn, bytearray()
+        conn.settimeout(wait)
+
+    def take(self, n: int, deadline: Optional[float] = None) -> bytes:
+        """The next ``n`` bytes; with ``deadline`` (time.monotonic()), :class:`_Refused` once it
+        passes before they came (without one, a client may stay quiet as long as it likes)."""
+        while len(self.buf) < n:
+            if deadline is not None and time.monotonic() > deadline:
+                raise _Refused(f"the request did not arrive whole in time ({len(self.buf)} of {n} B)",
+                               close=True)
+            try:
+                chunk = self.conn.recv(65536)
+            except socket.timeout:  # noqa: UP041 - (this module imports pycoll.TimeoutError)
+                continue
+            if not chunk:
+                raise ConnectionError("store connection closed")
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
 
 
 class _Server:
@@ -127,28 +143,27 @@ class _Server:
                 log.warning("pycoll: store: refused a connection: %d clients already", self.max_connections)
                 why = f"store: too many connections (at most {self.max_connections})"
                 with contextlib.suppress(OSError):
-                    self._answer(conn, _ERR, why.encode(), 1.0)
+                    conn.settimeout(1.0)
+                    self._answer(conn, _ERR, why.encode())
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     @staticmethod
-    def _answer(conn: socket.socket, status: int, reply: bytes, wait: Optional[float] = None) -> None:
-        """Send an answer (waiting at most ``wait`` seconds for room to send it; None: as long as
-        it takes, an honest client reads its answers)."""
-        conn.settimeout(wait)
+    def _answer(conn: socket.socket, status: int, reply: bytes) -> None:
+        """Send an answer (within the connection's timeout: an honest client reads its answers)."""
         conn.sendall(_REP.pack(status, len(reply)) + reply)
 
     def _serve(self, conn: socket.socket) -> None:
         """Answer ``conn``'s requests until it closes, or a request makes the server close it."""
+        reader = _Reader(conn, self.request_timeout)
         try:
             while True:
                 try:
-                    conn.settimeout(None)  # (a client may be quiet between requests as long as it likes)
-                    first = _recv_exact(conn, 1)
-                    status, reply = self._request(conn, first, time.monotonic() + self.request_timeout)
+                    first = reader.take(1)  # (a client may be quiet between requests as long as it likes)
+                    status, reply = self._request(reader, first, time.monotonic() + self.request_timeout)
                 except _Refused as refused:
-                    self._answer(conn, _ERR, f"store: {refused}".encode(), 1.0)
+                    self._answer(conn, _ERR, f"store: {refused}".encode())
                     if refused.close:
                         log.warning("pycoll: store: closed a connection: %s", refused)
                         return
@@ -164,17 +179,17 @@ class _Server:
                     self.conns.remove(conn)
             conn.close()
 
-    def _request(self, conn: socket.socket, first: bytes, deadline: float) -> tuple:
+    def _request(self, reader: _Reader, first: bytes, deadline: float) -> tuple:
         """Read the rest of a request that began with ``first`` (by ``deadline``) and answer it:
         ``(status, reply)``; :class:`_Refused` for one past a limit or malformed."""
-        op, klen = _REQ.unpack(first + _recv_exact(conn, _REQ.size - 1, deadline))
+        op, klen = _REQ.unpack(first + reader.take(_REQ.size - 1, deadline))
         if klen > MAX_KEYS_BYTES:
             raise _Refused(f"a key of {klen} B (at most {MAX_KEYS_BYTES})", close=True)
-        raw_key = _recv_exact(conn, klen, deadline)
-        (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size, deadline))
+        head = reader.take(klen + _LEN.size, deadline)
+        raw_key, (vlen,) = head[:klen], _LEN.unpack_from(head, klen)
         if vlen > MAX_VALUE_BYTES:
             raise _Refused(f"a value of {vlen} B (at most {MAX_VALUE_BYTES})", close=True)
-        value = _recv_exact(conn, vlen, deadline)
+        value = reader.take(vlen, deadline)
         if op > _CAS:
             raise _Refused(f"an unknown request (op {op})")
         try:
