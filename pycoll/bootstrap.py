@@ -28,11 +28,10 @@ import itertools
 import math
 import os
 import socket
+import struct
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
-
-import numpy as np
 
 from pycoll import auth, config
 from pycoll.algorithms.push_pull import Roles
@@ -58,6 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _store_teams: Dict[str, int] = {}
 
 Exchange = Callable[[bytes], List[bytes]]
+#: Bytes a rank's value of an MPI team's bootstrap exchange takes in its one Allgather (its length
+#: first): larger values take an Allgatherv after it.
+_SLOT = 512
+_SLOT_LEN = struct.Struct("<Q")
 #: A barrier of a team's bootstrap that calls ``poll()`` (the work it did) while it waits.
 Barrier = Callable[[Callable[[], int]], None]
 
@@ -387,19 +390,29 @@ def _p2p_transport(default: str, rank: int, size: int, allgather: Exchange, ctx:
 
 def _mpi_exchange(comm: Any) -> Exchange:
     """The bootstrap exchange ``allgather(bytes) -> list[bytes]`` over ``comm``, with MPI's buffer
-    calls (mpi4py's lowercase ``allgather`` would unpickle what the peers send)."""
+    calls (mpi4py's lowercase ``allgather`` would unpickle what the peers send): one Allgather of
+    a slot of :data:`_SLOT` bytes per rank (its value's length, then the value where it fits),
+    and an Allgatherv of the values where one does not."""
     from mpi4py import MPI  # noqa: PLC0415 - see the module docstring
 
     size = comm.Get_size()
 
     def allgather(value: bytes) -> List[bytes]:
-        counts = np.zeros(size, np.int64)
-        comm.Allgather([np.array([len(value)], np.int64), MPI.INT64_T], [counts, MPI.INT64_T])
-        displs = np.zeros(size, np.int64)
-        np.cumsum(counts[:-1], out=displs[1:])
-        out = bytearray(int(counts.sum()))
-        comm.Allgatherv([bytes(value), MPI.BYTE], [out, (counts.tolist(), displs.tolist()), MPI.BYTE])
-        return [bytes(out[d:d + c]) for c, d in zip(counts.tolist(), displs.tolist())]
+        value = bytes(value)
+        slot = bytearray(_SLOT)
+        _SLOT_LEN.pack_into(slot, 0, len(value))
+        if len(value) <= _SLOT - _SLOT_LEN.size:
+            slot[_SLOT_LEN.size:_SLOT_LEN.size + len(value)] = value
+        rows = bytearray(size * _SLOT)
+        comm.Allgather([slot, MPI.BYTE], [rows, MPI.BYTE])
+        counts = [_SLOT_LEN.unpack_from(rows, r * _SLOT)[0] for r in range(size)]
+        if max(counts) <= _SLOT - _SLOT_LEN.size:
+            return [bytes(rows[r * _SLOT + _SLOT_LEN.size:r * _SLOT + _SLOT_LEN.size + c])
+                    for r, c in enumerate(counts)]
+        displs = [sum(counts[:r]) for r in range(size)]
+        out = bytearray(sum(counts))
+        comm.Allgatherv([value, MPI.BYTE], [out, (counts, displs), MPI.BYTE])
+        return [bytes(out[d:d + c]) for c, d in zip(counts, displs)]
 
     return allgather
 
