@@ -18,10 +18,11 @@ agreeing call, and reports what each of the two did:
 - ``other``: another error (a timeout included).
 
 (torch's groups are made from a store, never from MPI: where ``PYCOLL_TLS`` names ``mpi`` alone,
-they run over TCP.) A case passes when every rank raised or learned at its next call. The table
-counts cases per transport and front end; the exit status is 1 if any case did not pass.
+they run over TCP; on ``tcp`` the Team front's teams are made from a store too.) A case passes
+when every rank raised or learned at its next call. The table counts cases per transport and
+front end; the exit status is 1 if any case did not pass.
 
-    python benchmarks/mismatch.py              # 3 ranks; segment, mpi, tcp (and ucx if built); calls 1-100
+    python benchmarks/mismatch.py              # 3 ranks; segment, mpi, tcp, ucx (if built); calls 1-100
     python benchmarks/mismatch.py --quick      # 2 ranks, segment and mpi, a few call numbers (the tests')
 """
 
@@ -129,6 +130,8 @@ def outcome(call: Callable[[], Any], front: str, MPI: Any) -> str:
     try:
         call()
     except pycoll.MismatchError as exc:
+        if os.environ.get("MISMATCH_VERBOSE"):
+            print(f"## {MPI.COMM_WORLD.rank}: {exc}", flush=True)
         truncate = isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE
         if front == "comm" and not truncate:
             return f"other: {type(exc).__name__} is not MPI.ERR_TRUNCATE"
@@ -162,6 +165,12 @@ def rank_main(fronts: List[str], quick: bool, numbers: List[int]) -> None:
 
     world = MPI.COMM_WORLD
     r, n = world.rank, world.size
+    store = None
+    if os.environ.get("PYCOLL_TLS") == "tcp":  # (a team from MPI keeps MPI's point to point)
+        from pycoll.store import TCPStore
+
+        port = world.bcast(TCPStore(port=0, is_master=True, timeout=60).port if r == 0 else None)
+        store = TCPStore("127.0.0.1", port, timeout=60)
     if "torch" in fronts:
         import torch.distributed as dist
 
@@ -175,7 +184,7 @@ def rank_main(fronts: List[str], quick: bool, numbers: List[int]) -> None:
         for kind, args in cases:
             for number in (numbers if not quick or front == "team" else [9]):
                 if front == "team":
-                    made: Any = Team.from_mpi(world)
+                    made: Any = Team.from_mpi(world) if store is None else Team.from_store(store, r, n)
                     bad = team_call(made, args, np)
                 elif front == "comm":
                     made = Comm(world)
@@ -245,6 +254,7 @@ def main() -> int:
                     help="call numbers at which the ranks disagree: N, A-B, or a list of those "
                          "(default 1-100)")
     ap.add_argument("--fronts", default=",".join(FRONTS), help="front ends (default team,comm,torch)")
+    ap.add_argument("--tls", default="", help="transports (segment, mpi, tcp, ucx; default: all there are)")
     ap.add_argument("--timeout", type=float, default=600, help="wall-clock limit per transport (s)")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -259,6 +269,8 @@ def main() -> int:
     rows: Dict[Tuple[str, str], Dict[str, int]] = {}
     bad = []
     for name, extra in transports(args.quick):
+        if args.tls and name not in args.tls.split(","):
+            continue
         env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", **extra)
         cmd = [find_mpiexec(), "-n", str(n), sys.executable, __file__, "--rank", "--fronts", ",".join(fronts),
                "--calls", ",".join(map(str, numbers))]

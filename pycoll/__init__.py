@@ -15,6 +15,7 @@ from pycoll.errors import (
     PeerLostError,
     PycollError,
     RevokedError,
+    ThreadError,
     TimeoutError,
     TransportError,
 )
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BufferError", "CanceledError", "ClosedError", "ConfigError", "Context", "Event", "EventManager",
     "MismatchError", "PeerLostError", "PipelineOrder", "PipelinedSchedule", "PycollError", "ReduceOp",
-    "Request", "RevokedError", "Schedule", "Task", "TaskState", "Team", "TimeoutError", "TransportError",
+    "Request", "RevokedError", "Schedule", "Task", "TaskState", "Team", "ThreadError", "TimeoutError",
+    "TransportError",
     "get_context", "local_teams", "wait_all", "__version__",
 ]

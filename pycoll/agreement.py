@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
+import time
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -45,7 +47,7 @@ from pycoll import algorithms
 from pycoll.calls import REJECTED, Call
 from pycoll.collectives import COLLECTIVES
 from pycoll.dtypes import DTYPE_CODES
-from pycoll.errors import MismatchError
+from pycoll.errors import MismatchError, ThreadError
 from pycoll.ops import ReduceOp
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, FINISHED, Task
@@ -150,6 +152,8 @@ def fields(call: Call, name: str) -> Tuple[int, int, int, int, int, int]:
 
 
 # ---------------------------------------------------------------------------------------- marks
+#: Seconds a marked collective waits before its rank asks the peers for their marks of it.
+ASK_AFTER_S = 1.0
 #: A mark's fields: magic, collective, op, dtype, root, algorithm (crc32 of its name), count.
 _MARK = struct.Struct("<4sBBHIIQ")
 _MARK_MAGIC = b"PCMK"
@@ -192,6 +196,12 @@ class Marks:
         self.pending: Optional[Callable[[], bool]] = None
         self.take: Optional[Callable[[], bool]] = None
         self.close_news: Optional[Callable[[], None]] = None
+        #: ``[ident]`` of the thread that posts the team's untagged collectives now (see
+        #: :meth:`posting`), and its name.
+        self.poster = [0]
+        self._poster_name = ""
+        self._waiting: Dict[tuple, float] = {}  # (channel, key) of a marked collective -> since when
+        self._asked: Set[tuple] = set()  # (see strays)
 
     def make(self, task: Task, channel: Any, call: Call, name: str) -> Optional[Mark]:
         """Give a new collective's task (built for ``call`` by algorithm ``name``; its messages go
@@ -221,14 +231,37 @@ class Marks:
         rank's team takes no more calls (each raises MismatchError), its other collectives in
         flight fail, and :attr:`news` tells the peers, which learn it no later than at their next
         call (called by a transport, in the engine, under its lock)."""
+        team = self.planner.team
+        text = explain(mark.blob, theirs, team.rank, peer, nbytes, expected)
+        return self.out_of_step(MismatchError(f"{team.name}: {text}"), text)
+
+    def posting(self) -> None:
+        """The calling thread posts an untagged collective, and the last one was another thread's
+        (or none): it becomes the team's poster, unless an untagged collective of the team is in
+        flight still; then the posts of two threads may interleave, in another order on each
+        rank, and the team's calls are out of step: :class:`~pycoll.errors.ThreadError`, raised
+        here and on every other rank (:meth:`out_of_step`)."""
+        planner = self.planner
+        ident, name = threading.get_ident(), threading.current_thread().name
+        if self.poster[0] and any(_untagged(task) for task in planner.ctx.owned((planner,))):
+            team = planner.team
+            text = (f"threads {self._poster_name!r} and {name!r} of rank {team.rank} posted untagged "
+                    "collectives on this team at once (their order, which matches them across ranks, "
+                    "may differ from rank to rank): give each thread's collectives a tag=, or each "
+                    "thread a team of its own, or post from one thread at a time")
+            raise self.out_of_step(ThreadError(f"{team.name}: {text}"), text)
+        self.poster[0], self._poster_name = ident, name
+
+    def out_of_step(self, error: MismatchError, text: str) -> MismatchError:
+        """The team's calls went out of step on this rank (``error``, ``text`` says why): it takes
+        no more calls (each raises an error of ``error``'s type), its collectives in flight fail
+        with ``error``, and :attr:`news` tells the peers. Returns ``error``."""
         planner = self.planner
         team = planner.team
-        text = explain(mark.blob, theirs, team.rank, peer, nbytes, expected)
-        error = MismatchError(f"{team.name}: {text}")
         if planner.revoked is None:
-            after = MismatchError(f"{team.name}: the ranks' calls went out of step: rank {team.rank} found "
-                                  f"that {text}; every later call on this team raises this error: close it "
-                                  "and make a new one")
+            after = type(error)(f"{team.name}: the ranks' calls went out of step: rank {team.rank} found "
+                                f"that {text}; every later call on this team raises this error: close it "
+                                "and make a new one")
             planner.revoked = after
             planner.ctx.fail_owned((planner,), error)  # (those in flight: this one too)
             news = self.news
@@ -238,6 +271,52 @@ class Marks:
                 except Exception:  # noqa: BLE001 - the error this rank raises matters more
                     log.warning("pycoll: telling the peers of a mismatch failed", exc_info=True)
         return error
+
+    def strays(self) -> bool:
+        """The engine's watch while it waits: a marked collective of this team in flight whose
+        transport holds a message of it (another step, a peer's other collective or arguments)
+        that no receive took and that carries another mark fails as a receive that found it would
+        (:meth:`judge`); a peer that called something else here is named within ``WATCH_S``
+        instead of both waiting until the timeout. One that waits :data:`ASK_AFTER_S` asks the
+        peers for their marks of it (:mod:`pycoll.status`): ranks whose calls differ so that no
+        message ever flows (each took itself for a reduce's root) are named too. False: stop (the
+        team is out of step or closed)."""
+        planner = self.planner
+        if planner.revoked is not None:
+            return False
+        stray = planner.team.transport.stray
+        now = time.monotonic()
+        waiting: Dict[tuple, float] = {}
+        for task in planner.ctx.in_progress():
+            channel = _marked_channel(task, self)
+            if channel is None or (id(channel), channel.key) in waiting:
+                continue
+            place = (id(channel), channel.key)
+            waiting[place] = since = self._waiting.get(place, now)
+            found = stray(channel.key, channel.mark)
+            if found is None and now - since >= ASK_AFTER_S and place not in self._asked:
+                self._asked.add(place)
+                found = self._ask(channel)
+            if found is not None:
+                peer, theirs, nbytes = found
+                self.judge(channel.mark, peer, theirs, nbytes, nbytes)
+                return False
+        self._waiting = waiting
+        self._asked &= set(waiting)
+        return True
+
+    def _ask(self, channel: Any) -> Optional[Tuple[int, bytes, int]]:
+        """A peer whose mark of the collective on ``channel`` differs from this rank's, asked
+        (``(peer, its mark, 0)``), or None (every peer that answered agrees, or has not posted it
+        or finished it, or the team cannot ask)."""
+        asked = self.planner.peer_status
+        key = channel.key[:2] if channel.key[0] == "c" else channel.key[:3]
+        if asked is None:
+            return None
+        for peer, answer in sorted(asked.ask(key).items()):
+            if answer is not None and answer["mark"] and answer["mark"] != channel.mark.blob:
+                return peer, answer["mark"], 0
+        return None
 
     def heard(self) -> bool:
         """Whether the team takes no more calls, after taking a peer's news if one waits (the
@@ -261,6 +340,25 @@ class Marks:
             planner.ctx.fail_owned((planner,), error)
 
 
+def _untagged(task: Task) -> bool:
+    """Whether ``task`` is an untagged collective (or holds one: a partitioned schedule's key)."""
+    key = getattr(getattr(getattr(task, "args", None), "channel", None), "key", None)
+    key = key if key is not None else getattr(task, "key", None)
+    return isinstance(key, tuple) and bool(key) and key[0] == "c"
+
+
+def _marked_channel(task: Task, marks: Marks) -> Any:
+    """The channel of the marked collective of ``marks``'s team that ``task`` is (or is inside),
+    or None."""
+    t: Optional[Task] = task
+    while t is not None:
+        channel = getattr(getattr(t, "args", None), "channel", None)
+        if channel is not None and channel.mark is not None and channel.mark.owner is marks:
+            return channel
+        t = t.parent
+    return None
+
+
 def _describe_mark(mark: bytes) -> str:
     magic, coll, op, dtype, root, algo, count = _MARK.unpack_from(mark)
     rec = np.array([coll if coll != 0xFF else 0xFF, dtype, op, root, count], np.uint64)
@@ -272,6 +370,10 @@ def explain(mine: bytes, theirs: bytes, rank: int, peer: int, nbytes: int, expec
     ``mine``, the bytes ``theirs`` where the peer's mark was (fewer: its message was shorter),
     the payload bytes that came (``nbytes``; -1: more than fit) and were expected."""
     me = _describe_mark(mine)
+    if not theirs and nbytes < 0:  # (a message longer than this call's: it never landed)
+        return (f"rank {peer}'s message for this collective is longer than this rank (rank {rank}: {me}) "
+                "expects: the ranks called different collectives, or the same one with other counts or "
+                "dtypes")
     if len(theirs) < _MARK.size + 8 or theirs[:4] != _MARK_MAGIC:
         return (f"rank {peer}'s message for this collective carries no call mark where this rank (rank "
                 f"{rank}: {me}) expects one: it called another collective here (or a point-to-point "

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from pycoll import auth, config
 from pycoll.algorithms.push_pull import Roles
 from pycoll.engine.context import Context, get_context
-from pycoll.errors import RevokedError
+from pycoll.errors import MismatchError, RevokedError
 from pycoll.news import MPINews
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
@@ -80,7 +80,8 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
         return with_servers(cls, comm, ctx, tls, k)
     dup = comm.Dup()
     ctx = ctx if ctx is not None else get_context()
-    exchange = auth.sealed(_mpi_exchange(dup), _mpi_seal(dup), dup.Get_rank(), dup.Get_size(), "mpi")
+    seal = _mpi_seal(dup)
+    exchange = auth.sealed(_mpi_exchange(dup), seal, dup.Get_rank(), dup.Get_size(), "mpi")
     if dup.Get_size() == 1:
         transport: Transport = SelfTransport()
     else:
@@ -98,7 +99,8 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
         ctx.watch(_answering(team.planner.peer_status))
     attach_shm(team, exchange, tls)
     if team.size > 1:  # a rank that finds the calls out of step tells the others there (pycoll.news)
-        _hear(team, MPINews(team.planner.peer_status.comm, team.planner.marks, ctx.lock))
+        _hear(team, MPINews(team.planner.peer_status.comm, team.planner.marks, ctx.lock, seal.team_id))
+    _strays(team)
     topo = team.topology
     if topo is not None and topo.hierarchical:
         rank = team.rank
@@ -176,13 +178,14 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
     try:
         team.store = store
         team.recovery = Recovery(team, store, seal, space, tls, advertise)
-        team.planner.marks.news = team.recovery.tell  # (see pycoll.news; its watch brings a peer's)
         if size > 1:  # where a timed-out collective asks its peers what they do (the watch answers)
             team.planner.peer_status = StoreStatus(store, f"{space}/status", rank, size, team.planner, seal)
         rounds = itertools.count()
         shm = auth.sealed(lambda v: store_allgather(store, f"{space}/shm{next(rounds)}", rank, size, v),
                           seal, rank, size, f"{space}/shm")
         attach_shm(team, shm, tls)
+        _store_news(team)  # (its transport is final now: the segment's may have replaced TCP)
+        _strays(team)
         topo = team.topology
         if topo is not None and topo.hierarchical:
             for level, members, color, sub_tls in (
@@ -206,13 +209,16 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
 
 
 def _revoker(team: Team) -> Callable[[BaseException], None]:
-    """What the team's segment calls when it finds a peer's revoke: revoke the team here too."""
+    """What the team's segment calls when it finds a peer's revoke (revoke the team here too), or
+    that a peer found the team's calls out of step (so are this rank's)."""
     ref = weakref.ref(team)
 
     def revoked(error: BaseException) -> None:
         t = ref()
         if t is not None and isinstance(error, RevokedError):
             revoke_here(t, error, str(error))
+        elif t is not None and isinstance(error, MismatchError):
+            t.planner.marks.learned(error)
 
     return revoked
 
@@ -330,6 +336,7 @@ def local_teams(cls: type, n: int, ctx: Optional[Context] = None) -> List[Team]:
     teams = [cls(r, n, fabric.transport(r), ctx, name=f"local{n}") for r in range(n)]
     for team in teams:  # (a rank that finds the ranks' calls out of step tells the others directly)
         team.planner.marks.news = _told(teams)
+        _strays(team)
     topo = Topology.from_keys([node_key(r) for r in range(n)])  # PYCOLL_RANKS_PER_NODE by team rank
     for team in teams:
         team.topology = topo
@@ -357,6 +364,36 @@ def _hear(team: Team, news: MPINews) -> None:
     if team.shared is None and team.transport.name == "mpi":
         marks.pending = news.pending
     team.ctx.watch(marks.take)
+
+
+def _store_news(team: Team) -> None:
+    """The mismatch news of a store-made team (:mod:`pycoll.news`): the store's revoke entry,
+    which its watch brings, and, where the transport carries news (TCP), every peer's connection
+    too, ahead of anything the rank sends later (a peer that sees this rank close after a mismatch
+    has read why first)."""
+    marks, transport = team.planner.marks, team.transport
+    tell_store = team.recovery.tell  # type: ignore[union-attr]
+    tell_peers = getattr(transport, "tell", None)
+    if tell_peers is None:
+        marks.news = tell_store
+        return
+
+    def news(error: BaseException) -> None:
+        tell_peers(str(error).encode(errors="replace"))
+        tell_store(error)  # type: ignore[arg-type]
+
+    def heard(peer: int, payload: bytes) -> None:
+        marks.learned(MismatchError(payload.decode(errors="replace")))
+
+    marks.news = news
+    transport.on_news = heard
+
+
+def _strays(team: Team) -> None:
+    """Look for the messages of a peer's other call among those no receive of ``team``'s took,
+    while the engine waits (:meth:`pycoll.agreement.Marks.strays`), where its calls are marked."""
+    if team.planner.marks.on:
+        team.ctx.watch(_weakly(team.planner.marks.strays))
 
 
 def _told(teams: List[Team]) -> Callable[[BaseException], None]:

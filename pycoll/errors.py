@@ -73,6 +73,14 @@ class AuthError(PycollError):
     it and logs it, and never acts on it (see docs/guide/security.md)."""
 
 
+class ThreadError(MismatchError):
+    """Untagged collectives of one team were posted from two threads at once: their order, which
+    matches them across ranks, may differ from rank to rank (MPI calls it erroneous), so their data
+    may pair wrongly. The team takes no more calls, on every rank. Give each thread's collectives a
+    ``tag=``, or each thread a team of its own, or let one thread post at a time (its collectives
+    finished before another thread posts)."""
+
+
 class ConfigError(PycollError, ValueError):
     """A setting (a ``PYCOLL_*`` variable or an argument naming one) could not be parsed."""
 

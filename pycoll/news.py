@@ -15,8 +15,9 @@ its collectives in flight and every later call with the same :class:`pycoll.Mism
 A peer learns it when its engine waits (its watch looks every ``WATCH_S``, 50 ms), and, on a
 team made from MPI without a shared segment, also when it posts its next collective (a probe of
 the status communicator: about 0.3 µs, next to the 25 µs of a small collective over MPI's point
-to point): no later than at its next call. The news is text, at most :data:`MAX_NEWS` bytes,
-decoded and never evaluated.
+to point): no later than at its next call. The news is the team's random id, then text of at most
+:data:`MAX_NEWS` bytes, decoded and never evaluated; news of another team is dropped (MPI reuses
+a freed communicator's context, so a closed team's late news could reach a new team's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, List
 
 from pycoll.errors import MismatchError
+from pycoll.status import linger
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.agreement import Marks
@@ -36,25 +38,27 @@ MAX_NEWS = 4096
 
 class MPINews:
     """The mismatch news of a team made from MPI, on its status communicator ``comm``; ``marks``
-    are the team's (:class:`pycoll.agreement.Marks`), ``lock`` the engine's."""
+    are the team's (:class:`pycoll.agreement.Marks`), ``lock`` the engine's, ``team_id`` the
+    team's random id (:mod:`pycoll.auth`)."""
 
-    def __init__(self, comm: Any, marks: Marks, lock: Any) -> None:
-        self.comm, self.marks, self.lock = comm, marks, lock
+    def __init__(self, comm: Any, marks: Marks, lock: Any, team_id: bytes) -> None:
+        self.comm, self.marks, self.lock, self.team_id = comm, marks, lock, bytes(team_id)
         self._sent: List[Any] = []
-        self._buf = bytearray(MAX_NEWS)
+        self._buf = bytearray(len(self.team_id) + MAX_NEWS)
 
     def tell(self, error: MismatchError) -> None:
         """Send ``error``'s text to every peer (called under the engine's lock)."""
         from mpi4py import MPI  # noqa: PLC0415 - only where MPI is in use
 
-        text = str(error).encode(errors="replace")[:MAX_NEWS]
+        text = self.team_id + str(error).encode(errors="replace")[:MAX_NEWS]
         me = self.comm.Get_rank()
         self._sent += [self.comm.Isend([text, MPI.BYTE], r, NEWS_TAG) for r in range(self.comm.Get_size())
                        if r != me]
 
     def pending(self) -> bool:
-        """Whether a peer's news waits (cheap: one probe of the status communicator)."""
-        return bool(self.comm.Iprobe(tag=NEWS_TAG))
+        """Whether a peer's news waits (cheap: one probe of the status communicator; a closed
+        team's is taken and dropped, then it says False)."""
+        return bool(self.comm.Iprobe(tag=NEWS_TAG)) and not self.look()
 
     def look(self) -> bool:
         """Take a peer's news, if any, and fail the team's calls with it (the engine's watch;
@@ -66,18 +70,17 @@ class MPINews:
             msg = self.comm.improbe(tag=NEWS_TAG, status=status)
             if msg is None:
                 return self.marks.planner.revoked is None
-            n = min(status.Get_count(MPI.BYTE), MAX_NEWS)
+            n = min(status.Get_count(MPI.BYTE), len(self._buf))
             msg.Recv([self._buf, MPI.BYTE])
-            text = bytes(self._buf[:n]).decode(errors="replace")
-            self.marks.learned(MismatchError(text))
+            got, size = bytes(self._buf[:n]), len(self.team_id)
+            if got[:size] != self.team_id:  # (a closed team's, on a context MPI reused)
+                return True
+            self.marks.learned(MismatchError(got[size:].decode(errors="replace")))
             return False
 
     def close(self) -> None:
-        """The team closes: let the news not yet known sent go."""
-        for req in self._sent:
-            if not req.Test():
-                req.Cancel()
-                req.Test()
+        """The team closes: the news not yet taken lingers (its peers take it as they close)."""
+        linger(self._sent)
         self._sent = []
 
 

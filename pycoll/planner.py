@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Set, Tuple, Union
 
 import numpy as np
@@ -72,6 +73,7 @@ def held_bytes(task: Task) -> int:
 
 
 _INF = math.inf  # (a timeout of inf, 0 or less: none)
+_get_ident = threading.get_ident
 _UNKEYED = ("unkeyed",)  # the key of a task being built, replaced before it runs
 def uncredit(task: Task, inside_only: bool = False) -> None:
     """Take away the credit of ``task`` (unless ``inside_only``) and of every task inside it, if it
@@ -81,18 +83,6 @@ def uncredit(task: Task, inside_only: bool = False) -> None:
     if isinstance(task, Schedule):
         for sub in task.tasks:
             uncredit(sub)
-
-
-def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
-    """The ``options`` that algorithm ``name`` of ``coll`` declares. A call that names no
-    algorithm may pass options meant for some of the algorithms selection can pick (the ring's
-    ``fragment_bytes``); the one selected takes those it knows. A call that names its algorithm
-    gets every option checked by it (an unknown one is an error)."""
-    module = algorithms.MODULES.get(coll, {}).get(name)
-    known = getattr(module, "OPTIONS", None)
-    if known is None:
-        return options
-    return {k: v for k, v in options.items() if k in known}
 
 
 class Planner:
@@ -111,6 +101,9 @@ class Planner:
         self._check: str = config.get("PYCOLL_CHECK")  # which calls the agreement check runs for
         #: The marks of the team's collectives and their history (:class:`pycoll.agreement.Marks`).
         self.marks = agreement.Marks(self, self._check)
+        #: ``[ident]`` of the thread that posts the team's untagged collectives now (see
+        #: :meth:`pycoll.agreement.Marks.posting`; the express lanes read it too).
+        self.poster = self.marks.poster
         self._native_programs: bool = config.get("PYCOLL_NATIVE_PROGRAMS")
         self._layouts_seen: Set[tuple] = set()  # the v-collective shapes built once (see native)
         self._recorded: Dict[tuple, Any] = {}  # shape -> its program (None: not lowerable; native)
@@ -180,6 +173,8 @@ class Planner:
         it is rebound to the new buffers and key and submitted, nothing built."""
         if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
             self.refuse()
+        if tag is None and _get_ident() != self.poster[0]:
+            self.marks.posting()
         ctx = self.ctx
         lock = ctx.lock
         lock.acquire()  # (not ``with``: this is the hot path of every collective)
@@ -230,7 +225,7 @@ class Planner:
             # (a run of a team closed or revoked since goes through restart_as, which refuses it)
             return self.revoked is not None or (not itself and self.check_due(coll, k))
 
-        return self.ctx.express_lane(task, self._seq, result, owner, due)
+        return self.ctx.express_lane(task, self._seq, result, owner, due, self.poster)
 
     def check_due(self, coll: str, k: int) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
@@ -247,6 +242,8 @@ class Planner:
         caller holds it)."""
         if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
             self.refuse()
+        if tag is None and _get_ident() != self.poster[0]:
+            self.marks.posting()
         ctx = self.ctx
         if key is None:  # (else an express lane took it, and stamped its mark)
             key = ("c", next(self._seq)) if tag is None else self.coll_key(tag)
@@ -322,6 +319,8 @@ class Planner:
         takes its key (``stands_for``: the collective a rejection stands for, see :meth:`reject`)."""
         if self.revoked is not None:
             self.refuse()
+        if tag is None and _get_ident() != self.poster[0]:
+            self.marks.posting()
         coll, src, dst = call.coll, call.src, call.dst
         shape = self.shape(call, tag, algorithm, options)
         name = shape[1]
@@ -435,7 +434,7 @@ class Planner:
                 if self.team.shared.regions_of(src, dst) is not None:  # (arrays of team.alloc)
                     name = "mapped"
             if options:  # options go to the algorithms that declare them
-                options = declared_options(coll, name, options)
+                options = algorithms.declared_options(coll, name, options)
         else:
             name = algorithm
         return (coll, name, dst.size, src.size, dst.dtype, id(call.op), aliasing(src, dst), call.root,

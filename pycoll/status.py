@@ -26,9 +26,10 @@ import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from pycoll.errors import AuthError
+from pycoll.tl.marks import MARK_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.auth import Seal
@@ -43,6 +44,9 @@ REPORTED = 3
 #: how deep a tag's tuples may nest.
 QUESTION_BYTES, ANSWER_BYTES, WAIT_TEXT, TAG_DEPTH = 4096, 16384, 1000, 8
 _QUERY, _REPLY = 1, 2
+#: The tag of the last message a rank sends on a status communicator (see MPIStatus.close), and
+#: how long a close waits for the peers' (a peer that left never sends it).
+_BYE, BYE_S = 4, 2.0
 log = logging.getLogger("pycoll")
 
 
@@ -67,16 +71,25 @@ def place(key: tuple) -> str:
 
 def report(planner: Planner, key: tuple) -> Dict[str, Any]:
     """This rank's answer for ``planner``'s team: has it posted the collective of ``key``, how many
-    of that kind it has posted, and what of this team it waits on now."""
+    of that kind it has posted, what of this team it waits on now, and the mark of that collective
+    (hex; "" where it is not in flight here, or unmarked: see :mod:`pycoll.agreement`)."""
     count = planner.posted() if key[0] == "c" else planner.tag_uses(key[1])
     owned = []
+    mark = ""
     for task in planner.ctx.in_progress():
         root = task
         while root.parent is not None:
             root = root.parent
         if root.owner is planner or getattr(getattr(root, "task", None), "owner", None) is planner:
             owned.append(task.describe())
-    return {"posted": count > key[-1], "count": count, "waits_on": owned[:REPORTED]}
+        t: Any = task
+        while t is not None and not mark:
+            channel = getattr(getattr(t, "args", None), "channel", None)
+            if channel is not None and channel.mark is not None and channel.key[:len(key)] == key \
+                    and channel.mark.owner is planner.marks:
+                mark = channel.mark.blob.hex()
+            t = t.parent
+    return {"posted": count > key[-1], "count": count, "waits_on": owned[:REPORTED], "mark": mark}
 
 
 def _tag_out(tag: Any, depth: int = 0) -> Any:
@@ -145,19 +158,23 @@ def answer_bytes(nonce: int, answer: Dict[str, Any]) -> bytes:
     """A rank's answer (see :func:`report`) as JSON."""
     waits = [str(w)[:WAIT_TEXT] for w in answer["waits_on"][:REPORTED]]
     return json.dumps({"nonce": nonce, "posted": bool(answer["posted"]), "count": int(answer["count"]),
-                       "waits_on": waits}).encode()
+                       "waits_on": waits, "mark": str(answer.get("mark", ""))}).encode()
 
 
 def read_answer(data: bytes) -> tuple:
     """``(nonce, answer)`` of an answer; ValueError for anything but a well-formed one."""
     a = _json(data, ANSWER_BYTES)
-    if not isinstance(a, dict) or set(a) != {"nonce", "posted", "count", "waits_on"}:
+    if not isinstance(a, dict) or set(a) != {"nonce", "posted", "count", "waits_on", "mark"}:
         raise ValueError("not an answer")
-    waits = a["waits_on"]
+    waits, mark = a["waits_on"], a["mark"]
     if type(a["posted"]) is not bool or not isinstance(waits, list) or len(waits) > REPORTED \
             or not all(isinstance(w, str) and len(w) <= WAIT_TEXT for w in waits):
         raise ValueError("not an answer")
-    return _count(a["nonce"]), {"posted": a["posted"], "count": _count(a["count"]), "waits_on": waits}
+    if not isinstance(mark, str) or len(mark) not in (0, 2 * MARK_BYTES) or \
+            any(c not in "0123456789abcdef" for c in mark):
+        raise ValueError("not an answer: a mark is 32 bytes of lowercase hex, or nothing")
+    return _count(a["nonce"]), {"posted": a["posted"], "count": _count(a["count"]), "waits_on": waits,
+                                "mark": bytes.fromhex(mark)}
 
 
 def _ranks(ranks: List[int]) -> str:
@@ -262,17 +279,46 @@ class MPIStatus:
         return answers
 
     def close(self) -> None:
-        """The team closes: let its communicator go (sends still pending are canceled)."""
+        """The team closes (collective): let its communicator go, with nothing left in it. Every
+        rank sends each peer a last message and takes every message from it up to that one
+        (questions, answers, the news of :mod:`pycoll.news`: dropped), for up to :data:`BYE_S`.
+        MPI reuses a freed communicator's context: a message left in it would reach a later
+        team's communicator of the same context (its news, or a stray its marks mistake for a
+        peer's other call)."""
+        from mpi4py import MPI  # noqa: PLC0415 - only where MPI is in use
+
         with self.lock:
-            for req, _ in self._sent:
-                if not req.Test():
-                    req.Cancel()
-                    req.Test()
+            linger(req for req, _ in self._sent)  # (peers take them below: never MPI_Cancel a send)
             self._sent = []
             try:
-                self.comm.Free()
+                comm = self.comm
+                me = comm.Get_rank()
+                waiting = {r for r in range(comm.Get_size()) if r != me}
+                byes = [comm.Isend([b"", MPI.BYTE], r, _BYE) for r in waiting]
+                deadline, status = time.monotonic() + BYE_S, MPI.Status()
+                while waiting and time.monotonic() < deadline:
+                    msg = comm.improbe(status=status)
+                    if msg is None:
+                        time.sleep(0.0002)
+                        continue
+                    _received(msg, status, MPI)
+                    if status.Get_tag() == _BYE:
+                        waiting.discard(status.Get_source())
+                linger(byes)
+                comm.Free()
             except Exception:  # noqa: BLE001 - MPI finalized already: nothing to free
                 pass
+
+
+#: Sends not known finished when their communicator went: kept (with their buffers) until they are.
+_LINGERING: List[Any] = []
+
+
+def linger(requests: Iterable[Any]) -> None:
+    """Keep MPI send ``requests`` (and so their buffers) alive until they finish, without waiting:
+    a send is never cancelled (``MPI_Cancel`` of a send is deprecated, and crashed MPICH here)."""
+    _LINGERING[:] = [r for r in _LINGERING if not r.Test()]
+    _LINGERING.extend(r for r in requests if not r.Test())
 
 
 def _received(msg: Any, status: Any, mpi: Any) -> bytes:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from pycoll import config
 from pycoll.algorithms import tuning
@@ -218,3 +218,15 @@ def get(coll: str, name: str) -> Builder:
         return table[name]
     except KeyError:
         raise ValueError(f"unknown {coll} algorithm {name!r}; known: {', '.join(table)}") from None
+
+
+def declared_options(coll: str, name: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``options`` that algorithm ``name`` of ``coll`` declares. A call that names no
+    algorithm may pass options meant for some of the algorithms selection can pick (the ring's
+    ``fragment_bytes``); the one selected takes those it knows. A call that names its algorithm
+    gets every option checked by it (an unknown one is an error)."""
+    module = MODULES.get(coll, {}).get(name)
+    known = getattr(module, "OPTIONS", None)
+    if known is None:
+        return options
+    return {k: v for k, v in options.items() if k in known}

@@ -107,7 +107,8 @@ class RingAllreduce(PipelinedSchedule):
         # keeps it, so it must not outgrow the buffer it serves)
         self.frag_elems = min(fragment_elems(fragment_bytes, n * args.dst.itemsize), max(1, longest))
         self._slots: dict = {}
-        self.nfrags = fragment_count(longest, self.frag_elems)
+        # (a marked call with nothing to move still sends its one empty fragment: see CollArgs)
+        self.nfrags = fragment_count(longest, self.frag_elems) or int(args.marked)
         super().__init__(self.nfrags, self._make, self._setup, depth=depth,
                          order=PipelineOrder.PARALLEL, name=args.name)
         # the fragments' sizes are set when they start: the collective as a whole moves the

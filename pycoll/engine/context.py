@@ -214,7 +214,8 @@ class Context:
             lock.release()
 
     def express_lane(self, task: Task, sequence: Iterator[int], result: Any, owner: Any,
-                     due: Optional[Callable[[int], bool]] = None) -> Union[ExpressLane, ProgramLane]:
+                     due: Optional[Callable[[int], bool]] = None,
+                     poster: Optional[List[int]] = None) -> Union[ExpressLane, ProgramLane]:
         """The express lane of ``task``, a segment collective called again on the same buffers
         (persistent, or repeated): see :class:`ExpressLane`. It is open only while this engine
         holds no other work: nothing queued, polled or watched for credit (the lane is given the
@@ -222,11 +223,14 @@ class Context:
         nobody tracing; ``sequence`` is the team's counter of untagged collectives (a run takes a
         number from it as any collective does); ``owner.request`` is set to each run's request. A
         native program's task (``express_run``) gets a :class:`ProgramLane`: ``due(number)`` says
-        whether that run is due the agreement check (then ``owner.restart_as(key)`` runs it)."""
+        whether that run is due the agreement check (then ``owner.restart_as(key)`` runs it).
+        ``poster``: ``[ident]`` of the thread that posts the team's untagged collectives; a lane is
+        closed to any other (the planner decides whether it may post)."""
         work = (self._ready, self._free, self._active, self._demand_of)
+        poster = poster if poster is not None else [threading.get_ident()]
         if hasattr(task, "express_run"):
-            return ProgramLane(self, work, task, sequence, result, owner, due or _never)
-        return ExpressLane(self, work, task, sequence, result, owner)
+            return ProgramLane(self, work, task, sequence, result, owner, due or _never, poster)
+        return ExpressLane(self, work, task, sequence, result, owner, poster)
 
     def inside(self) -> bool:
         """Whether the calling thread is inside the engine: in a task's ``post``/``progress`` or a
@@ -294,12 +298,20 @@ class Context:
                 self.unwatch(look)
 
     def fail_owned(self, owners: Any, error: BaseException) -> int:
-        """Fail every collective in this engine that one of ``owners`` built (``task.owner``;
-        found through the tasks queued or in progress, up their schedules: the outermost such
-        task, so a schedule of the user's that holds one fails through it) with ``error``; the
-        number failed. What a revoked team does to its calls in flight."""
+        """Fail every collective in this engine that one of ``owners`` built (see :meth:`owned`)
+        with ``error``; the number failed. What a revoked team does to its calls in flight."""
         with self.lock:
-            owned = []
+            owned = self.owned(owners)
+            for task in owned:
+                task.fail(error)
+            return len(owned)
+
+    def owned(self, owners: Any) -> List[Task]:
+        """The collectives queued or in progress in this engine that one of ``owners`` built
+        (``task.owner``; found through the tasks queued or in progress, up their schedules: the
+        outermost such task, so a schedule of the user's that holds one comes through it)."""
+        with self.lock:
+            owned: List[Task] = []
             queued = [t for q in (self._ready, self._free) for b in q.buckets.values() for t in b]
             for task in self._active + queued:
                 mine = None
@@ -309,9 +321,7 @@ class Context:
                     task = task.parent
                 if mine is not None and mine not in owned:
                     owned.append(mine)
-            for task in owned:
-                task.fail(error)
-            return len(owned)
+            return owned
 
     # ----------------------------------------------------------------------------- the engine
     def progress(self) -> int:

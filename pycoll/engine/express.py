@@ -18,13 +18,16 @@ over UCX): the program starts and is polled in one native call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
 
 from pycoll.engine.request import Request
 from pycoll.tasks.task import COMPLETED, IN_PROGRESS, Task
 
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.engine.context import Context
+
+_get_ident = threading.get_ident
 
 
 class ExpressLane:
@@ -33,10 +36,10 @@ class ExpressLane:
     :meth:`Context.express_lane <pycoll.engine.context.Context.express_lane>`."""
 
     __slots__ = ("ctx", "lock", "work", "task", "seg", "st", "native_run", "gen", "sequence", "result",
-                 "owner", "done")
+                 "owner", "done", "poster")
 
     def __init__(self, ctx: Context, work: tuple, task: Task, sequence: Iterator[int], result: Any,
-                 owner: Any) -> None:
+                 owner: Any, poster: List[int]) -> None:
         self.ctx = ctx
         self.lock = ctx.lock
         #: The engine's containers of work (queued, polled, watched for credit): all empty when idle.
@@ -52,14 +55,18 @@ class ExpressLane:
         self.owner = owner
         #: The finished request returned by every run that finishes at once (made on the first).
         self.done: Optional[Request] = None
+        #: ``[ident]`` of the thread that posts the team's untagged collectives (the planner's).
+        self.poster = poster
 
     def run(self) -> Optional[Request]:
         """Run the task again now, if the lane is open: the request of this run, or None when it
         is closed (nothing done: submit the task as usual). Closed while the task has not
         finished its last run or its owner has not collected the outcome, while the task has
-        listeners, the engine holds other work or traces, or an earlier collective holds the
-        segment (or it is broken)."""
+        listeners, the engine holds other work or traces, an earlier collective holds the
+        segment (or it is broken), or another thread posts the team's untagged collectives."""
         task, seg, owner = self.task, self.seg, self.owner
+        if _get_ident() != self.poster[0]:
+            return None
         ready, free, active, demand = self.work
         lock = self.lock
         lock.acquire()  # (not ``with``: this is the hot path)
@@ -104,10 +111,10 @@ class ProgramLane:
     engine. A number that is due the agreement check (``due(number)``) goes through
     ``owner.restart_as(key)`` instead: the planner checks and submits that run."""
 
-    __slots__ = ("ctx", "lock", "work", "task", "sequence", "result", "owner", "due", "done")
+    __slots__ = ("ctx", "lock", "work", "task", "sequence", "result", "owner", "due", "done", "poster")
 
     def __init__(self, ctx: Context, work: tuple, task: Task, sequence: Iterator[int], result: Any,
-                 owner: Any, due: Callable[[int], bool]) -> None:
+                 owner: Any, due: Callable[[int], bool], poster: List[int]) -> None:
         self.ctx = ctx
         self.lock = ctx.lock
         self.work = work
@@ -117,11 +124,14 @@ class ProgramLane:
         self.owner = owner
         self.due = due
         self.done: Optional[Request] = None
+        self.poster = poster
 
     def run(self) -> Optional[Request]:
         """Run the task again now, if the lane is open (as :meth:`ExpressLane.run`; closed too
         under a credit limit or while large collectives are partitioned)."""
         task, owner, ctx = self.task, self.owner, self.ctx
+        if _get_ident() != self.poster[0]:
+            return None
         ready, free, active, demand = self.work
         lock = self.lock
         lock.acquire()  # (not ``with``: this is the hot path)

@@ -280,14 +280,20 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         running)."""
         if self._closed:
             raise PycollError("pycoll backend: the process group was shut down")
-        return getattr(self.team, COLLECTIVES[coll].name)(*args, **kwargs)
+        try:
+            return getattr(self.team, COLLECTIVES[coll].name)(*args, **kwargs)
+        except PycollError as exc:  # (one refused before anything was sent: a team out of step)
+            raise torch_error(exc) from None
 
     def _post(self, start: Callable[[], Request]) -> Request:
         """Post one pycoll call (the team posts under the engine's lock: the progress thread may be
         running)."""
         if self._closed:
             raise PycollError("pycoll backend: the process group was shut down")
-        return start()
+        try:
+            return start()
+        except PycollError as exc:
+            raise torch_error(exc) from None
 
     @staticmethod
     def _finisher(staged: Sequence[Staged], after: Optional[Callable[[], None]] = None) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""PYCOLL_BW_LIMIT: the per-process token bucket that sends wait on (pycoll/tl/base.py).
+"""PYCOLL_BW_LIMIT: the per-process token bucket that sends wait on (pycoll/tl/limit.py).
 
 The bucket is tested with a fake clock and a fake transport; then in-process teams (one bucket for
 all their ranks). Real processes over tcp, shm (single-copy point to point) and mpi, where the
@@ -14,8 +14,9 @@ import pytest
 import pycoll
 from pycoll import config
 from pycoll.errors import TransportError
-from pycoll.tl import base
-from pycoll.tl.base import BURST_BYTES, BandwidthLimiter, Channel, Transport, TransportRequest, limit_sends
+from pycoll.tl import limit
+from pycoll.tl.base import Channel, Transport, TransportRequest
+from pycoll.tl.limit import BURST_BYTES, BandwidthLimiter, limit_sends
 
 MiB = 1 << 20
 
@@ -59,7 +60,7 @@ def fake(monkeypatch):
     """(limiter at 1 MiB/s on a fake clock, a transport under it, the clock)."""
     clock = Clock()
     limiter = BandwidthLimiter(MiB, clock=clock)
-    monkeypatch.setattr(base, "_LIMITER", limiter)
+    monkeypatch.setattr(limit, "_LIMITER", limiter)
     monkeypatch.setenv("PYCOLL_BW_LIMIT", str(MiB))
     t = FakeTransport(clock)
     assert limit_sends(t) is limiter and t.limiter is limiter
@@ -211,7 +212,7 @@ def test_parse(monkeypatch):
 def test_local_teams_under_the_limit(monkeypatch):
     """In-process ranks share the process's bucket; receives drive it (local transports are not
     polled by the engine), so collectives finish, correct, in about their bytes over the limit."""
-    monkeypatch.setattr(base, "_LIMITER", None)
+    monkeypatch.setattr(limit, "_LIMITER", None)
     monkeypatch.setenv("PYCOLL_BW_LIMIT", "40MB")
     teams = pycoll.local_teams(2)
     limiter = teams[0].transport.limiter
@@ -231,7 +232,7 @@ def test_local_teams_under_the_limit(monkeypatch):
 def test_timeout_while_sends_wait_in_the_bucket(monkeypatch):
     """A collective whose sends wait on the bucket still times out, and its waiting sends leave the
     queue (canceled) rather than going out later."""
-    monkeypatch.setattr(base, "_LIMITER", None)
+    monkeypatch.setattr(limit, "_LIMITER", None)
     monkeypatch.setenv("PYCOLL_BW_LIMIT", "1MB")
     teams = pycoll.local_teams(2)
     limiter = teams[0].transport.limiter

@@ -123,14 +123,17 @@ def test_status_and_control_messages_are_json_read_field_by_field():
     from pycoll.status import answer_bytes, question_bytes, read_answer, read_question
 
     assert read_question(question_bytes(5, ("u", ("grads", 3, 1.5), 2))) == (5, ("u", ("grads", 3, 1.5), 2))
-    answer = {"posted": True, "count": 4, "waits_on": ["allreduce: recv of 8 B from rank 1"]}
-    assert read_answer(answer_bytes(9, answer)) == (9, answer)
+    answer = {"posted": True, "count": 4, "waits_on": ["allreduce: recv of 8 B from rank 1"],
+              "mark": "ab" * 32}
+    assert read_answer(answer_bytes(9, answer)) == (9, {**answer, "mark": bytes.fromhex("ab" * 32)})
+    with pytest.raises(ValueError):  # (a mark is 32 bytes of hex, or nothing)
+        read_answer(answer_bytes(9, {**answer, "mark": "zz" * 32}))
     for bad in (b"\x80\x04K\x01.", b"[" * 3000, b'{"nonce": 1, "key": ["c", -1]}', b'{"nonce": 1}',
                 b'{"nonce": 1, "key": ["u", {"a": 1}, 0]}', b"x" * 5000):
         with pytest.raises(ValueError):
             read_question(bad)
     with pytest.raises(ValueError):
-        read_answer(b'{"nonce": 1, "posted": 1, "count": 0, "waits_on": []}')
+        read_answer(b'{"nonce": 1, "posted": 1, "count": 0, "waits_on": [], "mark": ""}')
     import pickle
 
     buf = control_message(kind="bye", worker=1)

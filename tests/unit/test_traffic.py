@@ -11,8 +11,9 @@ import pytest
 
 import pycoll
 from pycoll.algorithms.allreduce_ring import FRAGMENT_BYTES
-from pycoll.tl import base
-from pycoll.tl.base import BandwidthLimiter, Traffic
+from pycoll.tl import limit
+from pycoll.tl.base import Traffic
+from pycoll.tl.limit import BandwidthLimiter
 from pycoll.tl.local import LocalFabric
 
 # (they count messages, bytes or spans, or look inside a request's task: see the fixture)
@@ -128,25 +129,25 @@ def test_traffic_class():
 def test_deferred_sends_count_when_released(monkeypatch):
     now = [100.0]
     limiter = BandwidthLimiter(1 << 20, clock=lambda: now[0])
-    monkeypatch.setattr(base, "_LIMITER", limiter)
+    monkeypatch.setattr(limit, "_LIMITER", limiter)
     monkeypatch.setenv("PYCOLL_BW_LIMIT", str(1 << 20))
     fabric = LocalFabric(2)
     t0, t1 = fabric.transport(0), fabric.transport(1)
     assert t0.limiter is limiter
-    size = 4 * base.BURST_BYTES
-    first = t0.isend(np.zeros(base.BURST_BYTES, np.uint8), 1, "fill")  # takes the burst
+    size = 4 * limit.BURST_BYTES
+    first = t0.isend(np.zeros(limit.BURST_BYTES, np.uint8), 1, "fill")  # takes the burst
     held = t0.isend(np.zeros(size, np.uint8), 1, "held")
     assert first.done and not held.test()
     assert t0.traffic.snapshot()[1]["msgs_sent"] == 1  # only what was handed over
     now[0] += 1.0
     t0.progress()
     assert held.test()
-    assert t0.traffic.snapshot()[1] == {"sent": base.BURST_BYTES + size, "received": 0, "msgs_sent": 2,
+    assert t0.traffic.snapshot()[1] == {"sent": limit.BURST_BYTES + size, "received": 0, "msgs_sent": 2,
                                         "msgs_received": 0}
     out = np.zeros(size, np.uint8)
-    t1.irecv(np.zeros(base.BURST_BYTES, np.uint8), 0, "fill")
+    t1.irecv(np.zeros(limit.BURST_BYTES, np.uint8), 0, "fill")
     assert t1.irecv(out, 0, "held").test()
-    assert t1.traffic.total()["received"] == base.BURST_BYTES + size
+    assert t1.traffic.total()["received"] == limit.BURST_BYTES + size
 
 
 def test_sub_teams_are_counted_under_team_ranks(monkeypatch):

@@ -17,14 +17,14 @@ from typing import Dict, Hashable, Optional, Tuple
 import numpy as np
 
 from pycoll.tl.base import (
-    BandwidthLimiter,
     Transport,
     TransportRequest,
     deliver,
     key_hash,
-    limit_sends,
     split_key,
 )
+from pycoll.tl.limit import BandwidthLimiter, limit_sends
+from pycoll.tl.marks import MARK_BYTES, Mark
 
 
 class _LocalRecv(TransportRequest):
@@ -94,6 +94,10 @@ class LocalFabric:
         """Whether a message from ``src`` to ``dst`` with ``tag`` waits for its receive (probe)."""
         return bool(self._unexpected.get((dst, src, tag)))
 
+    def waiting(self, dst: int) -> list:
+        """``(source, tag, data)`` of every message sent to ``dst`` that waits for its receive."""
+        return [(src, tag, data) for (d, src, tag), q in self._unexpected.items() if d == dst for data in q]
+
     def pending_messages(self) -> int:
         """Messages sent and not yet received (for tests: 0 after every collective)."""
         return sum(len(q) for q in self._unexpected.values())
@@ -122,6 +126,12 @@ class LocalTransport(Transport):
 
     def probe(self, peer: int, tag: Hashable) -> bool:
         return self.fabric.has_message(self.rank, peer, tag)
+
+    def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
+        for src, tag, data in self.fabric.waiting(self.rank):  # (marked: the mark, then the payload)
+            if isinstance(tag, tuple) and tag[:-1] == key and data[:MARK_BYTES].tobytes() != mark.blob:
+                return src, data[:MARK_BYTES].tobytes(), data.nbytes - MARK_BYTES
+        return None
 
     def irecv(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         if not 0 <= peer < self.fabric.size:

@@ -47,10 +47,10 @@ from pycoll.tl.base import (
     TransportRequest,
     deliver,
     key_hash,
-    limit_sends,
     split_key,
     too_large,
 )
+from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _CHECKED = 1 << 28
@@ -103,8 +103,16 @@ def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
     return ok
 
 
+#: Requests given up before they finished (a collective that failed or was cancelled): kept, with
+#: their buffers, until MPI is done with them (see _MPIRequest.cancel; every MPI transport's
+#: progress looks at them).
+_HELD: List[Any] = []
+#: Where a request's first receive is among its MPI requests, by kind (sends come first).
+_FIRST_RECV = {"send": 1 << 30, "recv": 0, "exchange": 1}
+
+
 class _MPIRequest(TransportRequest):
-    __slots__ = ("reqs",)
+    __slots__ = ("reqs", "keep")
 
     def test(self) -> bool:
         if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
@@ -114,12 +122,32 @@ class _MPIRequest(TransportRequest):
         return _test(self, self.reqs)
 
     def cancel(self) -> None:
-        if not self.done:
-            for req in self.reqs:
-                try:
-                    req.Cancel()
-                except MPI.Exception:
-                    pass
+        """Withdraw its receives (``MPI_Cancel``; a send is never cancelled: deprecated, and it
+        crashed MPICH) and keep it, and through it its buffers (``keep``, and what mpi4py's
+        requests hold), until MPI is done with them: MPI may still write into a receive's buffer
+        or read a send's after its collective let go of them."""
+        if self.done:
+            return
+        for req in self.reqs[_FIRST_RECV.get(self.kind, 0):]:
+            try:
+                req.Cancel()
+            except MPI.Exception:
+                pass
+        _HELD.append(self)
+
+
+def _let_go() -> int:
+    """Drop the given-up requests MPI is done with (see _MPIRequest.cancel); how many."""
+    held = []
+    for req in _HELD:
+        try:
+            if not MPI.Request.Testall(req.reqs):
+                held.append(req)
+        except MPI.Exception:
+            pass  # (done, with an error: a truncated or cancelled message)
+    gone = len(_HELD) - len(held)
+    _HELD[:] = held
+    return gone
 
 
 class _MPIRecv(_MPIRequest):
@@ -160,6 +188,10 @@ class _CheckedRecv(TransportRequest):
     def cancel(self) -> None:
         if not self.done:
             self.transport.withdraw(self)
+            if self.payload is not None:  # (its payload's receive is posted: withdraw it too)
+                held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
+                held.reqs, held.keep = (self.payload,), self.buf
+                held.cancel()
 
 
 class _PackedRecv(_MPIRequest):
@@ -232,6 +264,7 @@ class MPIChannel(Channel):
         req = _MPIRequest("send", peer, step, buf.nbytes)
         message = [buf, MPI.BYTE] if mark is None else self.transport.marked(buf, mark)
         req.reqs = (self.comm.Isend(message, peer, self.base | (step & _STEP_MASK)),)
+        req.keep = (buf, mark)  # (a joined message names them by address only)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
@@ -340,6 +373,7 @@ class MPITransport(Transport):
                         self.comm.Isend([buf, MPI.BYTE], peer, wire)]
         else:
             req.reqs = [self.comm.Isend(self.marked(buf, mark), peer, wire)]
+        req.keep = (buf, mark)  # (a joined message names them by address only)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
@@ -546,7 +580,7 @@ class MPITransport(Transport):
 
     def progress(self) -> int:
         """Probe the channels where headers or payloads of checked receives are awaited."""
-        moved = 0
+        moved = _let_go() if _HELD else 0
         if self._waiting or self._payload_for:
             channels = {(r.peer, r.wire) for q in self._waiting.values() for r in q}
             channels.update(self._payload_for)
@@ -557,6 +591,27 @@ class MPITransport(Transport):
     def drain(self) -> int:
         """Receive every message that arrived without a posted receive (into the stash)."""
         return self.probe_channel(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+    def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
+        self.drain()  # (every message that waits is in the stashes now)
+        prefix, _, checked = split_key((*key, 0))
+        if not checked:
+            slot = prefix[1] & _SLOT_MASK
+            for (src, wire), q in self._stash.items():
+                if not wire & _CHECKED and wire >> _STEP_BITS == slot:
+                    for data in q:
+                        if data[:MARK_BYTES].tobytes() != mark.blob:
+                            return src, data[:MARK_BYTES].tobytes(), data.nbytes - MARK_BYTES
+            return None
+        khash = key_hash(prefix)
+        for (src, h, _), q in self._kstash.items():
+            for theirs, data in q:
+                if h == khash and theirs != mark.blob:
+                    return src, theirs or b"", data.nbytes
+        for recv, (src, h, _), size, theirs in self._payload_for.values():
+            if recv is None and h == khash and theirs != mark.blob:
+                return src, theirs or b"", size
+        return None
 
     def demand_id(self, key: tuple) -> Hashable:
         prefix, _, checked = split_key((*key, 0))

@@ -22,11 +22,14 @@ from typing import Any, Protocol
 
 #: How a rank left (PC_LEFT_* of native/pycoll_native.h).
 LEFT_EXITED, LEFT_RAISED, LEFT_CLOSED, LEFT_FAILED, LEFT_REVOKED = 1, 2, 3, 4, 5
+#: A rank whose collective failed because the ranks' calls differ (its peers raise MismatchError).
+LEFT_MISMATCH = 6
 #: Bytes of the reason a rank gives (PC_LEFT_WHY, its NUL included).
 LEFT_WHY_BYTES = 48
 #: How a peer's error says it.
 LEFT_TEXT = {LEFT_EXITED: "exited", LEFT_RAISED: "raised", LEFT_CLOSED: "closed its team",
-             LEFT_FAILED: "failed:", LEFT_REVOKED: "revoked the team:"}
+             LEFT_FAILED: "failed:", LEFT_REVOKED: "revoked the team:",
+             LEFT_MISMATCH: "found that the ranks' calls differ:"}
 
 
 class Leaving(Protocol):

@@ -34,6 +34,7 @@ from pycoll.tl.shm.leaving import (
     LEFT_CLOSED,
     LEFT_EXITED,
     LEFT_FAILED,
+    LEFT_MISMATCH,
     LEFT_RAISED,
     LEFT_REVOKED,
     LEFT_TEXT,
@@ -130,7 +131,7 @@ def cause_order(left: int) -> int:
     """Where a peer that left in way ``left`` (LEFT_*, 0: its process died) comes among the causes
     of a failure: one that died or raised first, then one that failed (maybe because of it), then
     one that exited or closed its team (maybe after failing)."""
-    return 0 if left in (0, LEFT_RAISED) else 1 if left in (LEFT_FAILED, LEFT_REVOKED) else 2
+    return 0 if left in (0, LEFT_RAISED) else 1 if left in (LEFT_FAILED, LEFT_REVOKED, LEFT_MISMATCH) else 2
 
 
 class ShmSegment:
@@ -426,7 +427,8 @@ class ShmSegment:
         text; 47 bytes reach them), so that those waiting for it raise :class:`PeerLostError`
         with the cause instead of waiting for the timeout."""
         self.broken = error
-        self.leave(LEFT_FAILED, (str(error) if why is None else why).removeprefix("shm: "))
+        how = LEFT_MISMATCH if isinstance(error, MismatchError) else LEFT_FAILED
+        self.leave(how, (str(error) if why is None else why).removeprefix("shm: "))
         return error
 
     def waiting_for(self, st: Any) -> str:
@@ -516,6 +518,12 @@ class ShmSegment:
             if self.on_revoked is not None:
                 self.on_revoked(err)
             raise err from None
+        if left == LEFT_MISMATCH:  # (the team's calls went out of step: this rank's too)
+            mismatch = MismatchError(f"shm: {text}{waiting}")
+            self.broken = mismatch
+            if self.on_revoked is not None:
+                self.on_revoked(mismatch)
+            raise mismatch from None
         raise self.broke(PeerLostError(f"shm: {text}{waiting}", rank=r, pid=pid, how=how),
                          why=f"rank {r} {how}") from None
 
@@ -554,7 +562,7 @@ class ShmSegment:
         """``(left, how)`` (see :meth:`whereabouts`) of rank ``r`` if it left for good (see
         :meth:`gone`), else None."""
         left, how = self.whereabouts(r)
-        if how is not None and (left not in (LEFT_FAILED, LEFT_REVOKED) or self.dead(r)):
+        if how is not None and (left not in (LEFT_FAILED, LEFT_REVOKED, LEFT_MISMATCH) or self.dead(r)):
             return left, how
         return None
 

@@ -48,7 +48,8 @@ import numpy as np
 
 from pycoll.errors import PeerLostError, TransportError
 from pycoll.native import address, ffi, lib
-from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, limit_sends, split_key, too_large
+from pycoll.tl.base import Transport, TransportRequest, deliver, key_hash, split_key, too_large
+from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 from pycoll.tl.shm.segment import LIVENESS_S, ShmSegment, cause_order
 
@@ -437,6 +438,15 @@ class ShmTransport(Transport):
         """The native program running on key hashes ``keys`` ended, failed or was cancelled."""
         for khash in keys:
             self._native.pop(khash, None)
+
+    def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
+        self.progress()
+        khash = key_hash(split_key((*key, 0))[0])
+        for (src, h, _), q in self._stash.items():
+            for theirs, data in q:
+                if h == khash and theirs != mark.blob:
+                    return src, theirs or b"", data.nbytes
+        return None
 
     def has_stash(self) -> bool:
         """Whether messages that arrived before their receives wait here."""

@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 from collections import defaultdict, deque
-from typing import Any, Dict, Hashable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -42,10 +42,10 @@ from pycoll.tl.base import (
     TransportRequest,
     deliver,
     key_hash,
-    limit_sends,
     split_key,
     too_large,
 )
+from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _HEADER = struct.Struct("<IIQQQ32s")
@@ -61,6 +61,11 @@ log = logging.getLogger("pycoll")
 #: rank waits while nothing of its own waits for that peer's acknowledgement (see check_silence).
 _PING_HASH = 0x50494E4750494E47  # "PINGPING"
 _PING = _HEADER.pack(_MAGIC, _VERSION, _PING_HASH, 0, 0, _NO_MARK)
+#: The longest a rank waits for its sends to go out when it tells news or closes (s).
+FLUSH_S = 1.0
+#: The key hash of news (see :meth:`TCPTransport.tell`), and its longest payload.
+_NEWS_HASH = 0x4E4557534E455753  # "NEWSNEWS"
+_MAX_NEWS = 1 << 13
 _MAX_MESSAGE = 1 << 40
 
 
@@ -154,15 +159,18 @@ class TCPTransport(Transport):
     def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
         return self._send(buf, peer, tag, mark)
 
-    def _send(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Optional[Mark]) -> TransportRequest:
-        """A send (``mark``: in its header; None: unmarked), behind what the peer's queue holds.
-        (isend and isend_marked each call it, so that a bandwidth limit wraps each once.)"""
+    def _send(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Optional[Mark],
+              khash: Optional[int] = None) -> TransportRequest:
+        """A send (``mark``: in its header; None: unmarked), behind what the peer's queue holds
+        (``khash``: its key hash, instead of the tag's). (isend and isend_marked each call it, so
+        that a bandwidth limit wraps each once.)"""
         p = self._peer(peer)
         prefix, step, _ = split_key(tag)
+        h = key_hash(prefix) if khash is None else khash
         if mark is None:
-            header = _HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes, _NO_MARK)
+            header = _HEADER.pack(_MAGIC, _VERSION, h, step, buf.nbytes, _NO_MARK)
         else:
-            header = _HEADER.pack(_MAGIC, _VERSION | _MARKED, key_hash(prefix), step, buf.nbytes, mark.blob)
+            header = _HEADER.pack(_MAGIC, _VERSION | _MARKED, h, step, buf.nbytes, mark.blob)
         req = _Send("send", peer, tag, buf.nbytes)
         req.parts = [memoryview(header), memoryview(buf).cast("B")]
         self.traffic.sent(peer, buf.nbytes)
@@ -237,6 +245,15 @@ class TCPTransport(Transport):
         self.progress()
         return req
 
+    def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
+        self.progress()
+        khash = key_hash(key)
+        for (peer, h, _), q in self._stash.items():
+            for theirs, data in q:
+                if h == khash and theirs != mark.blob:
+                    return peer, theirs or b"", data.nbytes
+        return None
+
     def probe(self, peer: int, tag: Hashable) -> bool:
         p = self._peer(peer)
         self.progress()
@@ -275,6 +292,9 @@ class TCPTransport(Transport):
                     return done
                 if khash == _PING_HASH and not step and not nbytes:  # a ping: nothing to deliver
                     continue
+                if khash == _NEWS_HASH and nbytes > _MAX_NEWS:
+                    self._lost(p, f"sent {nbytes} B of news")
+                    return done
                 p.k = (khash, step)
                 p.theirs = theirs if version & _MARKED else None
                 queue = self._posted.get((p.rank, khash, step))
@@ -307,10 +327,37 @@ class TCPTransport(Transport):
                 p.recv.done = True
                 self.traffic.received(p.rank, p.recv.nbytes)
                 done += 1
+            elif p.k[0] == _NEWS_HASH:  # (news: for whoever listens, never a receive's)
+                if self.on_news is not None:
+                    self.on_news(p.rank, bytes(p.data))  # type: ignore[arg-type]
             else:
                 self._stash[(p.rank, *p.k)].append((p.theirs, p.data))
                 self.unexpected_arrived(p.k[0])
             p.target, p.recv, p.data = None, None, None
+
+    #: What takes a peer's news (``on_news(peer, payload)``), or None: drop it.
+    on_news: Optional[Callable[[int, bytes], None]] = None
+
+    def tell(self, payload: bytes) -> None:
+        """Send every peer ``payload`` (at most 8 KiB) as news, ahead of whatever this rank sends
+        them later (a close included): a peer's :attr:`on_news` gets it before it could see this
+        rank leave (the team's news of a mismatch, :mod:`pycoll.news`)."""
+        data = np.frombuffer(bytes(payload[:_MAX_NEWS]), np.uint8)
+        for peer, p in self.peers.items():
+            if p.error is None:
+                self._send(data, peer, (_NEWS_HASH,), None, khash=_NEWS_HASH)
+        self.flush(FLUSH_S)
+
+    def flush(self, seconds: float) -> bool:
+        """Write what waits to be sent, for up to ``seconds`` (a peer that reads nothing holds it
+        back); whether all of it went."""
+        deadline = time.monotonic() + seconds
+        while self._sending:
+            self.progress()
+            if not self._sending or time.monotonic() > deadline:
+                break
+            time.sleep(0.0001)
+        return not self._sending
 
     def _lost(self, p: _Peer, what: str) -> None:
         err = PeerLostError(f"tcp: lost rank {p.rank}: it {what}", rank=p.rank, how=what)
@@ -390,12 +437,14 @@ class TCPTransport(Transport):
 
     def lost_peers(self) -> Set[int]:
         """The ranks whose connection closed or broke (their process exited or was killed, or
-        they closed the team), as far as the reads so far have seen."""
-        return {p.rank for p in self.peers.values() if p.error is not None}
+        they closed the team), as far as the reads so far have seen, and those the team's look at
+        its peers finds gone (see :class:`~pycoll.tl.base.Transport`)."""
+        return {p.rank for p in self.peers.values() if p.error is not None} | super().lost_peers()
 
     closed = False
 
     def close(self) -> None:
+        self.flush(FLUSH_S)  # (what this rank sent last, news included, reaches its peers before the end)
         self.closed = True
         for p in self.peers.values():
             try:

@@ -82,7 +82,8 @@ import numpy as np
 
 from pycoll import config
 from pycoll.errors import PeerLostError, TransportError
-from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, limit_sends, split_key
+from pycoll.tl.base import Channel, Transport, TransportRequest, deliver, key_hash, split_key
+from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 from pycoll.tl.ucx import loader
 
@@ -940,6 +941,25 @@ class UCXTransport(Transport):
                                                   _PING | self.team_bits | (self.rank << _SRC_SHIFT), "ping",
                                                   None))
         return True
+
+    def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
+        self.poll_unexpected()  # (not while native programs run: their messages are UCP's to match)
+        prefix, _, checked = split_key((*key, 0))
+        if not checked:
+            slot = prefix[1] & _KEY_MASK
+            for wire, q in self._stash.items():
+                if not wire & (_CHECKED | _AGREE) and (wire >> _KEY_SHIFT) & _KEY_MASK == slot:
+                    for data in q:
+                        if isinstance(data, np.ndarray) and data[:MARK_BYTES].tobytes() != mark.blob:
+                            return (wire >> _SRC_SHIFT) & _SRC_MASK, data[:MARK_BYTES].tobytes(), \
+                                data.nbytes - MARK_BYTES
+            return None
+        khash = key_hash(prefix)
+        for (src, h, _), q in self._kstash.items():
+            for theirs, data in q:
+                if h == khash and theirs != mark.blob:
+                    return src, theirs or b"", data.nbytes
+        return None
 
     def poll_unexpected(self) -> None:
         _lib.pc_ucx_progress(self.worker, 16)

@@ -17,7 +17,7 @@ from mpi4py import MPI
 import pycoll
 from pycoll import Team, config
 from pycoll.store import TCPStore
-from pycoll.tl.base import BURST_BYTES
+from pycoll.tl.limit import BURST_BYTES
 from tests.rank import run_rank
 
 TOTAL = 10 << 20
