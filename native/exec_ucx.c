@@ -101,6 +101,7 @@ static int pc_exec_test(pc_exec_t *e)
             ucp_tag_recv_request_test(e->reqs[i], &info);
         ucp_request_free(e->reqs[i]);
         e->reqs[i] = NULL;
+        e->state[i] = PC_S_WAITING; /* (freed: never tested again, failed or not) */
         if (in->kind == PC_I_RECV) {
             if (pc_exec_received(e, i, st, info.length))
                 return PC_EXEC_FAILED;
@@ -120,6 +121,8 @@ static int pc_exec_test(pc_exec_t *e)
 static int pc_exec_progress(pc_exec_t *e)
 {
     ucp_request_param_t param;
+    if (e->failed >= 0) /* a failed run stays failed: its requests are aborted, not tested */
+        return PC_EXEC_FAILED;
     ucp_worker_progress(e->worker);
     if (pc_exec_test(e) != PC_EXEC_RUNNING)
         return PC_EXEC_FAILED;

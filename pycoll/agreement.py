@@ -367,10 +367,12 @@ def _describe_mark(mark: bytes) -> str:
 
 def explain(mine: bytes, theirs: bytes, rank: int, peer: int, nbytes: int, expected: int) -> str:
     """Why a receive of rank ``rank`` from ``peer`` failed its mark check: this rank's mark
-    ``mine``, the bytes ``theirs`` where the peer's mark was (fewer: its message was shorter),
-    the payload bytes that came (``nbytes``; -1: more than fit) and were expected."""
+    ``mine``, the bytes ``theirs`` where the peer's mark was (fewer: its message was shorter;
+    none: a longer message that the transport did not land), the payload bytes that came
+    (``nbytes``; -1: more than fit) and were expected."""
     me = _describe_mark(mine)
-    if not theirs and nbytes < 0:  # (a message longer than this call's: it never landed)
+    if nbytes < 0 and (len(theirs) < _MARK.size + 8 or theirs[:4] != _MARK_MAGIC or theirs == mine):
+        # (a message longer than this call's, whose mark did not land: the transport dropped it)
         return (f"rank {peer}'s message for this collective is longer than this rank (rank {rank}: {me}) "
                 "expects: the ranks called different collectives, or the same one with other counts or "
                 "dtypes")

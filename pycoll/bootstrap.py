@@ -297,18 +297,21 @@ def close(team: Team) -> None:
     if asked is not None:
         if isinstance(asked, MPIStatus):
             team.ctx.unwatch(asked.watch)
-        asked.close()
         team.planner.peer_status = None
     team.planner.close()
-    for sub in team.levels.all():
-        if sub is not team:
-            sub.close()
-    team.levels = type(team.levels)()
-    team.ctx.remove_transport(team.transport)
-    team.transport.close()
-    if team.shared is not None:
-        shared, team.shared = team.shared, None
-        shared.close()  # (last: it may raise MismatchError, see ShmSegment.settle)
+    try:
+        for sub in team.levels.all():
+            if sub is not team:
+                sub.close()
+        team.levels = type(team.levels)()
+        team.ctx.remove_transport(team.transport)
+        team.transport.close()
+        if team.shared is not None:
+            shared, team.shared = team.shared, None
+            shared.close()  # (it may raise MismatchError, see ShmSegment.settle)
+    finally:
+        if asked is not None:  # (last: it waits up to a few seconds for the peers' goodbyes, which
+            asked.close()      # a peer waiting in a collective learns from the segment's close first)
 
 
 def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:

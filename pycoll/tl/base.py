@@ -307,8 +307,10 @@ class _Both(TransportRequest):
         self.recv = recv
 
     def test(self) -> bool:
-        if not self.done and self.send.test() and self.recv.test():
-            self.done = True
+        if not self.done:
+            received = self.recv.test()  # (first: a receive that failed raises, its send done or not)
+            if self.send.test() and received:
+                self.done = True
         return self.done
 
     def cancel(self) -> None:

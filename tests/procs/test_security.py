@@ -155,7 +155,7 @@ def main():
     assert (x == 3).all()
     asked = team.planner.peer_status  # (questions and answers over MPI as JSON, never pickles)
     answers = asked.ask(("u", ("grads", 1), 0), timeout_s=5.0)
-    assert answers == {1 - team.rank: {"posted": False, "count": 0, "waits_on": []}}, answers
+    assert answers == {1 - team.rank: {"posted": False, "count": 0, "waits_on": [], "mark": b""}}, answers
     team.barrier().wait()
     team.close()
 

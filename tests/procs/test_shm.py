@@ -214,5 +214,7 @@ def test_a_rank_that_leaves_is_known_at_once(mode, via, n, run_cmd):
         line = next((x for x in reports if x.startswith(f"RANK {r} ")), "")
         assert f"RANK {r} LOST after" in line and f"rank {last} (pid" in line and how in line, out
         assert f"while rank {r} waited in allreduce" in line, out
-        assert float(line.split("after ")[1].split(" s")[0]) < 1.0, out
+        # (well within a second on a quiet host: benchmarks/chaos.py measures it; here only far
+        # sooner than the 20 s timeout, as a loaded machine runs late)
+        assert float(line.split("after ")[1].split(" s")[0]) < 5.0, out
     assert (rc != 0) == (mode == "raise"), out  # the rank that raised exits with an error

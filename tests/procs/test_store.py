@@ -88,6 +88,7 @@ def test_a_timeout_says_what_each_peer_does_through_the_store(store_ranks):
                 time.sleep(3.0)
         except pycoll.TimeoutError as exc:
             print(f"RANK {rank} TIMEOUT after {time.monotonic() - t0:.2f} s: {exc}", flush=True)
+        time.sleep(max(0.0, 3.5 - (time.monotonic() - t0)))  # (no rank leaves while a peer waits)
         print(f"RANK {rank} DONE", flush=True)
     """)
     codes, outs = store_ranks(script, 3, timeout=60, env={"PYCOLL_TLS": "tcp"})

@@ -108,3 +108,41 @@ def test_the_check_reads_the_table():
         assert row.agreed in ("src", "dst", "") and row.agreed_count in ("size", "counts", "")
         assert (row.name in agreement.ALWAYS) == row.vector
         assert not row.agreed_count or row.agreed  # (a count is a buffer's)
+
+
+@pytest.mark.parametrize("alg", ["rd", "ring", "knomial"])
+def test_a_rank_with_nothing_to_move_still_tells(alg):
+    """A marked allreduce of 0 elements still exchanges its empty messages: a peer with 3 is told,
+    instead of waiting for them."""
+    teams = pycoll.local_teams(3)
+    reqs = [t.allreduce(np.ones(3 if t.rank == 2 else 0, np.float32), algorithm=alg) for t in teams]
+    for req in reqs:
+        try:
+            req.wait(timeout=10)
+        except pycoll.MismatchError:
+            continue
+        assert req.task is not None  # (a rank whose part told it nothing may return ...)
+    with pytest.raises(pycoll.MismatchError):  # (... and raises at its next call)
+        teams[0].allreduce(np.ones(1)).wait(timeout=10)
+
+
+def test_messages_no_receive_takes_are_looked_at():
+    """One rank's allreduce against another's bcast: their messages go to other steps, so no
+    receive compares their marks; the waiting ranks find the other's among those no receive took."""
+    teams = pycoll.local_teams(2)
+    reqs = [teams[0].allreduce(np.ones(4, np.float32)), teams[1].bcast(np.ones(4, np.float32))]
+    for req in reqs:
+        with pytest.raises(pycoll.MismatchError, match="bcast 16 x uint8 root 0"):
+            req.wait(timeout=10)
+
+
+def test_a_longer_message_whose_mark_landed_names_both_calls():
+    """A receive whose peer's message was longer (MPI fills the receive as far as it goes, its mark
+    included) names the peer's call; with no mark to read it says the message was longer."""
+    mine = agreement.mark_fields(allreduce(1, 3, np.ones(4, np.float32), None, "sum"), "rd") + bytes(8)
+    theirs = agreement.mark_fields(allreduce(2, 3, np.ones(5, np.float32), None, "sum"), "rd") + bytes(8)
+    text = agreement.explain(mine, theirs, 1, 2, -1, 16)
+    assert "rank 1: allreduce 4 x float32 sum (this rank)" in text, text
+    assert "rank 2: allreduce 5 x float32 sum" in text, text
+    for unread in (b"", bytes(32), mine):
+        assert "is longer than this rank" in agreement.explain(mine, unread, 1, 2, -1, 16)

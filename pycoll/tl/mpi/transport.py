@@ -13,11 +13,12 @@ the receiver probes (``Improbe``) its (source, tag) channel, reads headers, and 
 payload into the buffer of the receive whose key it names, or stashes it until that receive is
 posted. MPI's non-overtaking rule makes the payload the next message after its header.
 
-Marks (see :mod:`pycoll.tl.base`): a marked untagged message is one MPI message holding the mark
-then the payload: up to :data:`PACK_BYTES` of payload packed into one buffer (a copy each way), a
-larger one sent and received in place through a derived datatype of the two (``MPI_BOTTOM`` with
-their addresses; kept per pair of addresses, :meth:`MPITransport.joined`). A checked key's header
-carries the mark instead (and says whether there is one).
+Marks (see :mod:`pycoll.tl.base`): a marked untagged message of up to :data:`PACK_BYTES` of
+payload is one MPI message, the mark then the payload packed into one buffer (a copy each way); a
+larger one is two: the mark, then the payload in place on the same tag with :data:`_PART` set (a
+contiguous message MPI moves in one copy; a derived datatype of the two went through MPICH's
+pipelined copy, which needs the sender's progress: 70-200 ms a MiB while the sender slept). A
+checked key's header carries the mark instead (and says whether there is one).
 
 When the engine holds work back for lack of credit it asks :meth:`has_unexpected`; that drains
 every message that arrived without a matching receive into the stash, so a peer's sends complete
@@ -39,7 +40,6 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from pycoll.buffers import address
 from pycoll.errors import TransportError
 from pycoll.tl.base import (
     Channel,
@@ -54,19 +54,19 @@ from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _CHECKED = 1 << 28
+#: The payload of a marked untagged message sent in two parts (its mark went on the tag without it).
+_PART = 1 << 27
 _STEP_BITS = 12
 _STEP_MASK = (1 << _STEP_BITS) - 1
-_SLOT_MASK = 0xFFFF
+_SLOT_MASK = 0x7FFF
 _HEADER = struct.Struct("<IIQQQ32s")  # magic, version, key hash, step, payload bytes, mark
 _MAGIC = 0x50434F4C  # "PCOL"
 _VERSION = 2  # (and _VERSION | _MARKED: a mark follows)
 _MARKED = 1 << 16
 _NO_MARK = bytes(MARK_BYTES)
 #: The most payload bytes a marked untagged message packs with its mark into one buffer (a copy
-#: each way); a larger one goes in place, in a derived datatype of the two.
+#: each way); a larger one goes in place, after its mark (see the module doc).
 PACK_BYTES = 4096
-#: Derived datatypes kept (pairs of addresses), the oldest freed past this many.
-MAX_JOINED = 1024
 _Key = Tuple[int, int, int]  # (source, key hash, step)
 _Target = Tuple[Any, _Key, int, Optional[bytes]]  # (receive or None, key, size, mark or None)
 
@@ -209,31 +209,87 @@ class _PackedRecv(_MPIRequest):
             return False
         n = self.nbytes
         if n < 0 or not unmarked(self, self.mark, self.stage[:MARK_BYTES], n, self.buf.nbytes):
-            self.error = self.error or self.mark.judge(self.peer, b"", n, self.buf.nbytes)
+            # (a message too long: MPI fills the receive as far as it goes, its mark included)
+            theirs = bytes(self.stage[:MARK_BYTES]) if n < 0 else b""
+            self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
             raise self.error
         if n:
             memoryview(self.buf)[:] = memoryview(self.stage)[MARK_BYTES:]
         return True
 
 
-class _JoinedRecv(_MPIRequest):
-    """A marked untagged receive of more than :data:`PACK_BYTES`, in place: the mark lands in
-    ``area`` (the channel's, for that peer and step), the payload in ``buf``."""
+class _SplitRecv(_MPIRequest):
+    """A marked untagged receive of more than :data:`PACK_BYTES`: the mark lands in ``area`` (the
+    channel's, for that peer and step; or the stash's copy, ``reqs[0]`` None), then the payload in
+    ``buf`` (``reqs[1]``, on the tag with :data:`_PART`). The mark is compared as soon as it is
+    there: a peer with another call fails the receive before its payload comes (which is then
+    withdrawn: it may never come)."""
 
-    __slots__ = ("transport", "area", "buf", "mark")
+    __slots__ = ("transport", "area", "buf", "mark", "status")
 
     def test(self) -> bool:
         if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
             raise self.error
         if self.done:
             return True
-        if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
+        first, payload = self.reqs
+        if first is not None:
+            n = self._arrived(first)
+            if n is None:
+                return False
+            self.reqs = (None, payload)
+            if n != MARK_BYTES or self.area.tobytes() != self.mark.blob:  # (a packed message: another size)
+                return self._judge(n - MARK_BYTES if n >= MARK_BYTES else 0)
+        n = self._arrived(payload)
+        if n is None:
             return False
-        n = self.nbytes
-        if n < 0 or not unmarked(self, self.mark, self.area.tobytes() if n >= 0 else b"", n, self.buf.nbytes):
-            self.error = self.error or self.mark.judge(self.peer, b"", n, self.buf.nbytes)
-            raise self.error
+        if n < 0:
+            return self._judge(-1)
+        self.nbytes = n
+        self.transport.traffic.received(self.peer, n)
+        if n != self.buf.nbytes:  # (the same mark, another size: v-counts that differ)
+            return self._judge(n)
+        self.done = True
         return True
+
+    def _arrived(self, req: Any) -> Optional[int]:
+        """The bytes of MPI receive ``req`` once it is done (-1: a longer message); None: not yet."""
+        status = self.status
+        try:
+            if not req.Test(status):
+                return None
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                return -1
+            self.error = failure(self, exc)
+            self._withdraw()
+            raise self.error from None
+        return status.Get_count(MPI.BYTE)
+
+    def _judge(self, n: int) -> bool:
+        """Fail the receive: its peer's mark (in ``area``: MPI fills a truncated receive as far as
+        it goes) or size differs from this call's; the payload part is withdrawn."""
+        theirs = self.area.tobytes()
+        self._withdraw()
+        self.done = True
+        self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
+        raise self.error
+
+    def _withdraw(self) -> None:
+        payload = self.reqs[1]
+        if payload is not None and not payload.Test():
+            held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
+            held.reqs, held.keep = (payload,), self.buf
+            held.cancel()
+        self.reqs = (None, None)
+
+    def cancel(self) -> None:
+        if not self.done:
+            first, payload = self.reqs
+            held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
+            held.reqs = tuple(r for r in (first, payload) if r is not None)
+            held.keep = (self.buf, self.area)
+            held.cancel()
 
 
 class MPIChannel(Channel):
@@ -262,9 +318,12 @@ class MPIChannel(Channel):
             return super().isend(buf, peer, step)
         mark = self.mark
         req = _MPIRequest("send", peer, step, buf.nbytes)
-        message = [buf, MPI.BYTE] if mark is None else self.transport.marked(buf, mark)
-        req.reqs = (self.comm.Isend(message, peer, self.base | (step & _STEP_MASK)),)
-        req.keep = (buf, mark)  # (a joined message names them by address only)
+        tag = self.base | (step & _STEP_MASK)
+        if mark is None:
+            req.reqs = (self.comm.Isend([buf, MPI.BYTE], peer, tag),)
+        else:
+            req.reqs = self.transport.marked_send(buf, peer, tag, mark)
+            req.keep = (buf, mark)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
@@ -293,9 +352,11 @@ class MPIChannel(Channel):
             area = areas.get((peer, step))
             if area is None:
                 area = areas[(peer, step)] = np.empty(MARK_BYTES, np.uint8)
-            req = _JoinedRecv("recv", peer, step, n)
-            req.area = area
-            req.reqs = (self.comm.Irecv(self.transport.joined(area, buf), peer, tag),)
+            req = _SplitRecv("recv", peer, step, n)
+            req.area, req.status = area, MPI.Status()
+            comm = self.comm
+            req.reqs = (comm.Irecv([area, MPI.BYTE], peer, tag),
+                        comm.Irecv([buf, MPI.BYTE], peer, tag | _PART))
         req.transport, req.buf, req.mark = self.transport, buf, mark
         return req
 
@@ -332,8 +393,6 @@ class MPITransport(Transport):
         # (source, wire) -> where the next payload on that channel goes (a receive, or None: stash),
         # its key, its size and the mark its header carried (None: none)
         self._payload_for: Dict[Tuple[int, int], _Target] = {}
-        # derived datatypes of (mark, payload) pairs by their addresses and sizes (see joined)
-        self._joined: Dict[Tuple[int, int, int], Any] = {}
         self._header_buf = bytearray(_HEADER.size)
         self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see test_recv)
         limit_sends(self)
@@ -342,25 +401,13 @@ class MPITransport(Transport):
         return MPIChannel(self, key, self._stash)
 
     # ------------------------------------------------------------------ marks
-    def marked(self, buf: np.ndarray, mark: Mark) -> Any:
-        """The MPI message of ``buf`` behind ``mark``: packed into one buffer up to
-        :data:`PACK_BYTES`, else the two in place (:meth:`joined`)."""
+    def marked_send(self, buf: np.ndarray, peer: int, tag: int, mark: Mark) -> Tuple[Any, ...]:
+        """The MPI sends of ``buf`` behind ``mark`` on untagged wire tag ``tag``: one packed message
+        up to :data:`PACK_BYTES`, else the mark, then ``buf`` in place (see the module doc)."""
+        comm = self.comm
         if buf.nbytes <= PACK_BYTES:
-            return [mark.blob + buf.tobytes(), MPI.BYTE]
-        return self.joined(mark.buf, buf)
-
-    def joined(self, first: np.ndarray, buf: np.ndarray) -> Any:
-        """``[MPI.BOTTOM, 1, datatype]`` of the bytes of ``first`` then ``buf``, where they lie
-        (one derived datatype per pair of addresses and sizes, kept: a repeated call reuses it)."""
-        key = (address(first), address(buf), buf.nbytes)
-        dtype = self._joined.get(key)
-        if dtype is None:
-            if len(self._joined) >= MAX_JOINED:  # (MPI lets operations still using it finish)
-                oldest = next(iter(self._joined))
-                self._joined.pop(oldest).Free()
-            dtype = MPI.BYTE.Create_hindexed([first.nbytes, buf.nbytes], [key[0], key[1]]).Commit()
-            self._joined[key] = dtype
-        return [MPI.BOTTOM, 1, dtype]
+            return (comm.Isend([mark.blob + buf.tobytes(), MPI.BYTE], peer, tag),)
+        return (comm.Isend([mark.buf, MPI.BYTE], peer, tag), comm.Isend([buf, MPI.BYTE], peer, tag | _PART))
 
     def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
         prefix, step, checked = split_key(tag)
@@ -372,8 +419,8 @@ class MPITransport(Transport):
             req.reqs = [self.comm.Isend([header, MPI.BYTE], peer, wire),
                         self.comm.Isend([buf, MPI.BYTE], peer, wire)]
         else:
-            req.reqs = [self.comm.Isend(self.marked(buf, mark), peer, wire)]
-        req.keep = (buf, mark)  # (a joined message names them by address only)
+            req.reqs = self.marked_send(buf, peer, wire, mark)
+        req.keep = (buf, mark)
         self.traffic.sent(peer, buf.nbytes)
         return req
 
@@ -385,11 +432,28 @@ class MPITransport(Transport):
         stashed = self._stash.get((peer, wire))
         if not stashed:
             return MPIChannel(self, prefix, self._stash).marked_recv(buf, peer, wire, mark, step)
-        req = _MPIRequest("recv", peer, tag, buf.nbytes)
         data = stashed.popleft()
         if not stashed:
             del self._stash[(peer, wire)]
         self.unexpected_taken(("slot", wire >> _STEP_BITS))
+        if buf.nbytes > PACK_BYTES and data.nbytes == MARK_BYTES:  # (its payload follows: see _SplitRecv)
+            split = _SplitRecv("recv", peer, tag, buf.nbytes)
+            split.transport, split.buf, split.mark, split.status = self, buf, mark, MPI.Status()
+            split.area = data
+            if data.tobytes() != mark.blob:  # (fails at its first test)
+                split.reqs, split.done = (None, None), True
+                split.error = mark.judge(peer, data.tobytes(), 0, buf.nbytes)
+                return split
+            parts = self._stash.get((peer, wire | _PART))
+            if parts:
+                got = parts.popleft()
+                if not parts:
+                    del self._stash[(peer, wire | _PART)]
+                deliver("mpi", split, buf, got, self.traffic)
+                return split
+            split.reqs = (None, self.comm.Irecv([buf, MPI.BYTE], peer, wire | _PART))
+            return split
+        req = _MPIRequest("recv", peer, tag, buf.nbytes)
         n = data.nbytes - MARK_BYTES
         if unmarked(req, mark, data[:MARK_BYTES].tobytes(), n, buf.nbytes):
             buf[:n] = data[MARK_BYTES:]
@@ -528,7 +592,8 @@ class MPITransport(Transport):
             data = np.empty(nbytes, np.uint8)
             msg.Recv([data, MPI.BYTE])
             self._stash[(src, wire)].append(data)
-            self.unexpected_arrived(("slot", wire >> _STEP_BITS))
+            if not wire & _PART:  # (a payload part comes with its mark, which counts for both)
+                self.unexpected_arrived(("slot", wire >> _STEP_BITS))
             return
         channel = (src, wire)
         target = self._payload_for.pop(channel, None)
@@ -627,11 +692,3 @@ class MPITransport(Transport):
         return [f"stash {k}: {len(q)}" for k, q in self._stash.items()] + \
             [f"kstash {k}: {len(q)}" for k, q in self._kstash.items()] + \
             [f"waiting {k}: {len(q)}" for k, q in self._waiting.items()]
-
-    def close(self) -> None:
-        for dtype in self._joined.values():
-            try:
-                dtype.Free()
-            except MPI.Exception:  # (MPI finalized already)
-                pass
-        self._joined.clear()

@@ -943,7 +943,8 @@ class UCXTransport(Transport):
         return True
 
     def stray(self, key: tuple, mark: Mark) -> Optional[Tuple[int, bytes, int]]:
-        self.poll_unexpected()  # (not while native programs run: their messages are UCP's to match)
+        # (only what the stash holds: pulling the messages that wait would take a native program's
+        # that has not started yet, whose C receives never look in the stash; see executor)
         prefix, _, checked = split_key((*key, 0))
         if not checked:
             slot = prefix[1] & _KEY_MASK
