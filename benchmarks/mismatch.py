@@ -15,6 +15,8 @@ agreeing call, and reports what each of the two did:
   call received nothing that told it, a bcast's root: it learns at its next call, as
   :mod:`pycoll.agreement` promises);
 - ``silent``: both returned (a result computed from arguments that do not agree);
+- ``right`` (the threads' case only): no error and every result right: each rank's two threads
+  took turns, in the same order on every rank (pycoll raises ThreadError when it sees them overlap);
 - ``other``: another error (a timeout included).
 
 (torch's groups are made from a store, never from MPI: where ``PYCOLL_TLS`` names ``mpi`` alone,
@@ -38,7 +40,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 FRONTS = ("team", "comm", "torch")
-COLUMNS = ("cases", "raised", "next", "silent", "other")
+COLUMNS = ("cases", "raised", "next", "right", "silent", "other")
 
 
 # ------------------------------------------------------------------ one rank
@@ -66,6 +68,50 @@ def kinds(r: int, n: int, np: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
     yield "allgather count", {"coll": "allgather", "count": 10 + odd, "dtype": f32}
     yield "exscan op", {"coll": "exscan", "count": 100, "dtype": f32, "op": "max" if odd else "sum"}
     yield "large count", {"coll": "allreduce", "count": 300_000 + odd, "dtype": f32, "op": "sum"}
+    yield "two threads", {"coll": "threads"}  # (every rank: two threads post untagged calls at once)
+
+
+def threads_call(front: str, made: Any, np: Any, MPI: Any) -> Optional[Callable[[], Any]]:
+    """Two threads of this rank post 30 untagged allreduces each on ``made`` at once (values 1 and
+    100): the call raises the first mismatch error a thread got, an AssertionError on a wrong sum;
+    it returns ``"right"`` when neither got one: every result was right, the threads took turns in
+    the same order on every rank (None: a front without threads' case)."""
+    import threading
+
+    if front not in ("team", "comm"):
+        return None
+    n = MPI.COMM_WORLD.size
+
+    def one(value: float, got: List[Any]) -> None:
+        x, y = np.full(4, value, np.float32), np.empty(4, np.float32)
+        try:
+            for _ in range(30):
+                if front == "team":
+                    made.allreduce(x, y).wait(timeout=20)
+                else:
+                    made.Allreduce(x, y, op=MPI.SUM)
+                if not (y == n * value).all():
+                    got.append(AssertionError(f"a wrong sum: {y[0]} where {n * value}"))
+                    return
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            got.append(exc)
+
+    def call() -> str:
+        got: List[Any] = []
+        ts = [threading.Thread(target=one, args=(v, got), name=name)
+              for v, name in ((1.0, "A"), (100.0, "B"))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        wrong = [e for e in got if isinstance(e, AssertionError)]
+        if wrong:
+            raise wrong[0]
+        if got:
+            raise got[0]
+        return "right"
+
+    return call
 
 
 def _counts(a: Dict[str, Any], n: int) -> List[int]:
@@ -74,6 +120,8 @@ def _counts(a: Dict[str, Any], n: int) -> List[int]:
 
 
 def team_call(team: Any, a: Dict[str, Any], np: Any) -> Callable[[], Any]:
+    if a["coll"] == "threads":
+        return lambda: None  # (see threads_call)
     x = np.ones(a["count"], a["dtype"])
     if a["coll"] in ("allreduce", "scan", "exscan"):
         return lambda: getattr(team, a["coll"])(x, op=a["op"]).wait(timeout=20)
@@ -88,6 +136,8 @@ def team_call(team: Any, a: Dict[str, Any], np: Any) -> Callable[[], Any]:
 
 
 def comm_call(comm: Any, a: Dict[str, Any], np: Any, MPI: Any) -> Callable[[], Any]:
+    if a["coll"] == "threads":
+        return lambda: None  # (see threads_call)
     x = np.ones(a["count"], a["dtype"])
     op = {"sum": MPI.SUM, "max": MPI.MAX}.get(a.get("op", "sum"))
     if a["coll"] in ("allreduce", "scan", "exscan"):
@@ -108,6 +158,8 @@ def torch_call(group: Any, a: Dict[str, Any], np: Any) -> Optional[Callable[[], 
     import torch
     import torch.distributed as dist
 
+    if a["coll"] == "threads":
+        return None
     x = torch.from_numpy(np.ones(a["count"], a["dtype"]))
     op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}.get(a.get("op", "sum"))
     if a["coll"] == "allreduce":
@@ -128,7 +180,7 @@ def outcome(call: Callable[[], Any], front: str, MPI: Any) -> str:
     import pycoll
 
     try:
-        call()
+        got = call()
     except pycoll.MismatchError as exc:
         if os.environ.get("MISMATCH_VERBOSE"):
             print(f"## {MPI.COMM_WORLD.rank}: {exc}", flush=True)
@@ -143,7 +195,7 @@ def outcome(call: Callable[[], Any], front: str, MPI: Any) -> str:
         return "raised"
     except Exception as exc:  # noqa: BLE001 - reported, the campaign goes on
         return f"other: {type(exc).__name__}: {str(exc)[:120]}"
-    return "silent"
+    return "right" if isinstance(got, str) and got == "right" else "silent"
 
 
 def agreeing(front: str, made: Any, np: Any, MPI: Any) -> Callable[[], Any]:
@@ -194,6 +246,8 @@ def rank_main(fronts: List[str], quick: bool, numbers: List[int]) -> None:
 
                     made = dist.new_group(backend="pycoll")
                     bad = torch_call(made, args, np)  # type: ignore[assignment]
+                if args["coll"] == "threads":
+                    bad = threads_call(front, made, np, MPI)
                 if bad is not None:
                     good = agreeing(front, made, np, MPI)
                     before = [outcome(good, front, MPI) for _ in range(number - 1)]
@@ -202,10 +256,11 @@ def rank_main(fronts: List[str], quick: bool, numbers: List[int]) -> None:
                         result = f"other: agreeing call: {result}"
                     else:
                         result = outcome(bad, front, MPI)
-                        if result == "silent":  # (did the rank learn at its next call?)
+                        if result in ("silent", "right"):  # (did the rank learn at its next call?)
                             after = outcome(good, front, MPI)
-                            result = {"raised": "next", "silent": "silent"}.get(after,
-                                                                                f"silent, then {after}")
+                            then = {"raised": "next", "silent": "silent"}.get(
+                                after, f"{result}, then {after}")
+                            result = "right" if result == "right" and after == "silent" else then
                     # (marked: mpiexec may join two ranks' lines)
                     rep = json.dumps({"rank": r, "front": front, "kind": kind, "number": number,
                                       "result": result})
@@ -292,8 +347,11 @@ def main() -> int:
             row = rows.setdefault((name, front), dict.fromkeys(COLUMNS, 0))
             row["cases"] += 1
             passed = len(got) == n and all(g in ("raised", "next") for g in got)
-            verdict = ("raised" if got == ["raised"] * n else "next" if passed else
-                       "silent" if "silent" in got else "other")  # ("silent, then ...": other)
+            if got == ["right"] * n:  # (threads that took turns alike on every rank: no harm done)
+                passed, verdict = True, "right"
+            else:
+                verdict = ("raised" if got == ["raised"] * n else "next" if passed else
+                           "silent" if "silent" in got else "other")  # ("silent, then ...": other)
             row[verdict] += 1
             if not passed:
                 bad.append(f"{name} {front} {kind} at call {number}: {got}")
@@ -302,10 +360,11 @@ def main() -> int:
     print(f"{n} ranks, disagreeing at calls {args.calls if not args.quick else numbers}; a case is "
           "'raised' when every rank raised the mismatch error at the call, 'next' when every rank did "
           "at the call or at its next\n")
-    print(f"{'transport':<10} {'front':<6} {'cases':>5} {'raised':>6} {'next':>5} {'silent':>6} {'other':>5}")
+    print(f"{'transport':<10} {'front':<6} {'cases':>5} {'raised':>6} {'next':>5} {'right':>5} {'silent':>6} "
+          f"{'other':>5}")
     for (name, front), row in rows.items():
         print(f"{name:<10} {front:<6} {row['cases']:>5} {row['raised']:>6} {row['next']:>5} "
-              f"{row['silent']:>6} {row['other']:>5}")
+              f"{row['right']:>5} {row['silent']:>6} {row['other']:>5}")
     for line in bad:
         print("NOT RAISED:", line)
     return 1 if bad else 0
