@@ -1,14 +1,28 @@
 """Chaos campaign: kill one rank at a random moment and measure how fast the others know.
 
-Each trial starts ``-n`` ranks on this host around a TCP store (``Team.from_store``; the shared
-segment, or the transports ``PYCOLL_TLS`` names), runs a random sequence of collectives checked
-against numpy, and makes one random rank leave at a random call in one of these ways:
+Each trial starts ``-n`` ranks on this host, makes a team of them, runs a random sequence of
+collectives checked against numpy, and makes one random rank leave at a random call in one of
+these ways:
 
 - ``sigkill``: SIGKILL in the middle of a collective (posted, partly done);
 - ``os_exit``: ``os._exit(3)`` between calls (no atexit, no exception: the process is gone);
 - ``raise``: an uncaught exception between calls;
 - ``sys_exit``: ``sys.exit(0)`` between calls (the interpreter exits normally);
 - ``close``: the rank closes its team and lives on (sleeps; killed at the end of the trial).
+
+The team, by ``--tls`` (a list; each gets its own trials and table):
+
+- ``segment``: from a TCP store (``Team.from_store``), on the host's shared segment;
+- ``tcp``, ``ucx``: from a TCP store, point to point over pycoll's TCP or UCX (``PYCOLL_TLS``);
+- ``mpi``: from MPI (``Team.from_mpi`` of ``COMM_WORLD``), point to point over MPI. Its ranks start
+  under ``mpiexec -disable-auto-cleanup``, each under a shell it leaves for a process group of its
+  own, with ``PYCOLL_ABORT_ON_ERROR=0``: MPICH's launcher would otherwise end the whole job when a
+  rank dies or raises, leaving nobody to measure. The survivors cannot finalize MPI with a peer
+  gone: the trial ends them once they reported, and removes the files MPICH then leaves (counted
+  apart, not as leftovers). No ``--shrink`` there: a shrink needs a store-made team.
+
+Without ``--tls``: one campaign of store-made teams on what ``PYCOLL_TLS`` names (the default: the
+segment).
 
 The others must raise a pycoll error (not hang, not return a wrong result). With ``--shrink`` they
 then go on, as :mod:`pycoll.recovery` says: revoke the team, shrink it to the survivors and check
@@ -26,6 +40,7 @@ is 1 if any trial hung, gave a wrong result, left something behind or took longe
     python benchmarks/chaos.py --quick           # 10 trials, two of each way (the test suite's)
     python benchmarks/chaos.py --shrink          # ... and the survivors shrink and go on
     PYCOLL_TLS=tcp python benchmarks/chaos.py    # point to point over TCP, no segment
+    python benchmarks/chaos.py --tls mpi,ucx     # MPI's and UCX's point to point, one table each
 """
 
 from __future__ import annotations
@@ -38,25 +53,50 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 WAYS = ("sigkill", "os_exit", "raise", "sys_exit", "close")
 #: marks a trial's processes in their environment (pycoll.leftovers.JobFiles)
 TRIAL_VAR = "PYCOLL_CHAOS_TRIAL"
 COLLS = ("allreduce", "bcast", "allgather", "alltoall", "gather", "scatter", "reduce", "barrier")
+#: The settings of each team kind (``--tls``); ``mpi``'s team is made from MPI, the others' from a store.
+TRANSPORTS = {"segment": {"PYCOLL_TLS": "shm,tcp"}, "tcp": {"PYCOLL_TLS": "tcp"},
+              "ucx": {"PYCOLL_TLS": "ucx"}, "mpi": {"PYCOLL_TLS": "mpi", "PYCOLL_ABORT_ON_ERROR": "0"}}
+_report: Any = None  # where this rank writes what happened to it (one JSON object a line)
+
+
+def say(**what: Any) -> None:
+    """Write one record of what happened to this rank to its report file."""
+    _report.write(json.dumps(what) + "\n")
+    _report.flush()
 
 
 # ------------------------------------------------------------------ one rank
-def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str, die_at: int,
-              calls: int, shrink: bool = False) -> None:
+def rank_main(kind: str, out: str, rank: int, size: int, port: int, seed: int, victim: int, way: str,
+              die_at: int, calls: int, shrink: bool = False) -> None:
+    """One rank of a trial: ``kind`` ``store`` (a store-made team around the store at ``port``) or
+    ``mpi`` (a team made from MPI's world: ``rank`` and ``size`` are its own); it writes what
+    happens to it to ``out/<rank>.jsonl``."""
+    global _report
     import numpy as np
 
     import pycoll
     from pycoll import Team
-    from pycoll.store import TCPStore
 
-    team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
+    if kind == "mpi":
+        os.setpgid(0, 0)  # (out of the process group the launcher ends when a rank dies: see above)
+        from mpi4py import MPI
+
+        rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        _report = open(os.path.join(out, f"{rank}.jsonl"), "a")  # noqa: SIM115 - this rank's, to its end
+        team = Team.from_mpi(MPI.COMM_WORLD)
+    else:
+        from pycoll.store import TCPStore
+
+        _report = open(os.path.join(out, f"{rank}.jsonl"), "a")  # noqa: SIM115 - this rank's, to its end
+        team = Team.from_store(TCPStore("127.0.0.1", port, timeout=30), rank, size)
     rng = random.Random(seed)  # the same sequence on every rank
     for i in range(calls):
         coll = rng.choice(COLLS)
@@ -72,20 +112,19 @@ def rank_main(rank: int, size: int, port: int, seed: int, victim: int, way: str,
                     team.shared.polls = 1  # give up waiting at once: the collective stays half done
                 req = post(team, coll, x, count, root, size)
                 req.test()
-                print(json.dumps({"rank": rank, "left": time.time()}), flush=True)
+                say(rank=rank, left=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
-            out = post(team, coll, x, count, root, size).wait()
-            if not check(coll, out, count, root, rank, size, np):
-                print(json.dumps({"rank": rank, "wrong": f"{coll} #{i}"}), flush=True)
+            result = post(team, coll, x, count, root, size).wait()
+            if not check(coll, result, count, root, rank, size, np):
+                say(rank=rank, wrong=f"{coll} #{i}")
                 return
         except pycoll.PycollError as exc:
-            kind = type(exc).__name__
-            print(json.dumps({"rank": rank, "error": time.time(), "kind": kind, "call": i,
-                              "since_call": time.time() - t0, "text": str(exc)[:300]}), flush=True)
+            say(rank=rank, error=time.time(), kind=type(exc).__name__, call=i, since_call=time.time() - t0,
+                text=str(exc)[:300])
             if shrink:
                 go_on(team, rank, size, victim)
             return
-    print(json.dumps({"rank": rank, "finished": True}), flush=True)
+    say(rank=rank, finished=True)
 
 
 def go_on(team: Any, rank: int, size: int, victim: int) -> None:
@@ -100,16 +139,15 @@ def go_on(team: Any, rank: int, size: int, victim: int) -> None:
         y = np.array([float(rank)])
         new.allreduce(y).wait()
         ok = new.size == size - 1 and y[0] == sum(range(size)) - victim
-        print(json.dumps({"rank": rank, "recovered": time.time(), "members": new.size, "ok": bool(ok)}),
-              flush=True)
+        say(rank=rank, recovered=time.time(), members=new.size, ok=bool(ok))
         new.close()
     except pycoll.PycollError as exc:
-        print(json.dumps({"rank": rank, "unrecovered": f"{type(exc).__name__}: {exc}"[:300]}), flush=True)
+        say(rank=rank, unrecovered=f"{type(exc).__name__}: {exc}"[:300])
 
 
 def leave(team: Any, way: str) -> None:
     """Leave the team in ``way`` (between calls), having said when."""
-    print(json.dumps({"rank": team.rank, "left": time.time()}), flush=True)
+    say(rank=team.rank, left=time.time())
     if way == "os_exit":
         os._exit(3)
     if way == "raise":
@@ -160,51 +198,62 @@ def check(coll: str, out: Any, count: int, root: int, rank: int, size: int, np: 
 
 
 # ------------------------------------------------------------------ the campaign
-def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: bool = False) -> Dict:
-    """One trial: the ranks' reports, and what went wrong."""
+def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: bool = False,
+          tl: str = "") -> Dict:
+    """One trial on the team kind ``tl`` (see ``TRANSPORTS``; "": a store-made team on what the
+    environment says): the ranks' reports, and what went wrong."""
+    from pycoll.launch import find_mpiexec
     from pycoll.leftovers import JobFiles
     from pycoll.store import TCPStore
 
     rng = random.Random(seed)
     victim, calls = rng.randrange(size), 12
     die_at = rng.randrange(2, calls - 2)
-    server = TCPStore(port=0, is_master=True, timeout=30)
-    mark = f"{os.getpid()}.{seed}"  # (the trial's processes carry it: their files are counted, no others)
+    mark = f"{os.getpid()}.{seed}.{tl}"  # (its processes carry it: their files are counted, no others)
     files = JobFiles(TRIAL_VAR, mark).watch()
-    env = dict(os.environ, PYCOLL_TIMEOUT=str(timeout), **{TRIAL_VAR: mark})
-    argv = [str(size), str(server.port), str(seed), str(victim), way, str(die_at), str(calls),
-            str(int(shrink))]
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                              start_new_session=True) for r in range(size)]
+    env = dict(os.environ, PYCOLL_TIMEOUT=str(timeout), **TRANSPORTS.get(tl, {}), **{TRIAL_VAR: mark})
+    out = tempfile.mkdtemp(prefix="pycoll-chaos-")
+    argv = [str(seed), str(victim), way, str(die_at), str(calls), str(int(shrink))]
+    server = None
+    if tl == "mpi":
+        cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(size), "sh", "-c", '"$@"; exit $?', "sh",
+               sys.executable, __file__, "--rank", "mpi", out, "-1", str(size), "0", *argv]
+        started = time.time()
+        procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                  start_new_session=True)]
+        files.launcher(procs[0].pid, started)
+    else:
+        server = TCPStore(port=0, is_master=True, timeout=30)
+        procs = [subprocess.Popen([sys.executable, __file__, "--rank", "store", out, str(r), str(size),
+                                   str(server.port), *argv], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                 for r in range(size)]
+    survivors = [r for r in range(size) if r != victim]
     deadline = time.monotonic() + limit
-    reports: Dict[int, Dict] = {}
-    hung = []
-    # the survivors first; then the victim (one that closed its team lives on: it is ended now)
-    for r in sorted(range(size), key=lambda q: q == victim):
-        p = procs[r]
-        try:
-            wait = 0.1 if r == victim and way == "close" else max(0.1, deadline - time.monotonic())
-            out = p.communicate(timeout=wait)[0]
-        except subprocess.TimeoutExpired:
-            if not (r == victim and way == "close"):
-                hung.append(r)
-            os.killpg(p.pid, signal.SIGKILL)
-            out = p.communicate()[0]
-        for line in out.splitlines():
-            if line.startswith("{"):
-                reports.setdefault(r, {}).update(json.loads(line))
-    server.close()
+    while True:  # until every survivor is done (or the limit): the victim may live on (close, MPI_Finalize)
+        reports = _reports(out, size)
+        if all(_done(reports.get(r, {}), shrink) for r in survivors) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    time.sleep(0.1)
+    hung = [r for r in survivors if not _done(reports.get(r, {}), shrink)]
     for p in procs:
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _end_marked(mark)
+    for p in procs:
+        p.wait()
+    if server is not None:
+        server.close()
+    reports = _reports(out, size)
+    for f in os.listdir(out):
+        os.unlink(os.path.join(out, f))
+    os.rmdir(out)
     left = reports.get(victim, {}).get("left")
     detections, wrong, timeouts, recoveries, unrecovered = [], [], [], [], []
-    for r in range(size):
-        if r == victim:
-            continue
+    for r in survivors:
         rep = reports.get(r, {})
         if shrink and rep.get("ok") and left is not None:
             recoveries.append(max(0.0, rep["recovered"] - left))
@@ -220,47 +269,86 @@ def trial(size: int, seed: int, way: str, limit: float, timeout: float, shrink: 
             hung.append(r)  # finished without noticing: cannot be (the victim never came)
     time.sleep(0.1)
     files.stop()
-    leftovers = files.present()
+    present = files.present()
     files.remove()
-    return {"way": way, "victim": victim, "die_at": die_at, "detections": detections, "hung": hung,
-            "recoveries": recoveries, "unrecovered": unrecovered,
-            "timeouts": timeouts, "wrong": wrong, "leftovers": leftovers,
-            "texts": sorted({reports.get(r, {}).get("text", "")[:120] for r in range(size) if r != victim})}
+    # (a team from MPI: the trial ended its ranks, so MPICH's files are the trial's doing, not left)
+    leftovers = [f for f in present if tl != "mpi" or os.path.basename(f).startswith("pycoll")]
+    return {"tl": tl, "way": way, "victim": victim, "die_at": die_at, "detections": detections, "hung": hung,
+            "recoveries": recoveries, "unrecovered": unrecovered, "timeouts": timeouts, "wrong": wrong,
+            "leftovers": leftovers, "removed": len(present) - len(leftovers),
+            "texts": sorted({reports.get(r, {}).get("text", "")[:120] for r in survivors})}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", type=int, default=4, help="ranks per trial (default 4)")
-    ap.add_argument("--trials", type=int, default=100)
-    ap.add_argument("--quick", action="store_true", help="10 trials, two of each way")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=20.0, help="PYCOLL_TIMEOUT of the ranks")
-    ap.add_argument("--shrink", action="store_true",
-                    help="the survivors revoke, shrink and check an allreduce on the new team")
-    ap.add_argument("--json", help="write every trial here")
-    ap.add_argument("--max-detection", type=float, default=1.0,
-                    help="a detection slower than this (seconds) fails the campaign (default 1)")
-    ap.add_argument("--max-recovery", type=float, default=2.0,
-                    help="with --shrink: going on later than this (seconds) fails the campaign (default 2)")
-    args = ap.parse_args()
-    trials = 10 if args.quick else args.trials
-    results = []
+def _reports(out: str, size: int) -> Dict[int, Dict]:
+    """What each rank wrote so far (its records merged, later ones win)."""
+    reports: Dict[int, Dict] = {}
+    for r in range(size):
+        try:
+            with open(os.path.join(out, f"{r}.jsonl")) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            try:
+                reports.setdefault(r, {}).update(json.loads(line))
+            except json.JSONDecodeError:  # (a line being written)
+                pass
+    return reports
+
+
+def _done(rep: Dict, shrink: bool) -> bool:
+    """Whether a survivor wrote all it will: a wrong result, the end, or its error (and, with
+    ``--shrink``, whether it went on)."""
+    if "wrong" in rep or "finished" in rep:
+        return True
+    return "error" in rep and (not shrink or "recovered" in rep or "unrecovered" in rep)
+
+
+def _end_marked(mark: str) -> None:
+    """SIGKILL every process that carries the trial's mark (a rank of a team from MPI leaves the
+    launcher's process group), and wait until they are gone."""
+    tag = f"{TRIAL_VAR}={mark}\0".encode()
+    for _ in range(100):
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if tag in f.read():
+                        pids.append(int(pid))
+            except OSError:
+                continue
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)
+
+
+def campaign(tl: str, args: argparse.Namespace, trials: int) -> int:
+    """The trials on team kind ``tl`` and their table; how many of them went wrong."""
+    shrink = args.shrink and tl != "mpi"
+    results: List[Dict] = []
     for t in range(trials):
         way = WAYS[t % len(WAYS)]
         res = trial(args.n, args.seed * 1000 + t, way, limit=args.timeout + 30, timeout=args.timeout,
-                    shrink=args.shrink)
+                    shrink=shrink, tl=tl)
         results.append(res)
         print(f"trial {t:3d} {way:<8} victim {res['victim']} at call {res['die_at']}: detected in "
               + (", ".join(f"{d:.3f}" for d in res["detections"]) or "-") + " s"
               + ("; went on in " + (", ".join(f"{d:.3f}" for d in res["recoveries"]) or "-") + " s"
-                 if args.shrink else "")
+                 if shrink else "")
               + "".join(f"; {k} {res[k]}" for k in ("hung", "timeouts", "wrong", "leftovers", "unrecovered")
                         if res[k]),
               flush=True)
-    print(f"\n{args.n} ranks, {trials} trials, transports {os.environ.get('PYCOLL_TLS', 'default')}")
+    what = tl or f"store teams, PYCOLL_TLS {os.environ.get('PYCOLL_TLS', 'default')}"
+    note = "" if shrink or not args.shrink else " (no --shrink: it needs a store-made team)"
+    print(f"\n{args.n} ranks, {trials} trials, transports {what}{note}")
     print(f"{'way':<9} {'trials':>6} {'median_s':>9} {'max_s':>7} {'hangs':>6} {'timeouts':>8} {'wrong':>6} "
           f"{'leftovers':>9}" + (f" {'went_on_median_s':>16} {'went_on_max_s':>13} {'not_on':>6}"
-                                 if args.shrink else ""))
+                                 if shrink else ""))
     bad = 0
     for way in WAYS:
         rs = [r for r in results if r["way"] == way]
@@ -274,16 +362,50 @@ def main() -> int:
         bad += hangs + wrong + leftovers + sum(d > args.max_detection for d in ds)
         line = (f"{way:<9} {len(rs):>6} {statistics.median(ds) if ds else float('nan'):>9.3f} "
                 f"{max(ds) if ds else float('nan'):>7.3f} {hangs:>6} {touts:>8} {wrong:>6} {leftovers:>9}")
-        if args.shrink:
+        if shrink:
             rec = [d for r in rs for d in r["recoveries"]]
             stuck = sum(len(r["unrecovered"]) for r in rs)
             bad += stuck + sum(d > args.max_recovery for d in rec)
             line += (f" {statistics.median(rec) if rec else float('nan'):>16.3f} "
                      f"{max(rec) if rec else float('nan'):>13.3f} {stuck:>6}")
         print(line)
+    ds = [d for r in results for d in r["detections"]]
+    if ds:
+        print(f"{'all':<9} {len(results):>6} {statistics.median(ds):>9.3f} {max(ds):>7.3f}")
+    if tl == "mpi":
+        print(f"(MPICH's files of the ended jobs, removed: {sum(r['removed'] for r in results)})")
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "a") as f:
             json.dump(results, f, indent=1)
+            f.write("\n")
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=4, help="ranks per trial (default 4)")
+    ap.add_argument("--trials", type=int, default=100, help="trials per transport")
+    ap.add_argument("--quick", action="store_true", help="10 trials, two of each way")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=20.0, help="PYCOLL_TIMEOUT of the ranks")
+    ap.add_argument("--tls", default="",
+                    help=f"team kinds, each a campaign of its own ({', '.join(TRANSPORTS)}); default: "
+                         "store-made teams on what PYCOLL_TLS says")
+    ap.add_argument("--shrink", action="store_true",
+                    help="the survivors revoke, shrink and check an allreduce on the new team "
+                         "(store-made teams)")
+    ap.add_argument("--json", help="append every trial here")
+    ap.add_argument("--max-detection", type=float, default=1.0,
+                    help="a detection slower than this (seconds) fails the campaign (default 1)")
+    ap.add_argument("--max-recovery", type=float, default=2.0,
+                    help="with --shrink: going on later than this (seconds) fails the campaign (default 2)")
+    args = ap.parse_args()
+    kinds = [t for t in args.tls.split(",") if t] or [""]
+    unknown = [t for t in kinds if t and t not in TRANSPORTS]
+    if unknown:
+        ap.error(f"unknown --tls {unknown}: choose among {', '.join(TRANSPORTS)}")
+    trials = 10 if args.quick else args.trials
+    bad = sum(campaign(tl, args, trials) for tl in kinds)
     if bad:
         print(f"FAILED: {bad} hangs, wrong results, leftovers, detections over {args.max_detection:g} s"
               + (f" or survivors that did not go on within {args.max_recovery:g} s" if args.shrink else ""))
@@ -293,7 +415,7 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
         a = sys.argv[2:]
-        rank_main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5], int(a[6]), int(a[7]),
-                  a[8] == "1")
+        rank_main(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6]), a[7], int(a[8]),
+                  int(a[9]), a[10] == "1")
     else:
         sys.exit(main())

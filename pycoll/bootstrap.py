@@ -33,10 +33,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from pycoll import auth, config
+from pycoll import auth, config, lost
 from pycoll.algorithms.push_pull import Roles
 from pycoll.engine.context import Context, get_context
 from pycoll.errors import MismatchError, RevokedError
+from pycoll.liveness import Liveness, host_address
 from pycoll.news import MPINews
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
@@ -97,7 +98,9 @@ def from_mpi(cls: type, comm: Any, ctx: Optional[Context] = None, tls: Optional[
     if team.size > 1:  # where a timed-out collective asks its peers what they do
         team.planner.peer_status = MPIStatus(dup.Dup(), team.planner, ctx.lock)
         ctx.watch(_answering(team.planner.peer_status))
-    attach_shm(team, exchange, tls)
+    live = Liveness(team.rank, team.size, seal, host_address) if team.size > 1 else None
+    attach_shm(team, exchange, tls, live)
+    _watch_peers(team, live)
     if team.size > 1:  # a rank that finds the calls out of step tells the others there (pycoll.news)
         _hear(team, MPINews(team.planner.peer_status.comm, team.planner.marks, ctx.lock, seal.team_id))
     _strays(team)
@@ -175,6 +178,7 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         ctx.add_transport(transport)
     team = cls(rank, size, transport, ctx, name=team_prefix)
     made: List[Team] = []
+    live = None
     try:
         team.store = store
         team.recovery = Recovery(team, store, seal, space, tls, advertise)
@@ -183,7 +187,10 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
         rounds = itertools.count()
         shm = auth.sealed(lambda v: store_allgather(store, f"{space}/shm{next(rounds)}", rank, size, v),
                           seal, rank, size, f"{space}/shm")
-        attach_shm(team, shm, tls)
+        if size > 1:  # (the address its peers on other hosts reach it at: made only where needed)
+            live = Liveness(rank, size, seal, lambda: advertise or _local_address(store))
+        attach_shm(team, shm, tls, live)
+        _watch_peers(team, live)
         _store_news(team)  # (its transport is final now: the segment's may have replaced TCP)
         _strays(team)
         topo = team.topology
@@ -202,6 +209,8 @@ def from_store(cls: type, store: Any, rank: int, size: int, ctx: Optional[Contex
             for sub in made:
                 sub.close()
             close(team)
+            if live is not None:
+                live.close()
         raise
     if watch:
         team.recovery.start_watching()
@@ -223,10 +232,12 @@ def _revoker(team: Team) -> Callable[[BaseException], None]:
     return revoked
 
 
-def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = None) -> None:
+def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = None,
+               live: Optional[Liveness] = None) -> None:
     """Learn which node every rank is on (``team.topology``) and map a shared segment if all
     ranks are on one node and ``tls`` (PYCOLL_TLS) allows ``shm`` (collective:
-    ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange)."""
+    ``allgather(bytes) -> list[bytes]`` is the team's bootstrap exchange). ``live``'s offer
+    (:mod:`pycoll.liveness`) goes with this rank's node key, and it meets the peers' here."""
     if team.size < 2:
         team.topology = Topology((0,))
         return
@@ -235,7 +246,12 @@ def attach_shm(team: Team, allgather: Exchange, tls: Optional[Sequence[str]] = N
     from pycoll.tl.shm import shm_available  # noqa: PLC0415 - the native build is optional
 
     wanted = "shm" in tls and shm_available()
-    infos = [v.decode().rsplit("|", 1) for v in allgather(f"{node_key()}|{int(wanted)}".encode())]
+    mine = f"{node_key()}|{int(wanted)}".encode()
+    values = allgather(mine if live is None else mine + b"|" + live.offer())
+    if live is not None:
+        live.meet([v.rsplit(b"|", 1)[1] for v in values], allgather)
+        values = [v.rsplit(b"|", 1)[0] for v in values]
+    infos = [v.decode().rsplit("|", 1) for v in values]
     team.topology = Topology.from_keys([key for key, _ in infos])
     ctx = team.ctx
     # (whatever moves the data: a rank that waits on a peer for a core it holds must yield it)
@@ -286,6 +302,10 @@ def _answering(asked: MPIStatus) -> Any:
 
 def close(team: Team) -> None:
     """Release ``team``'s transport, shared segment and sub-teams (after its last collective)."""
+    watching = getattr(team, "liveness", None)
+    if watching is not None:  # (its peers learn first that it closed the team: pycoll.lost)
+        team.liveness = None
+        lost.forget(team, watching)
     if team.recovery is not None:  # (it stops looking at the store)
         team.recovery.close()
     team.ps.close()
@@ -367,6 +387,13 @@ def _hear(team: Team, news: MPINews) -> None:
     if team.shared is None and team.transport.name == "mpi":
         marks.pending = news.pending
     team.ctx.watch(marks.take)
+
+
+def _watch_peers(team: Team, live: Optional[Liveness]) -> None:
+    """Have ``team``'s engine look after its peers while it waits (:mod:`pycoll.lost`): a peer that
+    left is known on every transport, not only where the transport notices."""
+    if live is not None:
+        team.liveness = lost.watch(team, live, team.ctx.lock)
 
 
 def _store_news(team: Team) -> None:

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import re
+import time
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from pycoll.errors import TransportError
+from pycoll.errors import PeerLostError, TransportError
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
 
 _HASHES: Dict[Any, int] = {}
@@ -472,14 +474,34 @@ class Transport(abc.ABC):
         return None
 
     #: The team's look at its peers (:mod:`pycoll.liveness`, set by the bootstrap): the ranks
-    #: known to have left, whatever the transport itself can tell. None: none.
-    gone: Optional[Callable[[], Set[int]]] = None
+    #: known to have left, whatever the transport itself can tell, each with the words that name
+    #: it in an error (``rank 2 (pid 4242, host n1) has died``). None: none.
+    gone: Optional[Callable[[], Dict[int, str]]] = None
+
+    def lost_error(self, peer: int, what: str, exiting: bool = False) -> Optional[PeerLostError]:
+        """The PeerLostError of ``what`` (an operation with ``peer`` that failed) if the team's look
+        at its peers finds ``peer`` gone, naming it (rank, pid, host); None if not. ``exiting``: the
+        transport found the peer's process going (its memory could not be read): looked at again
+        for up to a second until its end shows, and lost in any case."""
+        deadline = time.monotonic() + (1.0 if exiting and self.gone is not None else 0.0)
+        words = None
+        while self.gone is not None:
+            words = self.gone().get(peer)
+            if words is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        if words is None and not exiting:
+            return None
+        words = words or f"rank {peer} has died"
+        pid = re.search(r"\(pid (\d+)", words)
+        return PeerLostError(f"{self.name}: {words}: {what}", rank=peer, pid=int(pid[1]) if pid else 0,
+                             how=words.split(") ", 1)[-1] if pid else "has died")
 
     def lost_peers(self) -> Set[int]:
         """The ranks known to have left for good: those the team's look at its peers finds gone
         (:attr:`gone`), and those this transport knows of itself (a closed connection)."""
         gone = self.gone
-        return set() if gone is None else gone()
+        return set() if gone is None else set(gone())
 
     def close(self) -> None:  # noqa: B027 - optional, most transports hold nothing
         """Release the transport's resources."""

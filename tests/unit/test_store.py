@@ -90,7 +90,7 @@ def test_a_bootstrap_that_fails_leaves_no_transport_registered_or_open(monkeypat
     from pycoll import bootstrap, get_context
     from pycoll.team import Team
 
-    def broken(team, allgather, tls=None):
+    def broken(team, allgather, tls=None, live=None):
         raise RuntimeError("the bootstrap broke")
 
     class OneTeamNumber(dict):  # (both threads' teams are one team: the same store keys)

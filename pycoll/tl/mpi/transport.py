@@ -77,26 +77,32 @@ def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
     return _CHECKED | ((key_hash(prefix) & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
 
 
-def failure(req: TransportRequest, exc: Any, statuses: Any = ()) -> TransportError:
+def failure(req: TransportRequest, exc: Any, statuses: Any = (),
+            transport: Optional[Transport] = None) -> TransportError:
     """The TransportError of ``req`` whose MPI requests failed with ``exc`` (their ``statuses``,
     when tested together, hold each one's error). A message longer than the receive
-    (``MPI_ERR_TRUNCATE``) says what that means here: the ranks' calls differ in size."""
+    (``MPI_ERR_TRUNCATE``) says what that means here: the ranks' calls differ in size. A peer gone
+    (its team knows, or MPICH could not read its memory: errno 3) gives ``transport.lost_error``."""
     codes = [exc.Get_error_code(), *(st.Get_error() for st in statuses)]
+    what = f"{req.kind} {'to' if req.kind == 'send' else 'from'} rank {req.peer} (tag {req.tag!r})"
     why = str(exc)
     if any(code and MPI.Get_error_class(code) == MPI.ERR_TRUNCATE for code in codes):
         why = ("a message larger than this rank's receive buffer arrived (MPI_ERR_TRUNCATE): the ranks' "
                "calls differ in size. The agreement check samples calls past a team's first ones "
                "(PYCOLL_CHECK=all checks every call and names the ranks that differ)")
-    return TransportError(f"mpi: {req.kind} {'to' if req.kind == 'send' else 'from'} rank {req.peer} "
-                          f"(tag {req.tag!r}) failed: {why}")
+    elif transport is not None:  # (a peer gone: PeerLostError; MPICH's stack's last line only)
+        last = why.strip().splitlines()[-1]
+        return transport.lost_error(req.peer, f"the {what} failed: {last}", "(errno 3)" in why) or \
+            TransportError(f"mpi: {what} failed: {why}")
+    return TransportError(f"mpi: {what} failed: {why}")
 
 
-def _test(req: TransportRequest, mpi_reqs: Any) -> bool:
-    """Test MPI requests for ``req``: done when all are; an MPI error becomes a TransportError."""
+def _test(req: TransportRequest, mpi_reqs: Any, transport: Optional[Transport] = None) -> bool:
+    """Test MPI requests for ``req``: done when all are; an MPI error becomes :func:`failure`'s."""
     try:
         ok = mpi_reqs[0].Test() if len(mpi_reqs) == 1 else MPI.Request.Testall(mpi_reqs)
     except MPI.Exception as exc:
-        req.error = failure(req, exc)
+        req.error = failure(req, exc, transport=transport)
         raise req.error from None
     if ok:
         req.done = True
@@ -180,7 +186,7 @@ class _CheckedRecv(TransportRequest):
                 if self.error is not None:
                     raise self.error
                 return self.done
-        if _test(self, (self.payload,)):  # its payload (nbytes: as its header announced) arrived
+        if _test(self, (self.payload,), self.transport):  # its payload (nbytes: as its header said) arrived
             self.transport.traffic.received(self.peer, self.nbytes)
             return True
         return False
@@ -261,7 +267,7 @@ class _SplitRecv(_MPIRequest):
         except MPI.Exception as exc:
             if exc.Get_error_class() == MPI.ERR_TRUNCATE:
                 return -1
-            self.error = failure(self, exc)
+            self.error = failure(self, exc, transport=self.transport)
             self._withdraw()
             raise self.error from None
         return status.Get_count(MPI.BYTE)
@@ -549,7 +555,7 @@ class MPITransport(Transport):
                 req.nbytes = -1
                 req.done = True
                 return True
-            req.error = failure(req, exc, statuses[:len(mpi_reqs)])
+            req.error = failure(req, exc, statuses[:len(mpi_reqs)], self)
             raise req.error from None
         if ok:
             status = statuses[len(mpi_reqs) - 1]
