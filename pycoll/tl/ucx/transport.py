@@ -149,15 +149,15 @@ def _silence() -> float:
 
 
 def _tcp_settings() -> bytes:
-    """UCX's TCP settings that lose a silent host within PYCOLL_PEER_SILENCE (applied where the
-    environment does not set them): data unacknowledged that long closes the connection
-    (``TCP_USER_TIMEOUT``; the pings of :meth:`UCXTransport.check_silence` give an idle one data to
-    acknowledge), and the kernel's keepalive probes an idle one after a second. A stopped
-    process's kernel still acknowledges, so a stopped rank is not lost."""
-    silence = _silence()
-    if silence == math.inf:
+    """UCX's TCP settings (applied where the environment does not set them): the kernel's
+    keepalive probes an idle connection after a second. No ``TCP_USER_TIMEOUT``: the kernel
+    applies it to a receiver whose window stays full too, so a peer merely stopped (SIGSTOP, a
+    debugger) while data waited for it was lost; a host that goes silent is lost by the team's
+    look at its peers (:mod:`pycoll.liveness`: a connection of its own that carries no data, whose
+    probes a stopped process's kernel answers)."""
+    if _silence() == math.inf:
         return b""
-    return f"TCP_USER_TIMEOUT={silence:g}s\nTCP_KEEPIDLE=1s\nTCP_KEEPINTVL=1s".encode()
+    return b"TCP_KEEPIDLE=1s\nTCP_KEEPINTVL=1s"
 
 
 def _finished(req: TransportRequest) -> bool:
