@@ -58,8 +58,11 @@ from pycoll.tl.base import key_hash
 log = logging.getLogger("pycoll")
 
 #: How a peer says it left (the ``how`` of its message).
-EXITED, RAISED, CLOSED = 1, 2, 3
-_SAYS = {EXITED: "exited", RAISED: "raised", CLOSED: "closed its team"}
+EXITED, RAISED, CLOSED, OUT_OF_STEP = 1, 2, 3, 4
+_SAYS = {EXITED: "exited", RAISED: "raised", CLOSED: "closed its team",
+         OUT_OF_STEP: "left after it found the team's calls out of step:"}
+#: The words of a peer that left after it found the team's calls out of step (its text follows).
+OUT_OF_STEP_SAYS = _SAYS[OUT_OF_STEP]
 #: The words of a peer that ended without a word, and of one whose host stopped answering.
 DIED = "has died"
 SILENT = "stopped answering: its host acknowledged nothing for {:.1f} s (gone, or cut off the network)"
@@ -68,7 +71,7 @@ CONNECT_S = 30.0
 #: The longest message a peer may send (it says how it left; more is a broken peer).
 MAX_MESSAGE = 1 << 16
 #: Keys of unfinished collectives a message lists at most, and characters of its reason.
-MAX_KEYS, MAX_WHY = 256, 200
+MAX_KEYS, MAX_WHY = 256, 480
 _VERSION = "2"  # (of the offer)
 _HELLO = struct.Struct("<II16s")  # magic, rank, MAC
 _MAGIC = 0x50434C56  # "PCLV"
@@ -181,6 +184,9 @@ class Liveness:
         #: ``state() -> (untagged collectives posted, keys of those unfinished)``, said when this
         #: rank leaves (set by :mod:`pycoll.lost`; None: -1 and none).
         self.state: Optional[Callable[[], Tuple[int, List[tuple]]]] = None
+        #: ``out_of_step() -> str``: why the team's calls went out of step on this rank ("": they
+        #: did not); a rank that leaves then says that instead of how (set by :mod:`pycoll.lost`).
+        self.out_of_step: Optional[Callable[[], str]] = None
         self._seal = seal
         self._address = address  # (where this rank listens for peers on other hosts)
         self._poll = select.poll()
@@ -506,6 +512,9 @@ class Liveness:
         if self.state is not None:  # (before the lock: the state takes the engine's)
             try:
                 posted, keys = self.state()
+                mismatch = self.out_of_step() if self.out_of_step is not None else ""
+                if mismatch:  # (its peers are to raise the mismatch, not a lost peer)
+                    how, why = OUT_OF_STEP, mismatch
             except Exception:  # noqa: BLE001 - what it said must not stop the goodbye
                 log.debug("pycoll: liveness: the team's state could not be read", exc_info=True)
         with self._lock:

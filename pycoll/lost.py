@@ -35,8 +35,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from pycoll.errors import PeerLostError
-from pycoll.liveness import CLOSED, Left, Liveness, wire_key
+from pycoll.errors import MismatchError, PeerLostError
+from pycoll.liveness import CLOSED, OUT_OF_STEP_SAYS, Left, Liveness, wire_key
 from pycoll.tasks.schedule import Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,6 +104,10 @@ class LostPeers:
         planner = team.planner
         if planner.revoked is None and planner.marks.take is not None:
             planner.marks.take()  # (a peer's mismatch news first: why it left, its calls failed with it)
+        told = [(r, left) for r, left in sorted(lost.items()) if left.how.startswith(OUT_OF_STEP_SAYS)]
+        if told:  # (a peer that left after it found the calls out of step: MismatchError, not lost)
+            self._out_of_step(team, *told[0])
+            return True
         if planner.revoked is not None:  # (out of step or revoked: its calls failed, later ones refused)
             return True
         now = _take_in(planner.ctx, lost)
@@ -117,6 +121,19 @@ class LostPeers:
                 task.fail(self.error(team, lost, doomed, task, key))
                 self.failed += 1
         return True
+
+    def _out_of_step(self, team: Team, rank: int, left: Left) -> None:
+        """Peer ``rank`` left (``left``) after it found the team's calls out of step: later calls
+        are refused, and the collectives in flight fail with MismatchError once the engine took
+        in, for :data:`GRACE_S`, what the peer sent before (this rank may still be finishing a
+        collective the peer finished: it finishes)."""
+        planner = team.planner
+        why = left.how[len(OUT_OF_STEP_SAYS):].strip()
+        error = MismatchError(f"{team.name}: the ranks' calls went out of step: rank {rank} found that {why}")
+        _take_in(planner.ctx, {rank: left})
+        if planner.revoked is None:
+            planner.revoked = error
+        planner.ctx.fail_owned((planner,), error)
 
     @staticmethod
     def error(team: Team, lost: Dict[int, Left], doomed: List[int], task: Optional[Task] = None,
@@ -175,7 +192,13 @@ def watch(team: Team, live: Liveness, lock: Any) -> LostPeers:
         planner = planner_ref()
         return (-1, []) if planner is None else state(planner)
 
+    def out_of_step() -> str:
+        planner = planner_ref()
+        revoked = None if planner is None else planner.revoked
+        return str(revoked).split(": ", 1)[-1] if isinstance(revoked, MismatchError) else ""
+
     live.state = said
+    live.out_of_step = out_of_step
     ref = weakref.ref(lost)
 
     def look() -> bool:
