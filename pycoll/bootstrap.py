@@ -302,6 +302,10 @@ def _answering(asked: MPIStatus) -> Any:
 
 def close(team: Team) -> None:
     """Release ``team``'s transport, shared segment and sub-teams (after its last collective)."""
+    watching = getattr(team, "liveness", None)
+    if watching is not None:  # (its peers learn first that it closed the team: pycoll.lost)
+        team.liveness = None
+        lost.forget(team, watching)
     if team.recovery is not None:  # (it stops looking at the store)
         team.recovery.close()
     team.ps.close()
@@ -309,10 +313,6 @@ def close(team: Team) -> None:
     if marks.take is not None:  # (the news of a team made from MPI: before its communicator goes)
         team.ctx.unwatch(marks.take)
         marks.closed()
-    watching = getattr(team, "liveness", None)
-    if watching is not None:  # (its peers learn that it closed the team, after its news: pycoll.lost)
-        team.liveness = None
-        lost.forget(team, watching)
     asked = team.planner.peer_status
     if asked is not None:
         if isinstance(asked, MPIStatus):

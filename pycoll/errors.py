@@ -88,3 +88,8 @@ class ConfigError(PycollError, ValueError):
 class BufferError(PycollError, ValueError):  # noqa: A001 - pycoll.BufferError, a ValueError
     """A buffer cannot be used as given (non-contiguous, read-only where written, a size that does
     not fit the call, ...): raised by the argument checks, before anything is sent."""
+
+
+#: How a peer that left after it found its team's calls out of step is said to have left (its
+#: text follows): a transport that loses such a peer raises MismatchError, not PeerLostError.
+OUT_OF_STEP_WORDS = "left after it found the team's calls out of step:"

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set
 
 from pycoll import config
 from pycoll.auth import Seal
-from pycoll.errors import AuthError, TransportError
+from pycoll.errors import OUT_OF_STEP_WORDS, AuthError, TransportError
 from pycoll.tl.base import key_hash
 
 log = logging.getLogger("pycoll")
@@ -60,7 +60,7 @@ log = logging.getLogger("pycoll")
 #: How a peer says it left (the ``how`` of its message).
 EXITED, RAISED, CLOSED, OUT_OF_STEP = 1, 2, 3, 4
 _SAYS = {EXITED: "exited", RAISED: "raised", CLOSED: "closed its team",
-         OUT_OF_STEP: "left after it found the team's calls out of step:"}
+         OUT_OF_STEP: OUT_OF_STEP_WORDS}
 #: The words of a peer that left after it found the team's calls out of step (its text follows).
 OUT_OF_STEP_SAYS = _SAYS[OUT_OF_STEP]
 #: The words of a peer that ended without a word, and of one whose host stopped answering.

@@ -36,7 +36,7 @@ import numpy as np
 
 from pycoll import config
 from pycoll.auth import Seal
-from pycoll.errors import PeerLostError, TransportError
+from pycoll.errors import OUT_OF_STEP_WORDS, MismatchError, PeerLostError, TransportError
 from pycoll.tl.base import (
     Transport,
     TransportRequest,
@@ -360,7 +360,11 @@ class TCPTransport(Transport):
         return not self._sending
 
     def _lost(self, p: _Peer, what: str) -> None:
-        err = PeerLostError(f"tcp: lost rank {p.rank}: it {what}", rank=p.rank, how=what)
+        err: Exception = PeerLostError(f"tcp: lost rank {p.rank}: it {what}", rank=p.rank, how=what)
+        said = self.gone().get(p.rank, "") if self.gone is not None else ""
+        if OUT_OF_STEP_WORDS in said:  # (it left after it found the calls out of step: that error)
+            why = said.split(OUT_OF_STEP_WORDS, 1)[1].strip()
+            err = MismatchError(f"tcp: the ranks' calls went out of step: rank {p.rank} found that {why}")
         p.error = err
         try:
             self.selector.unregister(p.sock)
