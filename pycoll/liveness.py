@@ -34,7 +34,6 @@ that ended without a word.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import logging
 import math
@@ -43,14 +42,12 @@ import secrets
 import select
 import socket
 import struct
-import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from pycoll import config
+from pycoll import config, goodbyes
 from pycoll.auth import Seal
 from pycoll.errors import OUT_OF_STEP_WORDS, AuthError, TransportError
 from pycoll.tl.base import key_hash
@@ -266,8 +263,7 @@ class Liveness:
                 self._register(peer.sock.fileno(), peer, False)
         assert self._dgram is not None
         self._register(self._dgram.fileno(), None, False)
-        _live.add(self)
-        _install_hooks()
+        goodbyes.watch(self, EXITED, RAISED)
 
     def _open_pidfd(self, peer: _Peer, start: int) -> None:
         """Watch ``peer``'s process (started at ``start``) with a pidfd; whether the pid is still
@@ -553,7 +549,7 @@ class Liveness:
             if lst is not None:
                 lst.close()
         self._listener = self._dgram = None
-        _live.discard(self)
+        goodbyes.unwatch(self)
 
 
 def _decode(said: bytes, peer: _Peer) -> Left:
@@ -617,39 +613,4 @@ def host_address() -> str:
         return "127.0.0.1"
 
 
-# ---------------------------------------------------------------------- the process's goodbyes
-_live: weakref.WeakSet[Liveness] = weakref.WeakSet()
-_hooked = 0  # the process that installed the hooks (0: none; a forked child installs its own)
-
-
-def leave_all(how: int, why: str = "") -> None:
-    """Every team of this process says it left (``how``, ``why``)."""
-    for live in list(_live):
-        live.leave(how, why)
-
-
-def _install_hooks() -> None:
-    """Say every team left at interpreter exit, and on an exception nobody caught (once per
-    process). An interactive interpreter goes on after an exception: there it is no leaving."""
-    global _hooked
-    if _hooked == os.getpid():
-        return
-    _hooked = os.getpid()
-    atexit.register(leave_all, EXITED)
-    previous = sys.excepthook
-
-    def hook(kind: type, value: BaseException, tb: Any) -> None:
-        try:
-            if not (hasattr(sys, "ps1") or sys.flags.interactive):
-                try:
-                    text = f"{kind.__name__}: {value}"
-                except Exception:  # noqa: BLE001 - a broken __str__ must not stop the goodbye
-                    text = kind.__name__
-                leave_all(RAISED, text)
-        finally:
-            previous(kind, value, tb)
-
-    sys.excepthook = hook
-
-
-__all__ = ["CLOSED", "DIED", "EXITED", "Left", "Liveness", "RAISED", "host_address", "leave_all", "wire_key"]
+__all__ = ["CLOSED", "DIED", "EXITED", "Left", "Liveness", "RAISED", "host_address", "wire_key"]

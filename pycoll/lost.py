@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from pycoll.errors import MismatchError, PeerLostError
 from pycoll.liveness import CLOSED, OUT_OF_STEP_SAYS, Left, Liveness, wire_key
+from pycoll.tasks.keys import key_of
 from pycoll.tasks.schedule import Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,23 +51,12 @@ GRACE_S = 0.05
 
 
 def _key(task: Task) -> Optional[tuple]:
-    """The message key of the collective ``task`` is (or wraps: the agreement check), from the
-    first of it and the tasks it waits on that has a channel: ``("c", k)`` or ``("u", tag, k)``;
-    None where none has (a collective on the shared segment has none here: its express lane runs
-    it again under new numbers without rekeying it). As :func:`pycoll.status.key_of` finds it
-    (not imported: that module's types import the planner, which imports the bootstrap)."""
+    """The message key of the collective ``task`` is (see :func:`pycoll.tasks.keys.key_of`); None
+    also for a collective on the shared segment (its express lane runs it again under new numbers
+    without rekeying it)."""
     if getattr(task, "seg", None) is not None:
         return None
-    waiting = task.waiting_on() if isinstance(task, Schedule) else [task]
-    for t in (task, getattr(task, "task", None), *waiting):
-        key = getattr(getattr(getattr(t, "args", None), "channel", None), "key", None)
-        if key is None:
-            key = getattr(getattr(t, "channel", None), "key", None)
-        if isinstance(key, tuple) and key and key[0] == "c" and len(key) >= 2:
-            return key[:2]
-        if isinstance(key, tuple) and key and key[0] == "u" and len(key) >= 3:
-            return key[:3]
-    return None
+    return key_of(task, task.waiting_on() if isinstance(task, Schedule) else [task])
 
 
 def state(planner: Any) -> Tuple[int, List[tuple]]:

@@ -31,6 +31,7 @@ from pycoll.errors import ClosedError, MismatchError, PycollError, RevokedError
 from pycoll.lower.record import NotLowerable, record, runs_native
 from pycoll.ops import ReduceOp
 from pycoll.persistent import RecentCalls
+from pycoll.tasks.keys import key_of
 from pycoll.tasks.schedule import Schedule
 from pycoll.tasks.task import COMPLETED, FINISHED, Task, rebindable
 
@@ -133,7 +134,7 @@ class Planner:
         none (the segment's collectives say it from the peers' signatures)."""
         if self.peer_status is None or any(getattr(t, "seg", None) is not None for t in (task, *waiting)):
             return ""  # (a collective on the segment: its text reads the peers' signatures)
-        key = status.key_of(task, waiting)
+        key = key_of(task, waiting)
         if key is None:
             return ""
         answers = self.peer_status.ask(key)

@@ -26,7 +26,7 @@ import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 from pycoll.errors import AuthError
 from pycoll.tl.marks import MARK_BYTES
@@ -34,7 +34,6 @@ from pycoll.tl.marks import MARK_BYTES
 if TYPE_CHECKING:  # pragma: no cover
     from pycoll.auth import Seal
     from pycoll.planner import Planner
-    from pycoll.tasks.task import Task
 
 #: Seconds a rank whose collective timed out waits for its peers' answers.
 ASK_S = 0.5
@@ -48,20 +47,6 @@ _QUERY, _REPLY = 1, 2
 #: how long a close waits for the peers' (a peer that left never sends it).
 _BYE, BYE_S = 4, 2.0
 log = logging.getLogger("pycoll")
-
-
-def key_of(task: Task, waiting: Sequence[Task]) -> Optional[tuple]:
-    """The message key of the collective ``task`` is (or wraps: the agreement check), from the
-    first of it and the tasks it waits on that has a channel: ``("c", k)`` or ``("u", tag, k)``."""
-    for t in (task, getattr(task, "task", None), *waiting):
-        key = getattr(getattr(getattr(t, "args", None), "channel", None), "key", None)
-        if key is None:
-            key = getattr(getattr(t, "channel", None), "key", None)
-        if isinstance(key, tuple) and key and key[0] == "c" and len(key) >= 2:
-            return key[:2]
-        if isinstance(key, tuple) and key and key[0] == "u" and len(key) >= 3:
-            return key[:3]
-    return None
 
 
 def place(key: tuple) -> str:
