@@ -42,7 +42,7 @@ from pycoll.news import MPINews
 from pycoll.ps.server import serve
 from pycoll.ps.worker import PushPull
 from pycoll.recovery import Recovery, revoke_here
-from pycoll.status import MPIStatus, StoreStatus
+from pycoll.status import MPIStatus, StoreStatus, free_drained
 from pycoll.store import allgather as store_allgather
 from pycoll.store import barrier as store_barrier
 from pycoll.tl.base import Transport
@@ -332,6 +332,9 @@ def close(team: Team) -> None:
     finally:
         if asked is not None:  # (last: it waits up to a few seconds for the peers' goodbyes, which
             asked.close()      # a peer waiting in a collective learns from the segment's close first)
+        comm, team.comm = getattr(team, "comm", None), None
+        if comm is not None:  # (the team's duplicate of the communicator it was made from)
+            free_drained(comm)
 
 
 def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:

@@ -17,7 +17,7 @@ def test_mismatch_quick(run_cmd):
     cases = {"team": 21, "comm": 7, "torch": 5}  # (torch: no scan, no allgatherv)
     for transport in ("segment", "mpi"):
         for front, n in cases.items():
-            row = re.search(rf"^{transport}\s+{front}" + r"\s+(\d+)" * 6 + "$", out, re.M)
+            row = re.search(rf"^{transport}\s+{front}" + r"\s+(\d+)" * 7 + "$", out, re.M)
             assert row is not None, out
-            total, raised, learned_next, _, silent, other = map(int, row.groups())
-            assert (total, silent, other) == (n, 0, 0) and raised + learned_next == n, out
+            total, raised, learned_next, _, late, silent, other = map(int, row.groups())
+            assert (total, late, silent, other) == (n, 0, 0, 0) and raised + learned_next == n, out

@@ -1,8 +1,9 @@
 """Run under mpiexec by tests/procs/test_closed.py: every call on a closed team, and on a
 ``pycoll.mpi.Comm`` after ``Free()``, raises ``pycoll.ClosedError`` before anything is sent: new
 calls, repeated calls (whose persistent forms and express lanes the team kept), persistent starts,
-point to point, schedule tasks. Then a fresh team still computes (nothing of the closed one is in
-the way)."""
+point to point, schedule tasks. A closed team frees its duplicate of the communicator (MPICH has
+about 2,000), after a mismatch too. Then a fresh team still computes (nothing of the closed one is
+in the way)."""
 
 
 import numpy as np
@@ -33,7 +34,9 @@ def main():
         team.bcast(x, 0).wait(timeout=30)
     p = team.allreduce_init(x, y)
     p.start().wait(timeout=30)
+    own = team.comm  # the team's duplicate of the communicator: freed at close (MPI has ~2,000)
     team.close()
+    assert own == MPI.COMM_NULL, f"rank {r}: a closed team kept its communicator"
     refused("repeated allreduce", lambda: team.allreduce(x, y))
     refused("repeated bcast", lambda: team.bcast(x, 0))
     refused("new allgather", lambda: team.allgather(x, np.empty(4 * n, np.float32)))
@@ -60,6 +63,23 @@ def main():
     out = fresh.allreduce(np.full(4, r + 1.0, np.float32), y).wait(timeout=30)
     assert (out == n * (n + 1) / 2).all(), out
     fresh.close()
+
+    for _ in range(3):  # a team whose calls went out of step frees its communicator too, and the
+        odd = Team.from_mpi(world)  # next team made gets none of its messages
+        own = odd.comm
+        try:
+            odd.allreduce(np.ones(4 + r, np.float32)).wait(timeout=30)
+        except pycoll.MismatchError:
+            pass
+        else:
+            raise AssertionError(f"rank {r}: counts 4 and 5 agreed")
+        odd.close()
+        assert own == MPI.COMM_NULL, f"rank {r}: a closed team kept its communicator"
+        fresh = Team.from_mpi(world)
+        for _ in range(3):
+            out = fresh.allreduce(np.full(4, r + 1.0, np.float32), y).wait(timeout=30)
+            assert (out == n * (n + 1) / 2).all(), out
+        fresh.close()
 
 
 if __name__ == "__main__":
