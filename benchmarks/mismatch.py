@@ -291,11 +291,19 @@ def rank_main(fronts: List[str], quick: bool, numbers: List[int], only: List[str
                     bad = threads_call(front, made, np, MPI, args["at_once"])
                 if bad is not None:
                     good = agreeing(front, made, np, MPI)
-                    before = [outcome(good, front, MPI) for _ in range(number - 1)]
-                    result = next((b for b in before if b != "silent"), None)
-                    if result is not None:  # (an agreeing call failed: the case says so)
-                        result = f"other: agreeing call: {result}"
-                    else:
+                    result = None
+                    for i in range(number - 1):
+                        try:
+                            good()
+                        except Exception as exc:  # noqa: BLE001 - an agreeing call failed: the case says so
+                            result = f"other: agreeing call {i + 1}: {type(exc).__name__}: {str(exc)[:300]}"
+                            break
+                    if args["coll"] == "threads" and args["at_once"]:  # (every rank starts it, or none)
+                        started = world.allgather(result is None)
+                        if not all(started) and result is None:  # (the others' agreeing calls failed)
+                            idle = [i for i, ok in enumerate(started) if not ok]
+                            result = f"other: not started on ranks {idle}"
+                    if result is None:
                         result = outcome(bad, front, MPI)
                         if result in ("silent", "right") and args["coll"] != "threads":  # (learned next?)
                             after = outcome(good, front, MPI)

@@ -58,6 +58,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pycoll.planner import Planner
 
 log = logging.getLogger("pycoll")
+#: Seconds a collective in flight goes on after the news that the team's calls went out of step
+#: (or that a peer left, :mod:`pycoll.lost`), taking in what the peers sent before.
+GRACE_S = 0.05
 
 #: Words (uint64) of a fingerprint: six that every rank gives alike, then the two :func:`flows`.
 WORDS = 8
@@ -333,11 +336,22 @@ class Marks:
 
     def learned(self, error: MismatchError) -> None:
         """A peer found the ranks' calls out of step (its :attr:`news` reached this rank): the team
-        takes no more calls (each raises ``error``'s text), and its collectives in flight fail."""
+        takes no more calls (each raises ``error``'s text), and its collectives in flight fail once
+        the engine took in, for :data:`GRACE_S`, what the peers sent before (the peer found it at a
+        later call: one it finished may still be finishing here, and finishes)."""
         planner = self.planner
-        if planner.revoked is None:
-            planner.revoked = error
-            planner.ctx.fail_owned((planner,), error)
+        if planner.revoked is not None:
+            return
+        planner.revoked = error
+        ctx, until = planner.ctx, time.monotonic() + GRACE_S
+
+        def fail_late() -> bool:
+            if time.monotonic() < until:
+                return True
+            ctx.fail_owned((planner,), error)
+            return False
+
+        ctx.watch(fail_late)
 
 
 def _untagged(task: Task) -> bool:

@@ -330,11 +330,14 @@ def close(team: Team) -> None:
             shared, team.shared = team.shared, None
             shared.close()  # (it may raise MismatchError, see ShmSegment.settle)
     finally:
-        if asked is not None:  # (last: it waits up to a few seconds for the peers' goodbyes, which
-            asked.close()      # a peer waiting in a collective learns from the segment's close first)
+        drained = True  # (last: it waits up to a few seconds for the peers' goodbyes, which a peer
+        if isinstance(asked, MPIStatus):  # waiting in a collective learns from the segment's close first)
+            drained = asked.close()
+        elif asked is not None:
+            asked.close()
         comm, team.comm = getattr(team, "comm", None), None
-        if comm is not None:  # (the team's duplicate of the communicator it was made from)
-            free_drained(comm)
+        if comm is not None and drained:  # (the team's duplicate of the communicator it was made
+            free_drained(comm)            # from: kept where a peer's last messages may be in it)
 
 
 def split(team: Team, color: Optional[int], key: int = 0) -> Optional[Team]:

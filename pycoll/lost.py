@@ -35,6 +35,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from pycoll.agreement import GRACE_S
 from pycoll.errors import MismatchError, PeerLostError
 from pycoll.liveness import CLOSED, OUT_OF_STEP_SAYS, Left, Liveness, wire_key
 from pycoll.tasks.keys import key_of
@@ -45,9 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Team = Any  # (a pycoll.Team: not imported, the team module imports this one through the bootstrap)
 
-#: Seconds a collective that a lost peer may have done its part of goes on before it fails: the
-#: engine takes in, meanwhile, what the peer sent before it left.
-GRACE_S = 0.05
 
 
 def _key(task: Task) -> Optional[tuple]:

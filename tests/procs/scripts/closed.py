@@ -34,7 +34,8 @@ def main():
         team.bcast(x, 0).wait(timeout=30)
     p = team.allreduce_init(x, y)
     p.start().wait(timeout=30)
-    own = team.comm  # the team's duplicate of the communicator: freed at close (MPI has ~2,000)
+    own = team.comm  # the team's duplicate of the communicator: freed at close (MPI has ~2,000),
+    world.Barrier()  # once every peer's goodbye came (within 2 s: the ranks close together here)
     team.close()
     assert own == MPI.COMM_NULL, f"rank {r}: a closed team kept its communicator"
     refused("repeated allreduce", lambda: team.allreduce(x, y))
@@ -73,6 +74,7 @@ def main():
             pass
         else:
             raise AssertionError(f"rank {r}: counts 4 and 5 agreed")
+        world.Barrier()
         odd.close()
         assert own == MPI.COMM_NULL, f"rank {r}: a closed team kept its communicator"
         fresh = Team.from_mpi(world)
