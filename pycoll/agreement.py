@@ -186,6 +186,8 @@ class Marks:
     def __init__(self, planner: Planner, mode: str) -> None:
         self.planner = planner
         self.mode = mode
+        #: The collectives that run behind the exchange under ``mode`` (:func:`due`).
+        self._due = frozenset(c for c in COLLECTIVES if due(c, mode))
         #: Whether the team's collectives carry marks (not under ``off``, nor on a team of one).
         self.on = mode != "off" and planner.team.size > 1
         self.history = 0  # of the marked untagged collectives posted (see history())
@@ -220,9 +222,9 @@ class Marks:
         into its task's mark, as it takes the key: an untagged one's folds in the team's history
         (:func:`history`; one behind the exchange, which compares the calls itself, folds in its
         number only; ``coll`` empty: such a call), a tagged one's is its key."""
-        if key[0] == "c":
-            fid = 0 if not coll or due(coll, self.mode) else mark.fid
-            self.history = h = history(self.history, fid, key[1])
+        if key[0] == "c":  # (history() inline: a call's fast path)
+            fid = 0 if not coll or coll in self._due else mark.fid
+            self.history = h = (self.history * _MIX + fid + key[1]) & _MASK
             mark.stamp(h)
         else:
             mark.stamp(key_hash(key))

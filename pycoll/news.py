@@ -13,15 +13,18 @@ its collectives in flight and every later call with the same :class:`pycoll.Mism
   :mod:`pycoll.recovery`), which the engine's watch looks at.
 
 A peer learns it when its engine waits (its watch looks every ``WATCH_S``, 50 ms), and, on a
-team made from MPI without a shared segment, also when it posts its next collective (a probe of
-the status communicator: about 0.3 µs, next to the 25 µs of a small collective over MPI's point
-to point): no later than at its next call. The news is the team's random id, then text of at most
-:data:`MAX_NEWS` bytes, decoded and never evaluated; news of another team is dropped (MPI reuses
-a freed communicator's context, so a closed team's late news could reach a new team's).
+team made from MPI without a shared segment, also when it posts a collective, if :data:`PROBE_S`
+passed since it last looked (a probe of the status communicator runs MPI's progress: probing at
+every post made a small collective over MPI's point to point 20-30% slower): at its next call, or
+while that call waits (its messages then carry a history that is not its peers': it fails).
+The news is the team's random id, then text of at most :data:`MAX_NEWS` bytes, decoded and never
+evaluated; news of another team is dropped (MPI reuses a freed communicator's context, so a closed
+team's late news could reach a new team's).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, List
 
 from pycoll.errors import MismatchError
@@ -34,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 NEWS_TAG = 3
 #: The longest news (bytes); longer texts are cut.
 MAX_NEWS = 4096
+#: Seconds between a team's looks for news when it posts.
+PROBE_S = 0.0002
 
 
 class MPINews:
@@ -45,6 +50,7 @@ class MPINews:
         self.comm, self.marks, self.lock, self.team_id = comm, marks, lock, bytes(team_id)
         self._sent: List[Any] = []
         self._buf = bytearray(len(self.team_id) + MAX_NEWS)
+        self._next = 0.0  # (when pending probes again)
 
     def tell(self, error: MismatchError) -> None:
         """Send ``error``'s text to every peer (called under the engine's lock)."""
@@ -56,8 +62,12 @@ class MPINews:
                        if r != me]
 
     def pending(self) -> bool:
-        """Whether a peer's news waits (cheap: one probe of the status communicator; a closed
-        team's is taken and dropped, then it says False)."""
+        """Whether a peer's news waits (one probe of the status communicator, at most every
+        :data:`PROBE_S`; a closed team's is taken and dropped, then it says False)."""
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + PROBE_S
         return bool(self.comm.Iprobe(tag=NEWS_TAG)) and not self.look()
 
     def look(self) -> bool:
@@ -84,4 +94,4 @@ class MPINews:
         self._sent = []
 
 
-__all__ = ["MAX_NEWS", "NEWS_TAG", "MPINews"]
+__all__ = ["MAX_NEWS", "NEWS_TAG", "PROBE_S", "MPINews"]

@@ -34,7 +34,7 @@ class Mark:
     a 64-bit digest of the first 24 (the call's fields, which the task keeps); ``owner`` (who
     made it: a team's marks) judges the receives that find another mark (:meth:`judge`)."""
 
-    __slots__ = ("buf", "words", "blob", "fid", "owner")
+    __slots__ = ("buf", "words", "blob", "fid", "owner", "_head")
 
     def __init__(self, fields: bytes, owner: Any) -> None:
         if len(fields) != MARK_BYTES - 8:
@@ -43,13 +43,14 @@ class Mark:
         self.buf[:MARK_BYTES - 8] = np.frombuffer(fields, np.uint8)
         self.words = self.buf.view(_U64)
         self.blob = self.buf.tobytes()
+        self._head = bytes(fields)
         self.fid = int.from_bytes(hashlib.blake2b(fields, digest_size=8).digest(), "little")
         self.owner = owner
 
     def stamp(self, history: int) -> None:
         """Set the mark's last word: the call's place in its team's history."""
         self.words[3] = history
-        self.blob = self.buf.tobytes()
+        self.blob = self._head + history.to_bytes(8, "little")
 
     def judge(self, peer: int, theirs: bytes, nbytes: int, expected: int) -> BaseException:
         """The error of a receive from ``peer`` whose message carried ``theirs`` where the mark was

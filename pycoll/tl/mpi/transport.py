@@ -224,6 +224,38 @@ class _PackedRecv(_MPIRequest):
         return True
 
 
+class _PackedExchange(_MPIRequest):
+    """A marked untagged send and receive of at most :data:`PACK_BYTES` each with one peer
+    (``exchange``): ``reqs`` is (send, receive); the receive lands in ``stage`` and is tested
+    first (one whose mark differs raises, its send done or not), its payload copied to ``buf``
+    once its mark matches; done when the send is too. One request instead of three."""
+
+    __slots__ = ("transport", "stage", "buf", "mark", "got")
+
+    def test(self) -> bool:
+        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
+            raise self.error
+        if self.done:
+            return True
+        reqs = self.reqs
+        if not self.got:
+            if not self.transport.test_recv(self, reqs[1:], MARK_BYTES):
+                return False
+            self.done = False  # (test_recv's: the receive is; the send may not be)
+            n = self.nbytes
+            stage = self.stage
+            if n < 0 or not unmarked(self, self.mark, stage[:MARK_BYTES], n, self.buf.nbytes):
+                theirs = bytes(stage[:MARK_BYTES]) if n < 0 else b""
+                self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
+                raise self.error
+            if n:
+                memoryview(self.buf)[:] = memoryview(stage)[MARK_BYTES:]
+            self.got = True
+        if _test(self, reqs[:1], self.transport):
+            return True
+        return False
+
+
 class _SplitRecv(_MPIRequest):
     """A marked untagged receive of more than :data:`PACK_BYTES`: the mark lands in ``area`` (the
     channel's, for that peer and step; or the stash's copy, ``reqs[0]`` None), then the payload in
@@ -367,11 +399,23 @@ class MPIChannel(Channel):
         return req
 
     def exchange(self, sendbuf: np.ndarray, recvbuf: np.ndarray, peer: int, step: int) -> TransportRequest:
-        if not self.fast or self.stash or self.mark is not None:
+        if not self.fast or self.stash:
             return super().exchange(sendbuf, recvbuf, peer, step)
         tag = self.base | (step & _STEP_MASK)
-        req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
         comm = self.comm
+        mark = self.mark
+        if mark is not None:
+            n = recvbuf.nbytes
+            if n > PACK_BYTES or sendbuf.nbytes > PACK_BYTES:
+                return super().exchange(sendbuf, recvbuf, peer, step)
+            ex = _PackedExchange("exchange", peer, step, n)
+            ex.stage = stage = bytearray(MARK_BYTES + n)
+            ex.reqs = (comm.Isend([mark.blob + sendbuf.tobytes(), MPI.BYTE], peer, tag),
+                       comm.Irecv([stage, MPI.BYTE], peer, tag))
+            ex.transport, ex.buf, ex.mark, ex.got = self.transport, recvbuf, mark, False
+            self.traffic.sent(peer, sendbuf.nbytes)
+            return ex
+        req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
         req.reqs = [comm.Isend([sendbuf, MPI.BYTE], peer, tag), comm.Irecv([recvbuf, MPI.BYTE], peer, tag)]
         req.transport = self.transport
         self.traffic.sent(peer, sendbuf.nbytes)
@@ -561,7 +605,7 @@ class MPITransport(Transport):
             status = statuses[len(mpi_reqs) - 1]
             if not status.Is_cancelled():
                 n = status.Get_count(MPI.BYTE) - marked
-                if req.kind == "recv":
+                if req.kind == "recv" or marked:
                     req.nbytes = n
                 self.traffic.received(req.peer, max(n, 0))
             req.done = True
