@@ -14,7 +14,8 @@ MPI.FLOAT]`` (a count of a buffer that holds one block per rank is one block's, 
 vector forms with counts and displacements, and ``MPI.IN_PLACE`` as the send buffer (see
 :mod:`pycoll.mpispec`).
 Everything pycoll does not implement (other methods, ops it has not, derived datatypes, device
-memory) is passed through to the mpi4py communicator.
+memory) is passed through to the mpi4py communicator; ``Comm(intercomm)`` hands every collective of
+an intercommunicator to MPI (:mod:`pycoll.mpi_inter`).
 
 pycoll's errors reach mpi4py callers as ``MPI.Exception`` (that are pycoll's errors too): ranks
 that disagree raise :class:`MismatchMPIError` (class ``MPI.ERR_TRUNCATE``), a peer that left
@@ -44,6 +45,7 @@ from pycoll.errors import (
     TimeoutError,
     TransportError,
 )
+from pycoll.mpi_inter import InterComm
 from pycoll.mpispec import alltoallw_bytes, as_buffer, as_vbuffer, device_memory
 from pycoll.ops import mpi_op_known
 from pycoll.persistent import UNSTABLE, RecentCalls, buffer_dtype, repeat_key
@@ -344,6 +346,11 @@ class Comm:
     ``algorithm=`` says otherwise. Everything else is passed through to the mpi4py communicator.
     """
 
+    def __new__(cls, comm: Any = None, ctx: Optional[Context] = None) -> Any:
+        if isinstance(comm, MPI.Intercomm):  # (MPI runs its collectives: pycoll.mpi_inter)
+            return InterComm(comm, lambda c: Comm(c, ctx))
+        return super().__new__(cls)
+
     def __init__(self, comm: Any = None, ctx: Optional[Context] = None) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.team = Team.from_mpi(self.comm, ctx)
@@ -460,6 +467,13 @@ class Comm:
     def Create_group(self, group: Any, tag: int = 0) -> Any:  # noqa: N802 - mpi4py's name
         """mpi4py's ``Create_group`` (collective over the group only), on pycoll."""
         return self.derived(self.comm.Create_group(group, tag))
+
+    def Create_intercomm(self, local_leader: int, peer_comm: Any, remote_leader: int,  # noqa: N802
+                         tag: int = 0) -> Any:
+        """mpi4py's ``Create_intercomm``: an intercommunicator (collectives by MPI, see
+        :mod:`pycoll.mpi_inter`)."""
+        peer = getattr(peer_comm, "comm", peer_comm)
+        return self.derived(self.comm.Create_intercomm(local_leader, peer, remote_leader, tag))
 
     def Free(self) -> None:  # noqa: N802 - mpi4py's name
         """Free the communicator (mpi4py's ``Free``; collective, as MPI's), then close the team (its

@@ -52,6 +52,17 @@ from pycoll.tl.base import (
 )
 from pycoll.tl.limit import limit_sends
 from pycoll.tl.marks import MARK_BYTES, Mark, unmarked
+from pycoll.tl.mpi.requests import (
+    HELD,
+    CheckedRecv,
+    MPIRecv,
+    MPIRequest,
+    PackedExchange,
+    PackedRecv,
+    SplitRecv,
+    failure,
+    let_go,
+)
 
 _CHECKED = 1 << 28
 #: The payload of a marked untagged message sent in two parts (its mark went on the tag without it).
@@ -75,259 +86,6 @@ def wire_tag(prefix: Hashable, step: int, checked: bool) -> int:
     if not checked:
         return ((prefix[1] & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
     return _CHECKED | ((key_hash(prefix) & _SLOT_MASK) << _STEP_BITS) | (step & _STEP_MASK)
-
-
-def failure(req: TransportRequest, exc: Any, statuses: Any = (),
-            transport: Optional[Transport] = None) -> TransportError:
-    """The TransportError of ``req`` whose MPI requests failed with ``exc`` (their ``statuses``,
-    when tested together, hold each one's error). A message longer than the receive
-    (``MPI_ERR_TRUNCATE``) says what that means here: the ranks' calls differ in size. A peer gone
-    (its team knows, or MPICH could not read its memory: errno 3) gives ``transport.lost_error``."""
-    codes = [exc.Get_error_code(), *(st.Get_error() for st in statuses)]
-    what = f"{req.kind} {'to' if req.kind == 'send' else 'from'} rank {req.peer} (tag {req.tag!r})"
-    why = str(exc)
-    if any(code and MPI.Get_error_class(code) == MPI.ERR_TRUNCATE for code in codes):
-        why = ("a message larger than this rank's receive buffer arrived (MPI_ERR_TRUNCATE): the ranks' "
-               "calls differ in size. The agreement check samples calls past a team's first ones "
-               "(PYCOLL_CHECK=all checks every call and names the ranks that differ)")
-    elif transport is not None:  # (a peer gone: PeerLostError; MPICH's stack's last line only)
-        last = why.strip().splitlines()[-1]
-        return transport.lost_error(req.peer, f"the {what} failed: {last}", "(errno 3)" in why) or \
-            TransportError(f"mpi: {what} failed: {why}")
-    return TransportError(f"mpi: {what} failed: {why}")
-
-
-def _test(req: TransportRequest, mpi_reqs: Any, transport: Optional[Transport] = None) -> bool:
-    """Test MPI requests for ``req``: done when all are; an MPI error becomes :func:`failure`'s."""
-    try:
-        ok = mpi_reqs[0].Test() if len(mpi_reqs) == 1 else MPI.Request.Testall(mpi_reqs)
-    except MPI.Exception as exc:
-        req.error = failure(req, exc, transport=transport)
-        raise req.error from None
-    if ok:
-        req.done = True
-    return ok
-
-
-#: Requests given up before they finished (a collective that failed or was cancelled): kept, with
-#: their buffers, until MPI is done with them (see _MPIRequest.cancel; every MPI transport's
-#: progress looks at them).
-_HELD: List[Any] = []
-#: Where a request's first receive is among its MPI requests, by kind (sends come first).
-_FIRST_RECV = {"send": 1 << 30, "recv": 0, "exchange": 1}
-
-
-class _MPIRequest(TransportRequest):
-    __slots__ = ("reqs", "keep")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        return _test(self, self.reqs)
-
-    def cancel(self) -> None:
-        """Withdraw its receives (``MPI_Cancel``; a send is never cancelled: deprecated, and it
-        crashed MPICH) and keep it, and through it its buffers (``keep``, and what mpi4py's
-        requests hold), until MPI is done with them: MPI may still write into a receive's buffer
-        or read a send's after its collective let go of them."""
-        if self.done:
-            return
-        for req in self.reqs[_FIRST_RECV.get(self.kind, 0):]:
-            try:
-                req.Cancel()
-            except MPI.Exception:
-                pass
-        _HELD.append(self)
-
-
-def _let_go() -> int:
-    """Drop the given-up requests MPI is done with (see _MPIRequest.cancel); how many."""
-    held = []
-    for req in _HELD:
-        try:
-            if not MPI.Request.Testall(req.reqs):
-                held.append(req)
-        except MPI.Exception:
-            pass  # (done, with an error: a truncated or cancelled message)
-    gone = len(_HELD) - len(held)
-    _HELD[:] = held
-    return gone
-
-
-class _MPIRecv(_MPIRequest):
-    """A receive posted to MPI (or a send and a receive: ``exchange``); counted when it is done."""
-
-    __slots__ = ("transport",)
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        return self.transport.test_recv(self, self.reqs)
-
-
-class _CheckedRecv(TransportRequest):
-    """A receive of a checked key: waits for its header, then for its payload (``mark``: the one
-    its header must carry, or None)."""
-
-    __slots__ = ("buf", "transport", "khash", "step", "wire", "payload", "mark")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        if self.payload is None:
-            self.transport.probe_channel(self.peer, self.wire)
-            if self.payload is None or self.done:
-                if self.error is not None:
-                    raise self.error
-                return self.done
-        if _test(self, (self.payload,), self.transport):  # its payload (nbytes: as its header said) arrived
-            self.transport.traffic.received(self.peer, self.nbytes)
-            return True
-        return False
-
-    def cancel(self) -> None:
-        if not self.done:
-            self.transport.withdraw(self)
-            if self.payload is not None:  # (its payload's receive is posted: withdraw it too)
-                held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
-                held.reqs, held.keep = (self.payload,), self.buf
-                held.cancel()
-
-
-class _PackedRecv(_MPIRequest):
-    """A marked untagged receive of at most :data:`PACK_BYTES`: the message (mark, then payload)
-    lands in ``stage``; once its mark matches, the payload is copied to ``buf``."""
-
-    __slots__ = ("transport", "stage", "buf", "mark")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
-            return False
-        n = self.nbytes
-        if n < 0 or not unmarked(self, self.mark, self.stage[:MARK_BYTES], n, self.buf.nbytes):
-            # (a message too long: MPI fills the receive as far as it goes, its mark included)
-            theirs = bytes(self.stage[:MARK_BYTES]) if n < 0 else b""
-            self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
-            raise self.error
-        if n:
-            memoryview(self.buf)[:] = memoryview(self.stage)[MARK_BYTES:]
-        return True
-
-
-class _PackedExchange(_MPIRequest):
-    """A marked untagged send and receive of at most :data:`PACK_BYTES` each with one peer
-    (``exchange``): ``reqs`` is (send, receive); the receive lands in ``stage`` and is tested
-    first (one whose mark differs raises, its send done or not), its payload copied to ``buf``
-    once its mark matches; done when the send is too. One request instead of three."""
-
-    __slots__ = ("transport", "stage", "buf", "mark", "got")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        reqs = self.reqs
-        if not self.got:
-            if not self.transport.test_recv(self, reqs[1:], MARK_BYTES):
-                return False
-            self.done = False  # (test_recv's: the receive is; the send may not be)
-            n = self.nbytes
-            stage = self.stage
-            if n < 0 or not unmarked(self, self.mark, stage[:MARK_BYTES], n, self.buf.nbytes):
-                theirs = bytes(stage[:MARK_BYTES]) if n < 0 else b""
-                self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
-                raise self.error
-            if n:
-                memoryview(self.buf)[:] = memoryview(stage)[MARK_BYTES:]
-            self.got = True
-        if _test(self, reqs[:1], self.transport):
-            return True
-        return False
-
-
-class _SplitRecv(_MPIRequest):
-    """A marked untagged receive of more than :data:`PACK_BYTES`: the mark lands in ``area`` (the
-    channel's, for that peer and step; or the stash's copy, ``reqs[0]`` None), then the payload in
-    ``buf`` (``reqs[1]``, on the tag with :data:`_PART`). The mark is compared as soon as it is
-    there: a peer with another call fails the receive before its payload comes (which is then
-    withdrawn: it may never come)."""
-
-    __slots__ = ("transport", "area", "buf", "mark", "status")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        first, payload = self.reqs
-        if first is not None:
-            n = self._arrived(first)
-            if n is None:
-                return False
-            self.reqs = (None, payload)
-            if n != MARK_BYTES or self.area.tobytes() != self.mark.blob:  # (a packed message: another size)
-                return self._judge(n - MARK_BYTES if n >= MARK_BYTES else 0)
-        n = self._arrived(payload)
-        if n is None:
-            return False
-        if n < 0:
-            return self._judge(-1)
-        self.nbytes = n
-        self.transport.traffic.received(self.peer, n)
-        if n != self.buf.nbytes:  # (the same mark, another size: v-counts that differ)
-            return self._judge(n)
-        self.done = True
-        return True
-
-    def _arrived(self, req: Any) -> Optional[int]:
-        """The bytes of MPI receive ``req`` once it is done (-1: a longer message); None: not yet."""
-        status = self.status
-        try:
-            if not req.Test(status):
-                return None
-        except MPI.Exception as exc:
-            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                return -1
-            self.error = failure(self, exc, transport=self.transport)
-            self._withdraw()
-            raise self.error from None
-        return status.Get_count(MPI.BYTE)
-
-    def _judge(self, n: int) -> bool:
-        """Fail the receive: its peer's mark (in ``area``: MPI fills a truncated receive as far as
-        it goes) or size differs from this call's; the payload part is withdrawn."""
-        theirs = self.area.tobytes()
-        self._withdraw()
-        self.done = True
-        self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
-        raise self.error
-
-    def _withdraw(self) -> None:
-        payload = self.reqs[1]
-        if payload is not None and not payload.Test():
-            held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
-            held.reqs, held.keep = (payload,), self.buf
-            held.cancel()
-        self.reqs = (None, None)
-
-    def cancel(self) -> None:
-        if not self.done:
-            first, payload = self.reqs
-            held = _MPIRequest("recv", self.peer, self.tag, self.nbytes)
-            held.reqs = tuple(r for r in (first, payload) if r is not None)
-            held.keep = (self.buf, self.area)
-            held.cancel()
 
 
 class MPIChannel(Channel):
@@ -355,7 +113,7 @@ class MPIChannel(Channel):
         if not self.fast:
             return super().isend(buf, peer, step)
         mark = self.mark
-        req = _MPIRequest("send", peer, step, buf.nbytes)
+        req = MPIRequest("send", peer, step, buf.nbytes)
         tag = self.base | (step & _STEP_MASK)
         if mark is None:
             req.reqs = (self.comm.Isend([buf, MPI.BYTE], peer, tag),)
@@ -371,7 +129,7 @@ class MPIChannel(Channel):
         mark = self.mark
         if mark is not None:
             return self.marked_recv(buf, peer, self.base | (step & _STEP_MASK), mark, step)
-        req = _MPIRecv("recv", peer, step, buf.nbytes)
+        req = MPIRecv("recv", peer, step, buf.nbytes)
         req.reqs = (self.comm.Irecv([buf, MPI.BYTE], peer, self.base | (step & _STEP_MASK)),)
         req.transport = self.transport
         return req
@@ -380,7 +138,7 @@ class MPIChannel(Channel):
         """A receive of a marked message into ``buf`` (see the module doc)."""
         n = buf.nbytes
         if n <= PACK_BYTES:
-            req: Any = _PackedRecv("recv", peer, step, n)
+            req: Any = PackedRecv("recv", peer, step, n)
             req.stage = stage = bytearray(MARK_BYTES + n)
             req.reqs = (self.comm.Irecv([stage, MPI.BYTE], peer, tag),)
         else:
@@ -390,7 +148,7 @@ class MPIChannel(Channel):
             area = areas.get((peer, step))
             if area is None:
                 area = areas[(peer, step)] = np.empty(MARK_BYTES, np.uint8)
-            req = _SplitRecv("recv", peer, step, n)
+            req = SplitRecv("recv", peer, step, n)
             req.area, req.status = area, MPI.Status()
             comm = self.comm
             req.reqs = (comm.Irecv([area, MPI.BYTE], peer, tag),
@@ -408,14 +166,14 @@ class MPIChannel(Channel):
             n = recvbuf.nbytes
             if n > PACK_BYTES or sendbuf.nbytes > PACK_BYTES:
                 return super().exchange(sendbuf, recvbuf, peer, step)
-            ex = _PackedExchange("exchange", peer, step, n)
+            ex = PackedExchange("exchange", peer, step, n)
             ex.stage = stage = bytearray(MARK_BYTES + n)
             ex.reqs = (comm.Isend([mark.blob + sendbuf.tobytes(), MPI.BYTE], peer, tag),
                        comm.Irecv([stage, MPI.BYTE], peer, tag))
             ex.transport, ex.buf, ex.mark, ex.got = self.transport, recvbuf, mark, False
             self.traffic.sent(peer, sendbuf.nbytes)
             return ex
-        req = _MPIRecv("exchange", peer, step, sendbuf.nbytes)
+        req = MPIRecv("exchange", peer, step, sendbuf.nbytes)
         req.reqs = [comm.Isend([sendbuf, MPI.BYTE], peer, tag), comm.Irecv([recvbuf, MPI.BYTE], peer, tag)]
         req.transport = self.transport
         self.traffic.sent(peer, sendbuf.nbytes)
@@ -462,7 +220,7 @@ class MPITransport(Transport):
     def isend_marked(self, buf: np.ndarray, peer: int, tag: Hashable, mark: Mark) -> TransportRequest:
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
-        req = _MPIRequest("send", peer, tag, buf.nbytes)
+        req = MPIRequest("send", peer, tag, buf.nbytes)
         if checked:
             header = bytearray(_HEADER.pack(_MAGIC, _VERSION | _MARKED, key_hash(prefix), step, buf.nbytes,
                                             mark.blob))
@@ -486,8 +244,8 @@ class MPITransport(Transport):
         if not stashed:
             del self._stash[(peer, wire)]
         self.unexpected_taken(("slot", wire >> _STEP_BITS))
-        if buf.nbytes > PACK_BYTES and data.nbytes == MARK_BYTES:  # (its payload follows: see _SplitRecv)
-            split = _SplitRecv("recv", peer, tag, buf.nbytes)
+        if buf.nbytes > PACK_BYTES and data.nbytes == MARK_BYTES:  # (its payload follows: see SplitRecv)
+            split = SplitRecv("recv", peer, tag, buf.nbytes)
             split.transport, split.buf, split.mark, split.status = self, buf, mark, MPI.Status()
             split.area = data
             if data.tobytes() != mark.blob:  # (fails at its first test)
@@ -503,7 +261,7 @@ class MPITransport(Transport):
                 return split
             split.reqs = (None, self.comm.Irecv([buf, MPI.BYTE], peer, wire | _PART))
             return split
-        req = _MPIRequest("recv", peer, tag, buf.nbytes)
+        req = MPIRequest("recv", peer, tag, buf.nbytes)
         n = data.nbytes - MARK_BYTES
         if unmarked(req, mark, data[:MARK_BYTES].tobytes(), n, buf.nbytes):
             buf[:n] = data[MARK_BYTES:]
@@ -516,7 +274,7 @@ class MPITransport(Transport):
     def isend(self, buf: np.ndarray, peer: int, tag: Hashable) -> TransportRequest:
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
-        req = _MPIRequest("send", peer, tag, buf.nbytes)
+        req = MPIRequest("send", peer, tag, buf.nbytes)
         if checked:
             header = bytearray(_HEADER.pack(_MAGIC, _VERSION, key_hash(prefix), step, buf.nbytes, _NO_MARK))
             req.reqs = [self.comm.Isend([header, MPI.BYTE], peer, wire),
@@ -534,7 +292,7 @@ class MPITransport(Transport):
         prefix, step, checked = split_key(tag)
         wire = wire_tag(prefix, step, checked)
         if not checked:
-            req = _MPIRecv("recv", peer, tag, buf.nbytes)
+            req = MPIRecv("recv", peer, tag, buf.nbytes)
             req.transport = self
             stashed = self._stash.get((peer, wire))
             if stashed:
@@ -545,7 +303,7 @@ class MPITransport(Transport):
                 return req
             req.reqs = [self.comm.Irecv([buf, MPI.BYTE], peer, wire)]
             return req
-        req = _CheckedRecv("recv", peer, tag, buf.nbytes)
+        req = CheckedRecv("recv", peer, tag, buf.nbytes)
         req.buf, req.transport, req.step, req.wire, req.payload, req.mark = buf, self, step, wire, None, mark
         req.khash = key_hash(prefix)
         k = (peer, req.khash, step)
@@ -611,7 +369,7 @@ class MPITransport(Transport):
             req.done = True
         return ok
 
-    def withdraw(self, req: _CheckedRecv) -> None:
+    def withdraw(self, req: CheckedRecv) -> None:
         """Stop waiting for a checked receive's header (its ``cancel``)."""
         q = self._waiting.get((req.peer, req.khash, req.step))
         if q and req in q:
@@ -695,7 +453,7 @@ class MPITransport(Transport):
 
     def progress(self) -> int:
         """Probe the channels where headers or payloads of checked receives are awaited."""
-        moved = _let_go() if _HELD else 0
+        moved = let_go() if HELD else 0
         if self._waiting or self._payload_for:
             channels = {(r.peer, r.wire) for q in self._waiting.values() for r in q}
             channels.update(self._payload_for)
