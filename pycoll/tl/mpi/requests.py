@@ -86,8 +86,8 @@ def let_go() -> int:
         try:
             if not MPI.Request.Testall(req.reqs):
                 held.append(req)
-        except MPI.Exception:
-            pass  # (done, with an error: a truncated or cancelled message)
+        except MPI.Exception:  # done, with an error (a truncated or cancelled message): let go
+            continue
     gone = len(HELD) - len(held)
     HELD[:] = held
     return gone
@@ -150,15 +150,22 @@ class PackedRecv(MPIRequest):
             return True
         if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
             return False
-        n = self.nbytes
-        if n < 0 or not unmarked(self, self.mark, self.stage[:MARK_BYTES], n, self.buf.nbytes):
-            # (a message too long: MPI fills the receive as far as it goes, its mark included)
-            theirs = bytes(self.stage[:MARK_BYTES]) if n < 0 else b""
-            self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
-            raise self.error
-        if n:
-            memoryview(self.buf)[:] = memoryview(self.stage)[MARK_BYTES:]
+        unpack(self)
         return True
+
+
+def unpack(req: Any) -> None:
+    """Hand over the payload of a packed marked message that arrived in ``req.stage`` (``req``: a
+    :class:`PackedRecv` or :class:`PackedExchange`, ``req.nbytes`` its payload bytes, -1: a longer
+    message) to ``req.buf``, or raise the error ``req.mark.judge`` makes of its mark or size."""
+    n, stage = req.nbytes, req.stage
+    if n < 0 or not unmarked(req, req.mark, stage[:MARK_BYTES], n, req.buf.nbytes):
+        # (a message too long: MPI fills the receive as far as it goes, its mark included)
+        theirs = bytes(stage[:MARK_BYTES]) if n < 0 else b""
+        req.error = req.error or req.mark.judge(req.peer, theirs, n, req.buf.nbytes)
+        raise req.error
+    if n:
+        memoryview(req.buf)[:] = memoryview(stage)[MARK_BYTES:]
 
 
 class PackedExchange(MPIRequest):
@@ -179,26 +186,17 @@ class PackedExchange(MPIRequest):
             if not self.transport.test_recv(self, reqs[1:], MARK_BYTES):
                 return False
             self.done = False  # (test_recv's: the receive is; the send may not be)
-            n = self.nbytes
-            stage = self.stage
-            if n < 0 or not unmarked(self, self.mark, stage[:MARK_BYTES], n, self.buf.nbytes):
-                theirs = bytes(stage[:MARK_BYTES]) if n < 0 else b""
-                self.error = self.error or self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
-                raise self.error
-            if n:
-                memoryview(self.buf)[:] = memoryview(stage)[MARK_BYTES:]
+            unpack(self)
             self.got = True
-        if test_mpi(self, reqs[:1], self.transport):
-            return True
-        return False
+        return test_mpi(self, reqs[:1], self.transport)
 
 
 class SplitRecv(MPIRequest):
     """A marked untagged receive of more than ``PACK_BYTES``: the mark lands in ``area`` (the
     channel's, for that peer and step; or the stash's copy, ``reqs[0]`` None), then the payload in
     ``buf`` (``reqs[1]``, on the tag with the transport's ``_PART`` set). The mark is compared as
-    soon as it is there: a peer with another call fails the receive before its payload comes (which is then
-    withdrawn: it may never come)."""
+    soon as it is there: a peer with another call fails the receive before its payload comes
+    (which is then withdrawn: it may never come)."""
 
     __slots__ = ("transport", "area", "buf", "mark", "status")
 
