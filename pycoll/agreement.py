@@ -186,8 +186,9 @@ class Marks:
     def __init__(self, planner: Planner, mode: str) -> None:
         self.planner = planner
         self.mode = mode
-        #: The collectives that run behind the exchange under ``mode`` (:func:`due`).
-        self._due = frozenset(c for c in COLLECTIVES if due(c, mode))
+        #: The collectives that run behind the exchange under ``mode`` (:func:`due`): the planner
+        #: asks here at every post.
+        self.exchanged = frozenset(c for c in COLLECTIVES if due(c, mode))
         #: Whether the team's collectives carry marks (not under ``off``, nor on a team of one).
         self.on = mode != "off" and planner.team.size > 1
         self.history = 0  # of the marked untagged collectives posted (see history())
@@ -195,9 +196,10 @@ class Marks:
         #: they are to raise (set by the bootstrap: the segment, the store, an MPI communicator,
         #: the other in-process ranks; see :meth:`judge`), or None.
         self.news: Optional[Callable[[MismatchError], None]] = None
-        #: Where the team has them: a cheap look whether a peer's news waits (``pending``), taking
-        #: it (``take``), and letting it go when the team closes (``close_news``); see
-        #: :mod:`pycoll.news`.
+        #: Where the team has them: a cheap look for a peer's news at every post, which takes it
+        #: and says whether the team takes no more calls (``pending``, where such a look costs
+        #: little), taking it (``take``), and letting it go when the team closes (``close_news``);
+        #: see :mod:`pycoll.news`.
         self.pending: Optional[Callable[[], bool]] = None
         self.take: Optional[Callable[[], bool]] = None
         self.close_news: Optional[Callable[[], None]] = None
@@ -223,11 +225,26 @@ class Marks:
         (:func:`history`; one behind the exchange, which compares the calls itself, folds in its
         number only; ``coll`` empty: such a call), a tagged one's is its key."""
         if key[0] == "c":  # (history() inline: a call's fast path)
-            fid = 0 if not coll or coll in self._due else mark.fid
+            fid = 0 if not coll or coll in self.exchanged else mark.fid
             self.history = h = (self.history * _MIX + fid + key[1]) & _MASK
-            mark.stamp(h)
+            mark.words[3] = h  # (Mark.stamp inline)
+            mark.blob = mark.head + h.to_bytes(8, "little")
         else:
             mark.stamp(key_hash(key))
+
+    def stamper(self, mark: Mark, coll: str) -> Callable[[int], None]:
+        """:meth:`stamp` for the untagged calls of collective ``coll`` whose task keeps ``mark`` (an
+        express lane's runs): what stays the same is worked out once; ``stamper(mark, coll)(k)``
+        stamps call number ``k``."""
+        fid = 0 if not coll or coll in self.exchanged else mark.fid
+        words, head = mark.words, mark.head
+
+        def stamp(k: int) -> None:
+            self.history = h = (self.history * _MIX + fid + k) & _MASK
+            words[3] = h
+            mark.blob = head + h.to_bytes(8, "little")
+
+        return stamp
 
     def judge(self, mark: Mark, peer: int, theirs: bytes, nbytes: int, expected: int) -> MismatchError:
         """The error of a receive from ``peer`` that found ``theirs`` where its mark ``mark``
@@ -322,13 +339,6 @@ class Marks:
             if answer is not None and answer["mark"] and answer["mark"] != channel.mark.blob:
                 return peer, answer["mark"], 0
         return None
-
-    def heard(self) -> bool:
-        """Whether the team takes no more calls, after taking a peer's news if one waits (the
-        planner asks at every post where :attr:`pending` is set)."""
-        if self.pending is not None and self.pending() and self.take is not None:
-            self.take()
-        return self.planner.revoked is not None
 
     def closed(self) -> None:
         """The team closes: no more news."""

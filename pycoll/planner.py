@@ -172,7 +172,8 @@ class Planner:
 
         The common case is the short path: a finished task of the same shape waits in the pool;
         it is rebound to the new buffers and key and submitted, nothing built."""
-        if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
+        pending = self.marks.pending
+        if self.revoked is not None or (pending is not None and pending()):
             self.refuse()
         if tag is None and _get_ident() != self.poster[0]:
             self.marks.posting()
@@ -196,7 +197,7 @@ class Planner:
                     return self.submit(self.checked(task, call, key), priority, timeout, call.out,
                                        on_done=self.let_go)
                 self.credit_unit(task, key)
-            if self._check != "off":
+            if call.coll in self.marks.exchanged:  # (checked(), whose test this is, inline)
                 guarded = self.checked(task, call, key)
                 if guarded is not task:  # behind the agreement check: pooled when the check is over
                     task.plan_shape = shape
@@ -215,16 +216,20 @@ class Planner:
         next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
         request returns ``result`` and becomes ``owner.request``. A run of a native program
         that is due the agreement check goes through ``owner.restart_as`` (none is, for a
-        program that runs its check itself: see :meth:`native_check`)."""
+        program that runs its check itself: see :meth:`native_check`). A peer's news is looked
+        for at each run, as at each post (``marks.pending``)."""
         coll = owner.coll
         itself = getattr(task, "checks_itself", False)
-        mark = task.mark
+        marks = self.marks
+        stamp = marks.stamper(task.mark, coll) if task.mark is not None else None
+        checked = not itself and coll in marks.exchanged
 
         def due(k: int) -> bool:  # (called with the number of every run of the lane, as it takes it)
-            if mark is not None:
-                self.marks.stamp(mark, ("c", k), coll)
+            if stamp is not None:
+                stamp(k)
             # (a run of a team closed or revoked since goes through restart_as, which refuses it)
-            return self.revoked is not None or (not itself and self.check_due(coll, k))
+            pending = marks.pending
+            return self.revoked is not None or checked or (pending is not None and pending())
 
         return self.ctx.express_lane(task, self._seq, result, owner, due, self.poster)
 
@@ -233,7 +238,7 @@ class Planner:
         behind the agreement check's exchange (``PYCOLL_CHECK``; :mod:`pycoll.agreement`): on the
         collective alone, which every rank gives alike whichever path its call takes (a new call,
         a pooled task, a persistent run, an express lane), so that the ranks never disagree on it."""
-        return agreement.due(coll, self._check)
+        return coll in self.marks.exchanged
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
                 timeout: Optional[float], key: Optional[tuple] = None) -> Request:
@@ -241,7 +246,8 @@ class Planner:
         message key (``key``, when an express lane took it already), its credit, submitted (it
         stays with its persistent collective, never pooled). Under the engine's lock (the
         caller holds it)."""
-        if self.revoked is not None or (self.marks.pending is not None and self.marks.heard()):
+        pending = self.marks.pending
+        if self.revoked is not None or (pending is not None and pending()):
             self.refuse()
         if tag is None and _get_ident() != self.poster[0]:
             self.marks.posting()
@@ -253,7 +259,7 @@ class Planner:
         task.rebind(call.src, call.dst, key)
         if task.credit and ctx.credit_bytes:
             ctx.watch_demand(task, self.team.transport, key)
-        if self._check != "off":
+        if call.coll in self.marks.exchanged:  # (checked(), whose test this is, inline)
             task = self.checked(task, call, key)
         t = ctx.timeout if timeout is None else timeout
         task.timeout = t if t is not None and 0 < t < _INF else None

@@ -194,6 +194,31 @@ class StepTask(Task):
         self.pending = 1
         self._gen = None
 
+    @property
+    def runs_again(self) -> bool:
+        """Whether an express lane may run this task again as it is (:meth:`express_run`): its
+        class keeps this rebind and post, and it has no dependencies."""
+        cls = type(self)
+        return cls.rebind is StepTask.rebind and cls.post is StepTask.post and not self.n_deps
+
+    def express_run(self, number: int) -> bool:
+        """Run this finished task again now, on the buffers it is bound to, as untagged collective
+        ``number`` (its engine's express lane, :class:`pycoll.engine.express.ProgramLane`, which
+        found the engine idle): :meth:`rebind` to the same buffers and the engine's start, written
+        out. True when it finished in its post (the task stays completed); else it is in
+        progress, for the engine to poll, or failed."""
+        self.args.channel.rekey(("c", number))
+        self.result = None
+        self.pending = 0
+        self.state = IN_PROGRESS
+        self._gen = self.run()
+        self._wait = ()
+        try:
+            self._advance()
+        except Exception as exc:  # (as the engine's start: the task fails, its request raises)
+            self.fail(exc)
+        return self.state is COMPLETED
+
     def run(self) -> Generator[Waitable, None, None]:  # pragma: no cover - abstract
         raise TypeError(f"{type(self).__name__} must define run()")
         yield ()

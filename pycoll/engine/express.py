@@ -103,10 +103,13 @@ class ExpressLane:
 
 
 class ProgramLane:
-    """The express lane of a native program's task (a lowered collective a transport runs in C,
-    :class:`pycoll.tl.ucx.executor.UCXProgramTask`): on an idle engine with no credit limit, a
-    run takes the next sequence number and calls ``task.express_run(number)``, which starts the
-    program and polls it in one native call. One that finished there returns the same finished
+    """The express lane of a task that runs itself again: a native program's task (a lowered
+    collective a transport runs in C, :class:`pycoll.tl.ucx.executor.UCXProgramTask`), or a step
+    task over a transport (MPI, TCP, UCX, in-process: ``StepTask.express_run`` rekeys, posts and
+    advances it, skipping the planner's restart and the engine's submission). On an idle engine
+    with no credit limit, a run takes the next sequence number and calls
+    ``task.express_run(number)``, which starts the program and polls it in one native call (the
+    step task: as far as its peers let it). One that finished there returns the same finished
     :class:`Request` every time; one that waits for its peers (or failed) is handed to the
     engine. A number that is due the agreement check (``due(number)``) goes through
     ``owner.restart_as(key)`` instead: the planner checks and submits that run."""
@@ -161,11 +164,12 @@ class ProgramLane:
 
 
 def has_express_lane(task: Optional[Task]) -> bool:
-    """Whether ``task`` can run in an express lane: a segment collective that takes no credit, or
-    a native program's task."""
+    """Whether ``task`` can run in an express lane: a segment collective that takes no credit, a
+    native program's task, or a step task that runs itself again (``runs_again``)."""
     if task is None:
         return False
-    return (hasattr(task, "express_started") and not task.credit) or hasattr(task, "express_run")
+    return (hasattr(task, "express_started") and not task.credit) or (
+        hasattr(task, "express_run") and getattr(task, "runs_again", True))
 
 
 __all__ = ["ExpressLane", "ProgramLane", "has_express_lane"]

@@ -30,11 +30,12 @@ class Mark:
 
     ``buf`` holds its :data:`MARK_BYTES` bytes (stable memory that transports send from; the last
     8-byte word is the call's place in its team's history, rewritten for each call of a kept task
-    by :meth:`stamp`), ``blob`` the same bytes as ``bytes`` (what receives compare with), ``fid``
-    a 64-bit digest of the first 24 (the call's fields, which the task keeps); ``owner`` (who
-    made it: a team's marks) judges the receives that find another mark (:meth:`judge`)."""
+    by :meth:`stamp`), ``blob`` the same bytes as ``bytes`` (what receives compare with), ``head``
+    the first 24 (the call's fields, which the task keeps) and ``fid`` a 64-bit digest of them;
+    ``owner`` (who made it: a team's marks) judges the receives that find another mark
+    (:meth:`judge`)."""
 
-    __slots__ = ("buf", "words", "blob", "fid", "owner", "_head")
+    __slots__ = ("buf", "words", "blob", "head", "fid", "owner")
 
     def __init__(self, fields: bytes, owner: Any) -> None:
         if len(fields) != MARK_BYTES - 8:
@@ -43,14 +44,15 @@ class Mark:
         self.buf[:MARK_BYTES - 8] = np.frombuffer(fields, np.uint8)
         self.words = self.buf.view(_U64)
         self.blob = self.buf.tobytes()
-        self._head = bytes(fields)
+        self.head = bytes(fields)
         self.fid = int.from_bytes(hashlib.blake2b(fields, digest_size=8).digest(), "little")
         self.owner = owner
 
     def stamp(self, history: int) -> None:
-        """Set the mark's last word: the call's place in its team's history."""
+        """Set the mark's last word: the call's place in its team's history (``buf`` and ``blob``;
+        :meth:`pycoll.agreement.Marks.stamp` writes the same inline)."""
         self.words[3] = history
-        self.blob = self._head + history.to_bytes(8, "little")
+        self.blob = self.head + history.to_bytes(8, "little")
 
     def judge(self, peer: int, theirs: bytes, nbytes: int, expected: int) -> BaseException:
         """The error of a receive from ``peer`` whose message carried ``theirs`` where the mark was

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from pycoll.errors import TransportError
 from pycoll.tl.base import Transport, TransportRequest
-from pycoll.tl.marks import MARK_BYTES, unmarked
+from pycoll.tl.marks import MARK_BYTES
 
 
 def failure(req: TransportRequest, exc: Any, statuses: Any = (),
@@ -137,44 +137,88 @@ class CheckedRecv(TransportRequest):
                 held.cancel()
 
 
+class Stage:
+    """Where a packed marked message of ``n`` payload bytes lands: ``buf``, the mark then the
+    payload (``tail``, a view of it), and ``to``, a view of the receive buffer it was last copied
+    to (kept while it is the same: a view costs more than the copy). A receive takes one from its
+    channel's free stages and gives it back once it handed the payload over; one that failed or
+    was given up keeps it (MPI may still write there)."""
+
+    __slots__ = ("n", "buf", "tail", "to")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.buf = bytearray(MARK_BYTES + n)
+        self.tail = memoryview(self.buf)[MARK_BYTES:]
+        self.to: Optional[memoryview] = None
+
+
 class PackedRecv(MPIRequest):
     """A marked untagged receive of at most ``PACK_BYTES``: the message (mark, then payload)
-    lands in ``stage``; once its mark matches, the payload is copied to ``buf``."""
+    lands in ``stage`` (a :class:`Stage` taken from ``home``, its channel's free ones); once its
+    mark matches, the payload is copied to ``buf`` (:func:`landed`)."""
 
-    __slots__ = ("transport", "stage", "buf", "mark")
+    __slots__ = ("transport", "stage", "buf", "mark", "home")
 
     def test(self) -> bool:
         if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
             raise self.error
         if self.done:
             return True
-        if not self.transport.test_recv(self, self.reqs, MARK_BYTES):
+        if not landed(self, self.reqs):
             return False
-        unpack(self)
+        self.done = True
         return True
 
 
-def unpack(req: Any) -> None:
-    """Hand over the payload of a packed marked message that arrived in ``req.stage`` (``req``: a
-    :class:`PackedRecv` or :class:`PackedExchange`, ``req.nbytes`` its payload bytes, -1: a longer
-    message) to ``req.buf``, or raise the error ``req.mark.judge`` makes of its mark or size."""
-    n, stage = req.nbytes, req.stage
-    if n < 0 or not unmarked(req, req.mark, stage[:MARK_BYTES], n, req.buf.nbytes):
-        # (a message too long: MPI fills the receive as far as it goes, its mark included)
-        theirs = bytes(stage[:MARK_BYTES]) if n < 0 else b""
-        req.error = req.error or req.mark.judge(req.peer, theirs, n, req.buf.nbytes)
+def landed(req: Any, mpi_reqs: Any) -> bool:
+    """Test ``mpi_reqs`` of ``req`` (a :class:`PackedRecv` or :class:`PackedExchange`), the last
+    of them its MPI receive into ``req.stage``: once they are all done, count the payload, set
+    ``req.nbytes`` and hand the payload to ``req.buf``; or, when the mark that came is not
+    ``req.mark`` or the payload not the size of ``req.buf``, raise the error ``req.mark.judge``
+    makes (a message too long: MPI fills the receive as far as it goes, its mark included;
+    ``nbytes`` -1). The hot path of every small marked call over MPI: written out, in one Python
+    call."""
+    transport = req.transport
+    statuses = transport.statuses
+    last = len(mpi_reqs) - 1
+    try:
+        if not (mpi_reqs[0].Test(statuses[0]) if last == 0 else MPI.Request.Testall(mpi_reqs, statuses)):
+            return False
+        got = statuses[last].Get_count(MPI.BYTE)
+    except MPI.Exception as exc:
+        done = statuses[:last + 1]
+        classes = (exc.Get_error_class(), *(MPI.Get_error_class(st.Get_error()) for st in done))
+        if MPI.ERR_TRUNCATE not in classes:
+            req.error = failure(req, exc, done, transport)
+            raise req.error from None
+        got = -1
+    stage, buf, mark = req.stage, req.buf, req.mark
+    n = got - MARK_BYTES if got >= MARK_BYTES else (0 if got >= 0 else -1)  # (shorter: no mark)
+    req.nbytes = n
+    transport.traffic.received(req.peer, max(n, 0))
+    data = stage.buf
+    if n != buf.nbytes or not data.startswith(mark.blob):
+        theirs = bytes(data[:MARK_BYTES] if got < 0 else data[:min(got, MARK_BYTES)])
+        req.error = mark.judge(req.peer, theirs, n, buf.nbytes)
         raise req.error
     if n:
-        memoryview(req.buf)[:] = memoryview(stage)[MARK_BYTES:]
+        to = stage.to
+        if to is None or to.obj is not buf:
+            to = stage.to = memoryview(buf)
+        to[:] = stage.tail
+    req.home[req.peer, req.tag] = stage  # (free again)
+    return True
 
 
 class PackedExchange(MPIRequest):
     """A marked untagged send and receive of at most ``PACK_BYTES`` each with one peer
-    (``exchange``): ``reqs`` is (send, receive); the receive lands in ``stage`` and is tested
-    first (one whose mark differs raises, its send done or not), its payload copied to ``buf``
-    once its mark matches; done when the send is too. One request instead of three."""
+    (``exchange``): ``reqs`` is (send, receive); the receive lands in ``stage`` (as
+    :class:`PackedRecv`'s) and is tested first (one whose mark differs raises, its send done or
+    not), its payload copied to ``buf`` once its mark matches (:func:`landed`; ``got`` then);
+    done when the send is too. One request instead of three."""
 
-    __slots__ = ("transport", "stage", "buf", "mark", "got")
+    __slots__ = ("transport", "stage", "buf", "mark", "got", "home")
 
     def test(self) -> bool:
         if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
@@ -183,12 +227,20 @@ class PackedExchange(MPIRequest):
             return True
         reqs = self.reqs
         if not self.got:
-            if not self.transport.test_recv(self, reqs[1:], MARK_BYTES):
+            if landed(self, reqs):  # (both done: the common case, one test)
+                self.done = True
+                return True
+            if not landed(self, reqs[1:]):  # (the receive alone: one whose mark differs raises now)
                 return False
-            self.done = False  # (test_recv's: the receive is; the send may not be)
-            unpack(self)
             self.got = True
-        return test_mpi(self, reqs[:1], self.transport)
+        try:
+            if not reqs[0].Test():
+                return False
+        except MPI.Exception as exc:
+            self.error = failure(self, exc, transport=self.transport)
+            raise self.error from None
+        self.done = True
+        return True
 
 
 class SplitRecv(MPIRequest):

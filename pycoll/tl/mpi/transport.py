@@ -60,6 +60,7 @@ from pycoll.tl.mpi.requests import (
     PackedExchange,
     PackedRecv,
     SplitRecv,
+    Stage,
     failure,
     let_go,
 )
@@ -75,6 +76,7 @@ _MAGIC = 0x50434F4C  # "PCOL"
 _VERSION = 2  # (and _VERSION | _MARKED: a mark follows)
 _MARKED = 1 << 16
 _NO_MARK = bytes(MARK_BYTES)
+_new = object.__new__
 #: The most payload bytes a marked untagged message packs with its mark into one buffer (a copy
 #: each way); a larger one goes in place, after its mark (see the module doc).
 PACK_BYTES = 4096
@@ -94,7 +96,7 @@ class MPIChannel(Channel):
     ``stash`` is the transport's store of untagged messages that arrived before their receive: the
     fast receive is taken only while it is empty (a stashed message must match first)."""
 
-    __slots__ = ("fast", "base", "comm", "traffic", "stash", "areas")
+    __slots__ = ("fast", "base", "comm", "traffic", "stash", "areas", "stages")
 
     def __init__(self, transport: MPITransport, key: tuple, stash: Dict[Tuple[int, int], deque]) -> None:
         super().__init__(transport, key)
@@ -102,6 +104,8 @@ class MPIChannel(Channel):
         self.traffic = transport.traffic
         self.stash = stash
         self.areas: Optional[Dict[Tuple[int, int], np.ndarray]] = None  # (marks of large receives)
+        #: The stages of packed receives, by (peer, step), that are free again (see requests.Stage).
+        self.stages: Dict[Tuple[int, int], Stage] = {}
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -139,8 +143,11 @@ class MPIChannel(Channel):
         n = buf.nbytes
         if n <= PACK_BYTES:
             req: Any = PackedRecv("recv", peer, step, n)
-            req.stage = stage = bytearray(MARK_BYTES + n)
-            req.reqs = (self.comm.Irecv([stage, MPI.BYTE], peer, tag),)
+            stage = self.stages.pop((peer, step), None)
+            if stage is None or stage.n != n:
+                stage = Stage(n)
+            req.stage, req.home = stage, self.stages
+            req.reqs = (self.comm.Irecv([stage.buf, MPI.BYTE], peer, tag),)
         else:
             areas = self.areas
             if areas is None:
@@ -166,11 +173,15 @@ class MPIChannel(Channel):
             n = recvbuf.nbytes
             if n > PACK_BYTES or sendbuf.nbytes > PACK_BYTES:
                 return super().exchange(sendbuf, recvbuf, peer, step)
-            ex = PackedExchange("exchange", peer, step, n)
-            ex.stage = stage = bytearray(MARK_BYTES + n)
+            stage = self.stages.pop((peer, step), None)
+            if stage is None or stage.n != n:
+                stage = Stage(n)
+            ex = _new(PackedExchange)  # (TransportRequest.__init__ written out: the hot path)
+            ex.kind, ex.peer, ex.tag, ex.nbytes, ex.done, ex.error = "exchange", peer, step, n, False, None
             ex.reqs = (comm.Isend([mark.blob + sendbuf.tobytes(), MPI.BYTE], peer, tag),
-                       comm.Irecv([stage, MPI.BYTE], peer, tag))
-            ex.transport, ex.buf, ex.mark, ex.got = self.transport, recvbuf, mark, False
+                       comm.Irecv([stage.buf, MPI.BYTE], peer, tag))
+            ex.transport, ex.buf, ex.mark, ex.got, ex.stage, ex.home = (self.transport, recvbuf, mark, False,
+                                                                         stage, self.stages)
             self.traffic.sent(peer, sendbuf.nbytes)
             return ex
         req = MPIRecv("exchange", peer, step, sendbuf.nbytes)
@@ -202,7 +213,8 @@ class MPITransport(Transport):
         # its key, its size and the mark its header carried (None: none)
         self._payload_for: Dict[Tuple[int, int], _Target] = {}
         self._header_buf = bytearray(_HEADER.size)
-        self._statuses = [MPI.Status(), MPI.Status()]  # of receives completing (see test_recv)
+        #: Statuses of receives completing (:meth:`test_recv`, ``requests.landed``), under the lock.
+        self.statuses = [MPI.Status(), MPI.Status()]
         limit_sends(self)
 
     def channel(self, key: tuple) -> Channel:
@@ -340,32 +352,26 @@ class MPITransport(Transport):
         target = self._payload_for.get((peer, wire))  # its header was read, the payload follows
         return target is not None and target[0] is None and target[1] == k
 
-    def test_recv(self, req: TransportRequest, mpi_reqs: Any, marked: int = 0) -> bool:
+    def test_recv(self, req: TransportRequest, mpi_reqs: Any) -> bool:
         """Test ``req``'s MPI requests, the last of them a receive (its receives' ``test``): once
-        they are done, count the bytes that arrived (the receive's status; less the ``marked``
-        bytes of a mark) in :attr:`traffic` and, for a plain receive, put them in ``req.nbytes``
-        (negative: fewer than a mark). A marked receive that a longer message truncated is done
-        with ``nbytes`` -1."""
-        statuses = self._statuses
+        they are done, count the bytes that arrived (the receive's status) in :attr:`traffic` and,
+        for a receive, put them in ``req.nbytes``."""
+        statuses = self.statuses
         try:
             if len(mpi_reqs) == 1:
                 ok = mpi_reqs[0].Test(statuses[0])
             else:
                 ok = MPI.Request.Testall(mpi_reqs, statuses)
         except MPI.Exception as exc:
-            if marked and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-                req.nbytes = -1
-                req.done = True
-                return True
             req.error = failure(req, exc, statuses[:len(mpi_reqs)], self)
             raise req.error from None
         if ok:
             status = statuses[len(mpi_reqs) - 1]
             if not status.Is_cancelled():
-                n = status.Get_count(MPI.BYTE) - marked
-                if req.kind == "recv" or marked:
+                n = status.Get_count(MPI.BYTE)
+                if req.kind == "recv":
                     req.nbytes = n
-                self.traffic.received(req.peer, max(n, 0))
+                self.traffic.received(req.peer, n)
             req.done = True
         return ok
 

@@ -14,12 +14,19 @@ mode (argv[1]):
   matches (the sequence numbers stayed in step);
 * ``repeat-timeout``: an express-lane repeat whose peer never calls fails with TimeoutError
   within the engine's timeout;
+* ``lane-mismatch``: repeats in the express lane that agree, then one whose op differs on rank 1
+  at its 50th run: MismatchError on both ranks, and every later call raises it.
+
+Under ``PYCOLL_TLS=mpi`` (no segment) ``repeated``, ``repeat-timeout`` and ``lane-mismatch`` run
+over MPI's point to point: a repeat runs in the step task's express lane (``ProgramLane``, which
+``StepTask.express_run`` serves).
 * ``owed-timeout`` (3 ranks): ranks 1 and 2 gather to rank 0, which never calls, going on without
   it (past the segment's first collectives); rank 1's next collective, a bcast from rank 2, has
   its data but waits to check that gather's call against the root's: TimeoutError naming the
   earlier gather and its root.
 """
 
+import os
 import sys
 import time
 
@@ -30,6 +37,9 @@ import pycoll
 from pycoll.mpi import Comm
 from pycoll.team import Team
 from tests.rank import run_rank
+
+#: Whether the team has a segment (not under ``PYCOLL_TLS=mpi``).
+SEGMENT = os.environ.get("PYCOLL_TLS") != "mpi"
 
 
 def persistent(team: Team) -> None:
@@ -92,10 +102,14 @@ def times_out(post, within: str) -> None:
     except pycoll.TimeoutError as exc:
         took = time.monotonic() - t0
         assert took < 10, took
-        assert f"did not finish within {within}" in str(exc) and "shm" in str(exc), str(exc)
-        # who it waits for, and what that rank did last on the segment
         text = str(exc)
-        assert "rank 1 has not entered it (its last: #" in text and "allreduce 2 x float32 sum" in text, text
+        if SEGMENT:
+            assert f"did not finish within {within}" in text and "shm" in text, text
+            # who it waits for, and what that rank did last on the segment
+            assert "rank 1 has not entered it (its last: #" in text, text
+            assert "allreduce 2 x float32 sum" in text, text
+        else:  # (what it waits for over MPI, and that the rank is alive but not in pycoll)
+            assert f"did not finish within {within}" in text and "exchange of 8 B from rank 1" in text, text
         print(f"timed out after {took:.2f} s: {exc}", flush=True)
     else:
         raise AssertionError("the collective whose peer never called did not time out")
@@ -124,7 +138,12 @@ def repeated(team: Team) -> None:
         reqs.append(req)
     assert team.ctx.posted == posted + 200  # each call is a task the engine started
     entry = team.planner.recent[("allreduce", id(x))]
-    assert entry.persistent is not None and "shm" in entry.persistent.task.name, entry.persistent.task
+    task = entry.persistent.task if entry.persistent is not None else None
+    if SEGMENT:
+        assert task is not None and "shm" in task.name, task
+    else:  # (a step task over MPI, run again by its express_run)
+        assert task is not None and "shm" not in task.name and type(entry.lane).__name__ == "ProgramLane", \
+            (task, entry.lane)
     assert all(q.task is entry.persistent.task for q in reqs[-50:])  # one task, started again and again
     lane = entry.lane  # run in the engine's express lane: the requests of runs done at once are one
     assert lane is not None and lane is entry.persistent.lane and entry.persistent.request is reqs[-1]
@@ -198,6 +217,31 @@ def repeat_timeout(team: Team) -> None:
     MPI.COMM_WORLD.Barrier()  # rank 1 waits here, never calling the allreduce
 
 
+def lane_mismatch(team: Team) -> None:
+    r = team.rank
+    x = np.ones(2, np.float32)
+    y = np.zeros(2, np.float32)
+    for i in range(49):
+        team.allreduce(x, y).wait()
+        assert (y == team.size).all(), (i, y)
+    assert team.planner.recent[("allreduce", id(x))].lane is not None
+    lane_runs = team.ctx.posted
+    try:
+        team.allreduce(x, y, op=pycoll.ReduceOp.MAX if r == 1 else pycoll.ReduceOp.SUM).wait(timeout=30)
+    except pycoll.MismatchError as exc:
+        print(f"lane mismatch on rank {r}: {exc}", flush=True)
+        assert "sum" in str(exc).lower() and "max" in str(exc).lower(), exc
+    else:
+        raise AssertionError(f"rank {r}: an allreduce whose op differs returned {y}")
+    assert team.ctx.posted > lane_runs
+    try:
+        team.allreduce(x, y).wait(timeout=30)  # (the lane's repeat: refused as any call)
+    except pycoll.MismatchError:
+        pass
+    else:
+        raise AssertionError(f"rank {r}: a call after the mismatch returned")
+
+
 def owed_timeout(team: Team) -> None:
     n, r = team.size, team.rank
     assert n == 3
@@ -241,9 +285,10 @@ def main(mode: str) -> None:
     ctx = pycoll.Context(credit_bytes=4096 if mode == "mixed" else 0, partition_bytes=0,
                          timeout=1.0 if mode == "repeat-timeout" else 60)
     team = Team.from_mpi(MPI.COMM_WORLD, ctx)
-    assert team.shared is not None, "the ranks share a host: the team has a segment"
+    assert (team.shared is not None) == SEGMENT, "the ranks share a host: the team has a segment"
     {"persistent": persistent, "mixed": mixed, "timeout": timeout, "repeated": repeated,
-     "repeat-timeout": repeat_timeout, "owed-timeout": owed_timeout}[mode](team)
+     "repeat-timeout": repeat_timeout, "owed-timeout": owed_timeout,
+     "lane-mismatch": lane_mismatch}[mode](team)
     team.close()
 
 
