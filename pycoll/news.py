@@ -13,13 +13,11 @@ its collectives in flight and every later call with the same :class:`pycoll.Mism
   :mod:`pycoll.recovery`), which the engine's watch looks at.
 
 A peer learns it when its engine waits (its watch looks every ``WATCH_S``, 50 ms), and, on a
-team made from MPI without a shared segment, also when it posts a collective: about every
-:data:`PROBE_S` (a probe of the status communicator runs MPI's progress, 3-4 us on a 2-rank job:
-probing at every post made a small collective over MPI's point to point 20-30% slower, and even
-reading the clock at every post costs a few percent; so the posts are counted, and each probe sets
-how many posts pass before the next from the rate of those before it, at most
-:data:`PROBE_POSTS`): at its next call, or while that call waits (its messages then carry a
-history that is not its peers': it fails).
+team made from MPI without a shared segment, also when it posts a collective, if :data:`PROBE_S`
+passed since it last looked (a probe of the status communicator runs MPI's progress, 3-4 us on a
+2-rank job: probing at every post made a small collective over MPI's point to point 20-30%
+slower, every 200 us still 2-4%): at its next call, or while that call waits (its messages then
+carry a history that is not its peers': it fails).
 The news is the team's random id, then text of at most :data:`MAX_NEWS` bytes, decoded and never
 evaluated; news of another team is dropped (MPI reuses a freed communicator's context, so a closed
 team's late news could reach a new team's).
@@ -40,10 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
 NEWS_TAG = 3
 #: The longest news (bytes); longer texts are cut.
 MAX_NEWS = 4096
-#: About how many seconds pass between a team's looks for news when it posts.
+#: Seconds between a team's looks for news when it posts.
 PROBE_S = 0.001
-#: The most posts between two looks (calls faster than PROBE_S / PROBE_POSTS wait longer).
-PROBE_POSTS = 64
 
 
 class MPINews:
@@ -55,9 +51,7 @@ class MPINews:
         self.comm, self.marks, self.lock, self.team_id = comm, marks, lock, bytes(team_id)
         self._sent: List[Any] = []
         self._buf = bytearray(len(self.team_id) + MAX_NEWS)
-        self._left = 1  # (posts until pending probes again)
-        self._every = 1  # (posts between its last two probes)
-        self._last = 0.0  # (when it last probed)
+        self._next = 0.0  # (when pending probes again)
 
     def tell(self, error: MismatchError) -> None:
         """Send ``error``'s text to every peer (called under the engine's lock)."""
@@ -70,16 +64,12 @@ class MPINews:
 
     def pending(self) -> bool:
         """Whether a peer's news was waiting, and is taken now: the team takes no more calls (one
-        probe of the status communicator about every :data:`PROBE_S`, see the module doc; a closed
-        team's news is taken and dropped, then it says False)."""
-        self._left -= 1
-        if self._left > 0:
-            return False
+        probe of the status communicator, at most every :data:`PROBE_S`; a closed team's news is
+        taken and dropped, then it says False)."""
         now = time.monotonic()
-        took, self._last = now - self._last, now
-        # (the posts that fit in PROBE_S at the rate of the last ones: 1 when they were slower)
-        every = int(self._every * PROBE_S / took) if took > 0 else 1
-        self._every = self._left = max(1, min(PROBE_POSTS, every))
+        if now < self._next:
+            return False
+        self._next = now + PROBE_S
         return bool(self.comm.Iprobe(tag=NEWS_TAG)) and not self.look()
 
     def look(self) -> bool:
