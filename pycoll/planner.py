@@ -214,20 +214,16 @@ class Planner:
         """The express lane of the ``task`` of a persistent (or repeated) collective ``owner``:
         it runs it again on the buffers of its last run while the engine is idle, taking the
         next sequence number as any untagged collective (see :class:`ExpressLane`); each run's
-        request returns ``result`` and becomes ``owner.request``. A run of a native program
-        that is due the agreement check goes through ``owner.restart_as`` (none is, for a
-        program that runs its check itself: see :meth:`native_check`). A peer's news is looked
-        for at each run, as at each post (``marks.pending``)."""
-        coll = owner.coll
-        itself = getattr(task, "checks_itself", False)
-        marks = self.marks
+        request returns ``result`` and becomes ``owner.request``. A run due the agreement check
+        (none is, for a program that runs its check itself: :meth:`native_check`), or that finds
+        a peer's news (``marks.pending``) or the team revoked, goes through ``owner.restart_as``."""
+        itself, marks, coll = getattr(task, "checks_itself", False), self.marks, owner.coll
         stamp = marks.stamper(task.mark, coll) if task.mark is not None else None
         checked = not itself and coll in marks.exchanged
 
         def due(k: int) -> bool:  # (called with the number of every run of the lane, as it takes it)
             if stamp is not None:
                 stamp(k)
-            # (a run of a team closed or revoked since goes through restart_as, which refuses it)
             pending = marks.pending
             return self.revoked is not None or checked or (pending is not None and pending())
 
@@ -235,17 +231,15 @@ class Planner:
 
     def check_due(self, coll: str, k: int) -> bool:
         """Whether the untagged collective numbered ``k`` (or a tagged one's ``k``-th use) runs
-        behind the agreement check's exchange (``PYCOLL_CHECK``; :mod:`pycoll.agreement`): on the
-        collective alone, which every rank gives alike whichever path its call takes (a new call,
-        a pooled task, a persistent run, an express lane), so that the ranks never disagree on it."""
+        behind the agreement check's exchange (``PYCOLL_CHECK``, :mod:`pycoll.agreement`): on the
+        collective alone, so that the ranks never disagree on it, whatever path a call takes."""
         return coll in self.marks.exchanged
 
     def restart(self, task: Task, call: Call, tag: Optional[Hashable], priority: int,
                 timeout: Optional[float], key: Optional[tuple] = None) -> Request:
         """Run the finished task of a persistent collective again on the call's buffers: a new
         message key (``key``, when an express lane took it already), its credit, submitted (it
-        stays with its persistent collective, never pooled). Under the engine's lock (the
-        caller holds it)."""
+        stays with its persistent collective, never pooled). Under the engine's lock."""
         pending = self.marks.pending
         if self.revoked is not None or (pending is not None and pending()):
             self.refuse()
