@@ -41,9 +41,14 @@ class RecursiveDoublingAllreduce(StepTask):
             finish(a)
             return
         # The first reduction reads the input and writes the output, so out of place needs no copy.
-        if self._views is None or self._views[0] is not src or self._views[1] is not dst:
-            scratch = self.scratch(0, dst)
-            self._views = (src, dst, as_wire(src), as_wire(dst), scratch, as_wire(scratch))
+        views = self._views
+        if views is None or views[0] is not src or views[1] is not dst:
+            if views is not None and views[4].dtype is dst.dtype and views[4].size == dst.size:
+                scratch, scratch_wire = views[4], views[5]  # (the same scratch: its views kept)
+            else:
+                scratch = self.scratch(0, dst)
+                scratch_wire = as_wire(scratch)
+            self._views = (src, dst, as_wire(src), as_wire(dst), scratch, scratch_wire)
         _, _, cur_wire, wire, scratch, scratch_wire = self._views
         cur = src
         reduce = self.reduce
