@@ -3,8 +3,9 @@
 Each rank makes ``--teams`` teams in a row (each closed before the next is made) and times the
 making, and the making and closing together; the ranks need no barrier between teams, as making
 one is collective. Rank 0 prints the median and the mean per team over several rounds
-(``--teams 1 --rounds 30``: the median of 30 teams). A job key (PYCOLL_JOB_KEY) is set for store
-teams unless ``--no-key``.
+(``--teams 1 --rounds 30``: the median of 30 teams), and first what the process's first team took
+(what a program that makes one team waits: one figure per run, so run it several times). A job
+key (PYCOLL_JOB_KEY) is set for store teams unless ``--no-key``.
 
     python benchmarks/bootstrap_time.py store -n 2 [--teams 20] [--rounds 5]
     mpiexec -n 2 python benchmarks/bootstrap_time.py mpi [--teams 20] [--rounds 5]
@@ -48,7 +49,10 @@ def store_rank(rank: int, size: int, port: int, teams: int, rounds: int) -> None
     from pycoll.store import TCPStore
 
     store = TCPStore("127.0.0.1", port, timeout=60)
-    _time_teams(lambda: Team.from_store(store, rank, size), 2)  # (warm up: imports, first connections)
+    first = _time_teams(lambda: Team.from_store(store, rank, size), 1)
+    _time_teams(lambda: Team.from_store(store, rank, size), 1)  # (warm up: imports, first connections)
+    if rank == 0:
+        print(f"Team.from_store, {size} ranks, the first team: made {first[0] * 1e3:.2f} ms", flush=True)
     per_round = [_time_teams(lambda: Team.from_store(store, rank, size), teams) for _ in range(rounds)]
     if rank == 0:
         _report(f"Team.from_store, {size} ranks", per_round)
@@ -60,7 +64,11 @@ def mpi_rank(teams: int, rounds: int) -> None:
     from pycoll import Team
 
     comm = MPI.COMM_WORLD
-    _time_teams(lambda: Team.from_mpi(comm), 2)
+    first = _time_teams(lambda: Team.from_mpi(comm), 1)
+    _time_teams(lambda: Team.from_mpi(comm), 1)
+    if comm.Get_rank() == 0:
+        size = comm.Get_size()
+        print(f"Team.from_mpi, {size} ranks, the first team: made {first[0] * 1e3:.2f} ms", flush=True)
     per_round = [_time_teams(lambda: Team.from_mpi(comm), teams) for _ in range(rounds)]
     if comm.Get_rank() == 0:
         _report(f"Team.from_mpi, {comm.Get_size()} ranks", per_round)

@@ -601,3 +601,19 @@ def test_mapped_allreduce_checks_the_offsets_it_reads():
         assert lib.pycoll_shm_progress(st0, 1000) == rc and (outs[0] == -1).all()
         for s in segs:
             s.close()
+
+
+def test_a_process_measures_its_read_cost_once_and_every_team_decides_from_the_ranks_median(monkeypatch):
+    """What a process_vm_readv costs here is measured at the process's first team on a segment and
+    taken again by its next teams (2-3 ms of each bootstrap before); the team's decision is still
+    the median of every rank's figure, the same on every rank."""
+    from pycoll.tl.shm import transport
+
+    measured = []
+    monkeypatch.setattr(transport, "_MEASURED", {})
+    monkeypatch.setattr(transport, "cma_cost", lambda pid: measured.append(pid) or 2.5)
+    assert transport.own_cma_cost() == 2.5 and transport.own_cma_cost() == 2.5 and len(measured) == 1
+    seg = type("Seg", (), {"rank": 0, "pids": [0, 0, 0], "cma_slow": None})()  # (rank 0 reads nothing)
+    votes = iter([[b"1", b"1", b"1"], [b"1|1.5", b"0|inf", b"1|3.0"]])
+    assert transport.cma_works(seg, lambda value: next(votes)) is False  # (a rank could not read)
+    assert seg.cma_slow is True and len(measured) == 1  # (median of 1.5, inf, 3.0: 3.0 > 2.0)
