@@ -155,92 +155,92 @@ class Stage:
 
 class PackedRecv(MPIRequest):
     """A marked untagged receive of at most ``PACK_BYTES``: the message (mark, then payload)
-    lands in ``stage`` (a :class:`Stage` taken from ``home``, its channel's free ones); once its
-    mark matches, the payload is copied to ``buf`` (:func:`landed`)."""
+    lands in ``stage`` (a :class:`Stage` taken from ``home``, its channel's free ones, at
+    ``slot``); once its mark matches, the payload is copied to ``buf`` and the stage is free
+    again. A mark or size that differs raises the error ``mark.judge`` makes (a message too long:
+    MPI fills the receive as far as it goes, its mark included; ``nbytes`` -1). ``reqs`` is its
+    receive, or (see :class:`PackedExchange`) a send and then its receive."""
 
-    __slots__ = ("transport", "stage", "buf", "mark", "home")
-
-    def test(self) -> bool:
-        if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
-            raise self.error
-        if self.done:
-            return True
-        if not landed(self, self.reqs):
-            return False
-        self.done = True
-        return True
-
-
-def landed(req: Any, mpi_reqs: Any) -> bool:
-    """Test ``mpi_reqs`` of ``req`` (a :class:`PackedRecv` or :class:`PackedExchange`), the last
-    of them its MPI receive into ``req.stage``: once they are all done, count the payload, set
-    ``req.nbytes`` and hand the payload to ``req.buf``; or, when the mark that came is not
-    ``req.mark`` or the payload not the size of ``req.buf``, raise the error ``req.mark.judge``
-    makes (a message too long: MPI fills the receive as far as it goes, its mark included;
-    ``nbytes`` -1). The hot path of every small marked call over MPI: written out, in one Python
-    call."""
-    transport = req.transport
-    statuses = transport.statuses
-    last = len(mpi_reqs) - 1
-    try:
-        if not (mpi_reqs[0].Test(statuses[0]) if last == 0 else MPI.Request.Testall(mpi_reqs, statuses)):
-            return False
-        got = statuses[last].Get_count(MPI.BYTE)
-    except MPI.Exception as exc:
-        done = statuses[:last + 1]
-        classes = (exc.Get_error_class(), *(MPI.Get_error_class(st.Get_error()) for st in done))
-        if MPI.ERR_TRUNCATE not in classes:
-            req.error = failure(req, exc, done, transport)
-            raise req.error from None
-        got = -1
-    stage, buf, mark = req.stage, req.buf, req.mark
-    n = got - MARK_BYTES if got >= MARK_BYTES else (0 if got >= 0 else -1)  # (shorter: no mark)
-    req.nbytes = n
-    transport.traffic.received(req.peer, max(n, 0))
-    data = stage.buf
-    if n != buf.nbytes or not data.startswith(mark.blob):
-        theirs = bytes(data[:MARK_BYTES] if got < 0 else data[:min(got, MARK_BYTES)])
-        req.error = mark.judge(req.peer, theirs, n, buf.nbytes)
-        raise req.error
-    if n:
-        to = stage.to
-        if to is None or to.obj is not buf:
-            to = stage.to = memoryview(buf)
-        to[:] = stage.tail
-    req.home[req.peer, req.tag] = stage  # (free again)
-    return True
-
-
-class PackedExchange(MPIRequest):
-    """A marked untagged send and receive of at most ``PACK_BYTES`` each with one peer
-    (``exchange``): ``reqs`` is (send, receive); the receive lands in ``stage`` (as
-    :class:`PackedRecv`'s) and is tested first (one whose mark differs raises, its send done or
-    not), its payload copied to ``buf`` once its mark matches (:func:`landed`; ``got`` then);
-    done when the send is too. One request instead of three."""
-
-    __slots__ = ("transport", "stage", "buf", "mark", "got", "home")
+    __slots__ = ("transport", "stage", "buf", "mark", "got", "home", "slot")
 
     def test(self) -> bool:
+        # The hot path of every small marked call over MPI: written out, one Python call when
+        # everything is there (one Testall of send and receive).
         if self.error is not None:  # (first: a receive may be done with an error, see unmarked)
             raise self.error
         if self.done:
             return True
         reqs = self.reqs
-        if not self.got:
-            if landed(self, reqs):  # (both done: the common case, one test)
-                self.done = True
-                return True
-            if not landed(self, reqs[1:]):  # (the receive alone: one whose mark differs raises now)
-                return False
-            self.got = True
+        if self.got:  # (its receive landed before its send was done)
+            return self._sent()
+        transport = self.transport
+        statuses = transport.statuses
+        last = len(reqs) - 1
+        both = True
         try:
-            if not reqs[0].Test():
+            if not (reqs[0].Test(statuses[0]) if last == 0 else MPI.Request.Testall(reqs, statuses)):
+                # (a send not done: the receive alone, so that a mark that differs raises now)
+                if last == 0 or not reqs[1].Test(statuses[1]):
+                    return False
+                both = False
+            got = statuses[last].Get_count(MPI.BYTE)
+        except MPI.Exception as exc:
+            got = self._truncated(exc, statuses[:last + 1])
+        stage, buf = self.stage, self.buf
+        n = got - MARK_BYTES if got >= MARK_BYTES else (0 if got >= 0 else -1)  # (shorter: no mark)
+        self.nbytes = n
+        if n != buf.nbytes or not stage.buf.startswith(self.mark.blob):
+            self._judge(got, n)
+        transport.traffic.received(self.peer, n)
+        if n:
+            to = stage.to
+            if to is None or to.obj is not buf:
+                to = stage.to = buf.data  # (cheaper than memoryview(buf), which parses arguments)
+            to[:] = stage.tail
+        self.home[self.slot] = stage  # (free again)
+        if both:
+            self.done = True
+            return True
+        self.got = True
+        return self._sent()
+
+    def _sent(self) -> bool:
+        """Whether its send (``reqs[0]``) is done, its receive having landed."""
+        try:
+            if not self.reqs[0].Test():
                 return False
         except MPI.Exception as exc:
             self.error = failure(self, exc, transport=self.transport)
             raise self.error from None
         self.done = True
         return True
+
+    def _truncated(self, exc: Any, statuses: Any) -> int:
+        """-1 when ``exc`` (of testing its requests, with their ``statuses``) is a message longer
+        than the receive; else raise :func:`failure`'s error."""
+        classes = (exc.Get_error_class(), *(MPI.Get_error_class(st.Get_error()) for st in statuses))
+        if MPI.ERR_TRUNCATE not in classes:
+            self.error = failure(self, exc, statuses, self.transport)
+            raise self.error from None
+        return -1
+
+    def _judge(self, got: int, n: int) -> None:
+        """Fail the receive: the message of ``got`` bytes (-1: more than fit) carried another mark,
+        or a payload of ``n`` bytes where the buffer holds another size."""
+        data = self.stage.buf
+        self.transport.traffic.received(self.peer, n if n > 0 else 0)
+        theirs = bytes(data[:MARK_BYTES] if got < 0 else data[:min(got, MARK_BYTES)])
+        self.error = self.mark.judge(self.peer, theirs, n, self.buf.nbytes)
+        raise self.error
+
+
+class PackedExchange(PackedRecv):
+    """A marked untagged send and receive of at most ``PACK_BYTES`` each with one peer
+    (``exchange``): ``reqs`` is (send, receive), tested together; the receive lands as
+    :class:`PackedRecv`'s, and is tested alone while the send is not done (one whose mark differs
+    raises, its send done or not; ``got`` once it landed). One request instead of three."""
+
+    __slots__ = ()
 
 
 class SplitRecv(MPIRequest):

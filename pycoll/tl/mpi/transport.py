@@ -104,8 +104,9 @@ class MPIChannel(Channel):
         self.traffic = transport.traffic
         self.stash = stash
         self.areas: Optional[Dict[Tuple[int, int], np.ndarray]] = None  # (marks of large receives)
-        #: The stages of packed receives, by (peer, step), that are free again (see requests.Stage).
-        self.stages: Dict[Tuple[int, int], Stage] = {}
+        #: The stages of packed receives that are free again, by ``step << 24 | peer`` (an int: a
+        #: tuple's allocation and hash cost more; see requests.Stage).
+        self.stages: Dict[int, Stage] = {}
         self.rekey(key)
 
     def rekey(self, key: tuple) -> None:
@@ -143,10 +144,14 @@ class MPIChannel(Channel):
         n = buf.nbytes
         if n <= PACK_BYTES:
             req: Any = PackedRecv("recv", peer, step, n)
-            stage = self.stages.pop((peer, step), None)
+            slot = step << 24 | peer
+            stage = self.stages.pop(slot, None)
             if stage is None or stage.n != n:
                 stage = Stage(n)
-            req.stage, req.home = stage, self.stages
+            req.stage = stage
+            req.home = self.stages
+            req.slot = slot
+            req.got = False
             req.reqs = (self.comm.Irecv([stage.buf, MPI.BYTE], peer, tag),)
         else:
             areas = self.areas
@@ -173,15 +178,26 @@ class MPIChannel(Channel):
             n = recvbuf.nbytes
             if n > PACK_BYTES or sendbuf.nbytes > PACK_BYTES:
                 return super().exchange(sendbuf, recvbuf, peer, step)
-            stage = self.stages.pop((peer, step), None)
+            slot = step << 24 | peer
+            stages = self.stages
+            stage = stages.pop(slot, None)
             if stage is None or stage.n != n:
                 stage = Stage(n)
             ex = _new(PackedExchange)  # (TransportRequest.__init__ written out: the hot path)
-            ex.kind, ex.peer, ex.tag, ex.nbytes, ex.done, ex.error = "exchange", peer, step, n, False, None
+            ex.kind = "exchange"
+            ex.peer = peer
+            ex.tag = step
+            ex.nbytes = n
+            ex.done = ex.got = False
+            ex.error = None
             ex.reqs = (comm.Isend([mark.blob + sendbuf.tobytes(), MPI.BYTE], peer, tag),
                        comm.Irecv([stage.buf, MPI.BYTE], peer, tag))
-            ex.transport, ex.buf, ex.mark, ex.got, ex.stage, ex.home = (self.transport, recvbuf, mark, False,
-                                                                         stage, self.stages)
+            ex.transport = self.transport
+            ex.buf = recvbuf
+            ex.mark = mark
+            ex.stage = stage
+            ex.home = stages
+            ex.slot = slot
             self.traffic.sent(peer, sendbuf.nbytes)
             return ex
         req = MPIRecv("exchange", peer, step, sendbuf.nbytes)
