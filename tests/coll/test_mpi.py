@@ -76,3 +76,7 @@ def test_a_size_mismatch_no_check_saw_says_so_on_the_mpi_transport(mpirun):
     """An MPI truncation (a larger message than the receive) reads as what it means here: the
     ranks' calls differ in size, and PYCOLL_CHECK=all checks every call."""
     mpirun(2, "tests/coll/scripts/truncated.py", timeout=60, env={"PYCOLL_TLS": "mpi", "PYCOLL_CHECK": "off"})
+
+
+def test_a_packed_marked_receive_keeps_nothing_of_the_callers_buffer(mpirun):
+    mpirun(2, "tests/coll/scripts/packed_stage.py", timeout=120)

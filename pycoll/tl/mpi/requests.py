@@ -139,18 +139,17 @@ class CheckedRecv(TransportRequest):
 
 class Stage:
     """Where a packed marked message of ``n`` payload bytes lands: ``buf``, the mark then the
-    payload (``tail``, a view of it), and ``to``, a view of the receive buffer it was last copied
-    to (kept while it is the same: a view costs more than the copy). A receive takes one from its
-    channel's free stages and gives it back once it handed the payload over; one that failed or
-    was given up keeps it (MPI may still write there)."""
+    payload (``tail``, a view of it). A receive takes one from its channel's free stages and gives
+    it back once it handed the payload over; one that failed or was given up keeps it (MPI may
+    still write there). It keeps no view of the buffers it copies to: that would pin a caller's
+    bytearray or mmap (no resize, no close) after the call."""
 
-    __slots__ = ("n", "buf", "tail", "to")
+    __slots__ = ("n", "buf", "tail")
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.buf = bytearray(MARK_BYTES + n)
         self.tail = memoryview(self.buf)[MARK_BYTES:]
-        self.to: Optional[memoryview] = None
 
 
 class PackedRecv(MPIRequest):
@@ -193,10 +192,7 @@ class PackedRecv(MPIRequest):
             self._judge(got, n)
         transport.traffic.received(self.peer, n)
         if n:
-            to = stage.to
-            if to is None or to.obj is not buf:
-                to = stage.to = buf.data  # (cheaper than memoryview(buf), which parses arguments)
-            to[:] = stage.tail
+            buf.data[:] = stage.tail  # (ndarray.data: cheaper than memoryview(buf), which parses arguments)
         self.home[self.slot] = stage  # (free again)
         if both:
             self.done = True
@@ -206,14 +202,7 @@ class PackedRecv(MPIRequest):
 
     def _sent(self) -> bool:
         """Whether its send (``reqs[0]``) is done, its receive having landed."""
-        try:
-            if not self.reqs[0].Test():
-                return False
-        except MPI.Exception as exc:
-            self.error = failure(self, exc, transport=self.transport)
-            raise self.error from None
-        self.done = True
-        return True
+        return test_mpi(self, self.reqs[:1], self.transport)
 
     def _truncated(self, exc: Any, statuses: Any) -> int:
         """-1 when ``exc`` (of testing its requests, with their ``statuses``) is a message longer
