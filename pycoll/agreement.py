@@ -302,30 +302,53 @@ class Marks:
         instead of both waiting until the timeout. One that waits :data:`ASK_AFTER_S` asks the
         peers for their marks of it (:mod:`pycoll.status`): ranks whose calls differ so that no
         message ever flows (each took itself for a reduce's root) are named too. False: stop (the
-        team is out of step or closed)."""
+        team is out of step or closed).
+
+        The engine's watches run in whichever thread waits, the progress thread's included, and
+        without the engine's lock: the transport's messages and the judgement are the engine's,
+        so they are taken under its lock here; the peers are asked outside it (an answer may take
+        :data:`pycoll.status.ASK_S`, and the thread that posts must not wait on it)."""
         planner = self.planner
         if planner.revoked is not None:
             return False
-        stray = planner.team.transport.stray
+        lock = planner.ctx.lock
+        with lock:
+            found, ask = self._stray()
+            if found is not None:
+                self.judge(*found, found[3])
+                return False
+        for mark, channel in ask:
+            theirs = self._ask(channel)
+            if theirs is not None:
+                with lock:
+                    if planner.revoked is None:
+                        self.judge(mark, *theirs, theirs[2])
+                return False
+        return True
+
+    def _stray(self) -> Tuple[Optional[tuple], List[tuple]]:
+        """:meth:`strays`' look at the transport, under the engine's lock: ``(found, ask)``, the
+        first message of a peer's other call (``(mark, peer, theirs, nbytes)``, or None) and the
+        ``(mark, channel)`` of the collectives that waited long enough to ask the peers about."""
+        stray = self.planner.team.transport.stray
         now = time.monotonic()
         waiting: Dict[tuple, float] = {}
-        for task in planner.ctx.in_progress():
+        ask: List[tuple] = []
+        for task in self.planner.ctx.in_progress():
             channel = _marked_channel(task, self)
             if channel is None or (id(channel), channel.key) in waiting:
                 continue
             place = (id(channel), channel.key)
             waiting[place] = since = self._waiting.get(place, now)
             found = stray(channel.key, channel.mark)
-            if found is None and now - since >= ASK_AFTER_S and place not in self._asked:
-                self._asked.add(place)
-                found = self._ask(channel)
             if found is not None:
-                peer, theirs, nbytes = found
-                self.judge(channel.mark, peer, theirs, nbytes, nbytes)
-                return False
+                return (channel.mark, *found), []
+            if now - since >= ASK_AFTER_S and place not in self._asked:
+                self._asked.add(place)
+                ask.append((channel.mark, channel))
         self._waiting = waiting
         self._asked &= set(waiting)
-        return True
+        return None, ask
 
     def _ask(self, channel: Any) -> Optional[Tuple[int, bytes, int]]:
         """A peer whose mark of the collective on ``channel`` differs from this rank's, asked

@@ -273,7 +273,9 @@ class Context:
     def watch(self, look: Callable[[], Optional[bool]]) -> None:
         """Call ``look()`` every ``WATCH_S`` or so while this engine waits with nothing moving
         (a team's look at its store for a revoke: news that arrives on no transport), until it
-        returns False."""
+        returns False. Watches run in whichever thread waits (a :class:`ProgressThread
+        <pycoll.engine.progress_thread.ProgressThread>` too) without the engine's lock: one that
+        touches tasks or transports takes :attr:`lock` itself."""
         if look not in self._watches:
             self._watches.append(look)
 

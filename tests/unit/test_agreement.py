@@ -1,6 +1,8 @@
 """The agreement check of collectives off the shared segment (pycoll.agreement): which calls are
 checked, what a fingerprint holds, and in-process teams whose ranks disagree."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,30 @@ def test_a_longer_message_whose_mark_landed_names_both_calls():
     assert "rank 2: allreduce 5 x float32 sum" in text, text
     for unread in (b"", bytes(32), mine):
         assert "is longer than this rank" in agreement.explain(mine, unread, 1, 2, -1, 16)
+
+
+def test_the_look_for_strays_holds_the_engine_lock_from_any_thread():
+    """The engine's watches run in whichever thread waits, the progress thread's included, without
+    the engine's lock: the look at the transport's unclaimed messages (which moves the transport's
+    messages, and ran at once with the caller's own progress: two threads took the same
+    descriptor, a send was lost and DDP under mpiexec hung) takes the lock itself."""
+    teams = pycoll.local_teams(2)
+    try:
+        req = teams[0].allreduce(np.ones(4, np.float32))  # (waits for rank 1, which posts nothing)
+        transport, lock = teams[0].transport, teams[0].ctx.lock
+        real, held = transport.stray, []
+
+        def stray(key, mark):
+            held.append(lock._is_owned())
+            return real(key, mark)
+
+        transport.stray = stray
+        looker = threading.Thread(target=teams[0].planner.marks.strays)
+        looker.start()
+        looker.join(timeout=30)
+        assert held == [True], held
+        teams[1].allreduce(np.ones(4, np.float32)).wait(timeout=10)
+        req.wait(timeout=10)
+    finally:
+        for t in teams:
+            t.close()
