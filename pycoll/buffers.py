@@ -47,6 +47,32 @@ def address(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
 
 
+def raw_view(address: int, nbytes: int, dtype: Any, readonly: bool) -> np.ndarray:
+    """A 1-D view of ``nbytes`` of memory at ``address`` as ``dtype``, holding nothing of its owner:
+    whoever keeps it must know, before each use, that the memory is still there (see
+    :class:`pycoll.mpispec.Specs`, which checks an object's address and size at every call)."""
+    if not nbytes:
+        return np.empty(0, dtype)
+    if _ffi is not None:
+        raw: Any = _ffi.buffer(_ffi.cast("char *", address), nbytes)
+    else:  # pragma: no cover - the native module is built at install
+        raw = (ctypes.c_char * nbytes).from_address(address)
+    view = np.frombuffer(raw, dtype)
+    if readonly:
+        view.flags.writeable = False
+    return view
+
+
+def unowned(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is (a view of) a :func:`raw_view`: it keeps no memory alive."""
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return _RAW is not None and type(arr.base) is _RAW
+
+
+_RAW = type(_ffi.buffer(_ffi.new("char[]", 1))) if _ffi is not None else None
+
+
 def as_array(obj: Any, *, writable: bool = False, what: str = "buffer") -> np.ndarray:
     """A 1-D numpy view of ``obj`` with its element type (no copy), in memory order (a
     Fortran-ordered array's elements as they lie, as mpi4py and MPI read it).

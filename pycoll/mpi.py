@@ -27,176 +27,32 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from pycoll.collectives import TABLE, Collective
 from pycoll.dtypes import is_supported
-from pycoll.engine.context import Backoff, Context
-from pycoll.engine.request import Request as _PycollRequest
-from pycoll.errors import (
-    ClosedError,
-    MismatchError,
-    PeerLostError,
-    PycollError,
-    RevokedError,
-    TimeoutError,
-    TransportError,
+from pycoll.engine.context import Context
+from pycoll.errors import PycollError
+from pycoll.mpi_errors import (  # noqa: F401 - pycoll.mpi's names (the errors mpi4py callers catch)
+    ClosedMPIError,
+    MismatchMPIError,
+    PeerLostMPIError,
+    RevokedMPIError,
+    TimeoutMPIError,
+    TransportMPIError,
+    mpi_error,
 )
 from pycoll.mpi_inter import InterComm
-from pycoll.mpispec import alltoallw_bytes, as_buffer, as_vbuffer, device_memory
+from pycoll.mpi_requests import Handed, Prequest, Request, testall, waitall  # noqa: F401 - pycoll.mpi's names
+from pycoll.mpispec import Spec, Specs, alltoallw_bytes, as_buffer, as_vbuffer, device_memory, hold
 from pycoll.ops import mpi_op_known
 from pycoll.persistent import UNSTABLE, RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
 
 log = logging.getLogger("pycoll")
-
-
-# ---------------------------------------------------------------------- errors as mpi4py's
-class _MPIFlavour(MPI.Exception):
-    """An ``MPI.Exception`` of error class :attr:`error_class_code` whose text is pycoll's."""
-
-    error_class_code = MPI.ERR_OTHER
-
-    def __init__(self, message: str, *args: Any, **kw: Any) -> None:
-        MPI.Exception.__init__(self, self.error_class_code)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.message!r})"
-
-
-# (the MPI flavour first: its __init__ and __str__ win over the pycoll error's)
-class MismatchMPIError(_MPIFlavour, MismatchError):
-    """Ranks called a collective with arguments that must agree and do not (MPI.ERR_TRUNCATE)."""
-
-    error_class_code = MPI.ERR_TRUNCATE
-
-
-class PeerLostMPIError(_MPIFlavour, PeerLostError):
-    """A peer left while this rank waited for it (MPI.ERR_PROC_FAILED, as ULFM's)."""
-
-    error_class_code = MPI.ERR_PROC_FAILED
-
-
-class RevokedMPIError(_MPIFlavour, RevokedError):
-    """The communicator's team was revoked (MPI.ERR_REVOKED where MPI has it, as ULFM's)."""
-
-    error_class_code = getattr(MPI, "ERR_REVOKED", MPI.ERR_OTHER)
-
-
-class ClosedMPIError(_MPIFlavour, ClosedError):
-    """A call on a communicator after its ``Free()`` (MPI.ERR_COMM, as mpi4py's on a freed one)."""
-
-    error_class_code = MPI.ERR_COMM
-
-
-class TimeoutMPIError(_MPIFlavour, TimeoutError):
-    """A collective did not finish in time (MPI.ERR_OTHER)."""
-
-
-class TransportMPIError(_MPIFlavour, TransportError):
-    """A transport failed (MPI.ERR_OTHER)."""
-
-
-#: pycoll's error types and their MPI flavours, the most specific first.
-_FLAVOURS = ((MismatchError, MismatchMPIError), (PeerLostError, PeerLostMPIError),
-             (RevokedError, RevokedMPIError), (ClosedError, ClosedMPIError), (TimeoutError, TimeoutMPIError),
-             (TransportError, TransportMPIError))
-
-
-def mpi_error(exc: PycollError) -> BaseException:
-    """``exc`` as mpi4py's callers catch it: an ``MPI.Exception`` that is also ``exc``'s pycoll
-    type, with its text and attributes (``exc`` itself when it has no MPI flavour)."""
-    for kind, flavour in _FLAVOURS:
-        if isinstance(exc, kind):
-            err = flavour(str(exc))
-            err.__dict__.update(exc.__dict__)
-            return err.with_traceback(exc.__traceback__)
-    return exc
-
-
-def waitall(requests: Sequence[Any], statuses: Any = None) -> bool:
-    """Wait for every request of ``requests``: pycoll's (:class:`Request`, :class:`Prequest`) and
-    mpi4py's alike, in any mix. Each is tested in turn until all are done, so neither engine
-    waits while the other has work a peer needs (MPI progresses only inside MPI calls); between
-    rounds the rank yields its core. (``statuses``: mpi4py's parameter, not filled in.)"""
-    pending = [r for r in requests if not r.Test()]
-    backoff = Backoff()  # (spin, yield the core, then nap: as a waiting rank of the engine)
-    while pending:
-        left = [r for r in pending if not r.Test()]
-        if len(left) < len(pending):
-            backoff.reset()
-        else:
-            backoff.idle()
-        pending = left
-    return True
-
-
-def testall(requests: Sequence[Any], statuses: Any = None) -> bool:
-    """Whether every request of ``requests`` (pycoll's and mpi4py's alike) is done; tests each."""
-    done = True
-    for r in requests:
-        done = r.Test() and done  # (each is tested: a test is what progresses it)
-    return done
-
-
-class Request:
-    """What the ``I`` methods return: mpi4py's ``Wait()``/``Test()`` over a pycoll request."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: _PycollRequest) -> None:
-        self.request = request
-
-    def Wait(self, status: Any = None) -> bool:  # noqa: N802 - mpi4py's name
-        try:
-            self.request.wait()
-        except PycollError as exc:
-            raise mpi_error(exc) from None
-        return True
-
-    def Test(self, status: Any = None) -> bool:  # noqa: N802
-        try:
-            return self.request.test()
-        except PycollError as exc:
-            raise mpi_error(exc) from None
-
-    def Cancel(self) -> None:  # noqa: N802
-        self.request.cancel()
-
-    wait = Wait
-    test = Test
-    #: mpi4py's ``Request.Waitall`` and ``Testall`` over pycoll's and mpi4py's requests (mpi4py's
-    #: own take only its own): see :func:`waitall`.
-    Waitall = staticmethod(waitall)
-    Testall = staticmethod(testall)
-
-
-class Handed:
-    """A call handed to MPI (:func:`unreduced`): ``wait``/``test``/``cancel`` of its MPI request,
-    or nothing to wait for (a blocking call has already run)."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: Any) -> None:
-        self.request = request
-
-    def wait(self) -> None:
-        if self.request is not None:
-            self.request.Wait()
-
-    def test(self) -> bool:
-        return self.request is None or self.request.Test()
-
-    def cancel(self) -> None:
-        if self.request is not None:
-            self.request.Cancel()
 
 
 _told: set = set()
@@ -282,51 +138,6 @@ def in_place_copy(row: Collective, kw: Dict[str, Any], rank: int, size: int,
         kw["recvbuf"] = whole[:int(counts[rank])]
 
 
-class Prequest:
-    """What the ``_init`` methods return (mpi4py's ``Prequest``): ``Start()`` runs the persistent
-    collective once more, ``Wait()``/``Test()`` the current run, ``Free()`` releases it."""
-
-    __slots__ = ("persistent", "copies")
-
-    def __init__(self, persistent: Persistent, copies: Sequence[Tuple[np.ndarray, np.ndarray]] = ()) -> None:
-        self.persistent = persistent
-        #: (copy, of): an ``MPI.IN_PLACE`` input sent from a copy, made again at each start
-        self.copies = copies
-
-    def Start(self) -> None:  # noqa: N802
-        for copy, of in self.copies:
-            np.copyto(copy, of)
-        try:
-            self.persistent.start()
-        except PycollError as exc:
-            raise mpi_error(exc) from None
-
-    def Wait(self, status: Any = None) -> bool:  # noqa: N802
-        try:
-            self.persistent.wait()
-        except PycollError as exc:
-            raise mpi_error(exc) from None
-        return True
-
-    def Test(self, status: Any = None) -> bool:  # noqa: N802
-        try:
-            return self.persistent.test()
-        except PycollError as exc:
-            raise mpi_error(exc) from None
-
-    def Free(self) -> None:  # noqa: N802
-        self.persistent.free()
-
-    @staticmethod
-    def Startall(requests: Sequence[Any]) -> None:  # noqa: N802
-        """Start every persistent request of ``requests`` (pycoll's and mpi4py's alike)."""
-        for req in requests:
-            req.Start()
-
-    Waitall = staticmethod(waitall)
-    Testall = staticmethod(testall)
-
-
 #: What a check of a call's arguments raises (before anything is sent): a rank whose call raises
 #: one takes part in the call as a rejection (:meth:`Comm.rejected`).
 ARGUMENT_ERRORS = (ValueError, TypeError, BufferError, OverflowError)
@@ -357,6 +168,9 @@ class Comm:
         #: The last calls, by method and first argument: a call repeated with the same mpi4py
         #: arguments runs as a persistent collective (see :class:`pycoll.persistent.Repeated`).
         self.recent = RecentCalls()
+        #: The buffer arguments in every form mpi4py accepts, made canonical (the same object for the
+        #: same buffer and layout: see :class:`pycoll.mpispec.Specs`), so that their repeats are known.
+        self.specs = Specs()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -555,7 +369,7 @@ def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
 _BLOCKING = """
 def {name}(self, {params}**kw):
     try:
-        entry = self.recent.get(({name!r}, {first}))
+{canon}        entry = self.recent.get(({name!r}, {first}))
         if entry is not None and not ({same}True):
             entry = entry.other  # (the call before, with other arguments)
             if entry is not None and not ({same}True):
@@ -575,7 +389,8 @@ def {name}(self, {params}**kw):
 _NONBLOCKING = """
 def {name}(self, {params}**kw):
     try:
-        entry = self.recent.get(({name!r}, {first}))
+        held = None
+{canon}        entry = self.recent.get(({name!r}, {first}))
         if entry is not None and not ({same}True):
             entry = entry.other  # (the call before, with other arguments)
             if entry is not None and not ({same}True):
@@ -586,14 +401,23 @@ def {name}(self, {params}**kw):
             if req is None:
                 req = entry.again()
             if req is not None:
-                return Request(req)
-        return Request(post(self, {name!r}, ({args}), kw))
+                return Request(req, held)
+        return Request(post(self, {name!r}, ({args}), kw), held)
     except PycollError as exc:
         raise mpi_error(exc) from None
 """
+#: A buffer argument that is not an ndarray, made canonical (:class:`pycoll.mpispec.Specs`); the
+#: non-blocking form also holds an export of its memory until the call is done (as mpi4py's).
+_CANON = """        if type({p}) is not _ndarray:
+            {p} = self.specs.canon({p})
+"""
+_CANON_HELD = """        if type({p}) is not _ndarray:
+            held = hold(held, {p})
+            {p} = self.specs.canon({p})
+"""
 #: Arguments that are the same whenever they are the same object (for the others, see
 #: :func:`pycoll.persistent.buffer_dtype`).
-_CONSTANT = (type(None), int, MPI.Op, MPI.Datatype, type(MPI.IN_PLACE))
+_CONSTANT = (type(None), int, MPI.Op, MPI.Datatype, type(MPI.IN_PLACE), Spec)
 
 
 def argument_key(arg: Any, param: str = "") -> Any:
@@ -640,6 +464,11 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
 
     def persistent(self: Comm, *args: Any, **kw: Any) -> Any:
         values = _bind(row, args, kw)
+        held = None  # (exports of the buffers' memory, held while the Prequest lives: as mpi4py's)
+        for p in _BUFFERS.intersection(values):
+            if type(values[p]) is not np.ndarray:
+                held = hold(held, values[p])
+                values[p] = self.specs.canon(values[p])
         if handed(row, f"{row.mpi}_init", values) or foreign_op(f"{row.mpi}_init", values):
             # (MPI's own Prequest, with every MPI argument)
             return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
@@ -648,13 +477,13 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
         if "op" in values and unreduced(f"{row.mpi}_init", kwargs):
             return getattr(self.comm, f"{row.mpi}_init")(*(values[p] for p in row.mpi_params))
         try:
-            return Prequest(getattr(self.team, init)(**kwargs, **kw), copies)
+            return Prequest(getattr(self.team, init)(**kwargs, **kw), copies, held)
         except PycollError as exc:
             raise mpi_error(exc) from None
 
     names = row.mpi_params
     namespace: Dict[str, Any] = {"post": post, "Request": Request, "PycollError": PycollError,
-                                 "mpi_error": mpi_error}
+                                 "mpi_error": mpi_error, "_ndarray": np.ndarray, "hold": hold}
     params = []
     for p in names:
         if p in _DEFAULTS:
@@ -668,7 +497,11 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
                               f"entry.dtypes[{i}] and {p}.flags.num == entry.flags[{i}])) and "
                               for i, p in enumerate(names))}
     iname = f"I{row.mpi[0].lower()}{row.mpi[1:]}"
-    exec(_BLOCKING.format(name=row.mpi, **fields) + _NONBLOCKING.format(name=iname, **fields),
+    buffers = [p for p in names if p in _BUFFERS]
+    canon = "".join(_CANON.format(p=p) for p in buffers)
+    canon_held = "".join(_CANON_HELD.format(p=p) for p in buffers)
+    exec(_BLOCKING.format(name=row.mpi, canon=canon, **fields)
+         + _NONBLOCKING.format(name=iname, canon=canon_held, **fields),
          namespace)  # our own template, our own names
     blocking, istart = namespace[row.mpi], namespace[iname]
 

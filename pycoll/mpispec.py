@@ -5,19 +5,28 @@ or ``[buf, count, displ, MPI.FLOAT]`` (:func:`as_buffer`); the vector forms with
 displacements (:func:`as_vbuffer`); ``Alltoallw``'s per-block datatypes (:func:`alltoallw_bytes`);
 and which objects live in device memory (:func:`device_memory`). Each raises ``ValueError`` or
 ``TypeError`` for a malformed specification, before anything is sent.
+
+:class:`Specs` makes a Comm's buffer arguments canonical (the same object for the same buffer and
+layout, whatever form the caller wrote it in), so that a repeated call is known by the identity of
+its arguments and takes the fast path of a repeated array call.
 """
 
 from __future__ import annotations
 
+import array
 import itertools
+import mmap
 import operator
-from typing import Any, List, Optional, Sequence, Tuple
+import sys
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
-from pycoll.buffers import as_array, as_bytes
+from pycoll.buffers import as_array, as_bytes, raw_view
+from pycoll.persistent import MAX_REPEATED, MAX_REPEATED_BYTES, held_bytes
 
 
 def _typed(buf: Any, datatype: Any, writable: bool, what: str) -> np.ndarray:
@@ -173,3 +182,168 @@ def as_vbuffer(spec: Any, size: int, *, writable: bool = False, what: str = "buf
         if len(displs) != size:
             raise ValueError(f"{what}: {len(displs)} displacements for {size} ranks")
     return arr, counts, displs
+
+
+# ---------------------------------------------------------------------- canonical arguments
+#: Objects that export host memory by the buffer protocol only: read again at every call (a
+#: bytearray may be resized, an mmap closed or a memoryview released between calls).
+EXPORTERS = frozenset((bytearray, bytes, memoryview, mmap.mmap, array.array, MPI.buffer))
+
+
+def hold(held: Optional[list], arg: Any) -> list:
+    """``held`` (a new list for None) with what keeps ``arg``'s memory in place while a call that
+    has not finished uses it: an export of an :data:`EXPORTERS` object's memory (it then cannot be
+    resized or closed, as under mpi4py's own non-blocking and persistent calls), else the object."""
+    held = [] if held is None else held
+    obj = arg[0] if type(arg) in (list, tuple) and arg else arg
+    try:
+        held.append(memoryview(obj) if type(obj) in EXPORTERS else obj)
+    except (TypeError, ValueError):  # (not valid now: the call's parse raises it)
+        pass
+    return held
+
+
+class Spec(tuple):
+    """An mpi4py buffer specification as :class:`Specs` keeps it: its buffer a numpy view, its
+    counts and displacements copies; never changed, so the same object is the same call."""
+
+    __slots__ = ()
+
+
+class Specs:
+    """A Comm's buffer arguments, made canonical (:meth:`canon`): the same object for the same
+    memory and layout, so that a call repeated in any form mpi4py accepts is known by the identity
+    of its arguments (:class:`pycoll.persistent.RecentCalls`) and parsed once.
+
+    * An object of :data:`EXPORTERS` becomes a numpy view of its memory that holds no export of it
+      (it stays resizable and closable between calls, as with mpi4py's blocking calls). Its address,
+      size and writability are read again at every call (``MPI.buffer``); the view is reused only
+      while they, and its element format, are the same.
+    * A torch tensor in host memory: its DLPack view, reused while its data pointer, size, dtype
+      and contiguity are.
+    * A list or tuple specification whose buffer is one of those or an ndarray and whose datatype
+      is predefined (``[buf, MPI.BYTE]``, ``[buf, count, MPI.BYTE]``, ``[buf, (counts, displs),
+      MPI.BYTE]``...) becomes a :class:`Spec` of the buffer's view and copies of its items: the
+      same object while the items are equal (the counts compared by value).
+
+    Anything else is returned as it is, and parsed at each call. The views and specifications
+    kept are bounded as the repeated calls are (:data:`pycoll.persistent.MAX_REPEATED` of each,
+    and :data:`pycoll.persistent.MAX_REPEATED_BYTES` of arrays they keep alive: the oldest go)."""
+
+    def __init__(self) -> None:
+        self._views = _Kept()  # id(object) -> (what it was, its view, weakref or None, bytes kept alive)
+        self._specs = _Kept()  # items -> (Spec, bytes kept alive)
+
+    def canon(self, arg: Any) -> Any:
+        """``arg``, canonical: a view, a :class:`Spec`, or ``arg`` itself (an ndarray, None,
+        ``MPI.IN_PLACE``, anything not understood here)."""
+        kind = type(arg)
+        if kind is list or kind is tuple:
+            return self._spec(arg)
+        view = self._buffer(arg, kind)
+        return arg if view is None else view
+
+    def _buffer(self, obj: Any, kind: type) -> Optional[np.ndarray]:
+        """The canonical view of a buffer object, or None (not one handled here, or not valid
+        now: the call's own parse raises its error)."""
+        if kind is np.ndarray:
+            return obj
+        kept = self._views.get(id(obj))
+        try:
+            if kind is memoryview:  # (its memory stays where it is until it is released)
+                was: tuple = (obj.nbytes, obj.format, obj.readonly)  # (raises once released)
+                if kept is not None and kept[0] == was and kept[2]() is obj:
+                    return kept[1]
+            elif kind is array.array:
+                address, n = obj.buffer_info()
+                was = (address, n * obj.itemsize, obj.typecode)
+            elif kind in EXPORTERS:
+                mem = MPI.buffer(obj)
+                was = (mem.address, mem.nbytes, mem.readonly)
+                del mem  # (the export ends here)
+            elif "torch" in sys.modules and isinstance(obj, sys.modules["torch"].Tensor):
+                if obj.device.type != "cpu":
+                    return None
+                was = (obj.data_ptr(), obj.nbytes, obj.dtype, obj.is_contiguous())
+            else:
+                return None
+        except (TypeError, ValueError, BufferError):
+            return None
+        if kept is not None and kept[0] == was and kind is not memoryview:
+            return kept[1]
+        return self._view(obj, kind, was)
+
+    def _view(self, obj: Any, kind: type, was: tuple) -> Optional[np.ndarray]:
+        """A new canonical view of ``obj`` (``was``: what :meth:`_buffer` compares it by)."""
+        try:
+            view = as_array(obj)  # (checks it as any call does; its element type)
+            if kind in EXPORTERS:  # (a view that holds nothing: the object stays the caller's)
+                mem = MPI.buffer(obj)
+                view = raw_view(mem.address, mem.nbytes, view.dtype, mem.readonly)
+                del mem
+        except Exception:  # noqa: BLE001 - the call's own parse raises it
+            return None
+        held = 0 if kind in EXPORTERS else held_bytes((view,))
+        alive = weakref.ref(obj) if kind is memoryview else None
+        self._views.keep(id(obj), (was, view, alive, held))
+        return view
+
+    def _spec(self, spec: Any) -> Any:
+        if not 2 <= len(spec) <= 4:
+            return spec
+        buf = spec[0]
+        view = self._buffer(buf, type(buf))
+        if view is None:
+            return spec
+        # (an array's dtype and flags may change in place; a raw view's are its own)
+        key: list = [id(view), view.dtype, view.flags.num] if view is buf else [id(view)]
+        for item in spec[1:]:
+            kind = type(item)
+            if kind is int:
+                key.append(item)
+            elif kind is MPI.Datatype:
+                key.append(id(item))  # (a kept Spec holds it: the id is its own while kept)
+            elif kind is list or kind is tuple:
+                key.append((kind, *[tuple(x) if type(x) is list else x for x in item]))
+            else:
+                return spec
+        try:
+            kept = self._specs.get(tuple(key))
+        except TypeError:  # (an item that does not hash: parsed at each call)
+            return spec
+        if kept is not None and kept[0][0] is view:
+            return kept[0]
+        items = []
+        for item in spec[1:]:
+            kind = type(item)
+            if kind is MPI.Datatype and not item.is_predefined:
+                return spec  # (a derived datatype may be freed and its handle reused)
+            if kind is list:
+                item = list(item)
+            elif kind is tuple:
+                item = tuple(list(x) if type(x) is list else x for x in item)
+            items.append(item)
+        made = Spec((view, *items))
+        held = 0 if view is not buf else held_bytes((view,))
+        self._specs.keep(tuple(key), (made, held))
+        return made
+
+
+class _Kept(Dict[Any, tuple]):
+    """Entries whose last item is the bytes they keep alive, the oldest first: at most
+    :data:`~pycoll.persistent.MAX_REPEATED`, keeping at most
+    :data:`~pycoll.persistent.MAX_REPEATED_BYTES` alive."""
+
+    held = 0
+
+    def keep(self, key: Any, entry: tuple) -> None:
+        """Keep ``entry`` at ``key`` (not one that alone keeps too much alive); the oldest make room."""
+        if entry[-1] > MAX_REPEATED_BYTES:
+            return
+        old = self.pop(key, None)
+        if old is not None:
+            self.held -= old[-1]
+        while self and (len(self) >= MAX_REPEATED or self.held + entry[-1] > MAX_REPEATED_BYTES):
+            self.held -= self.pop(next(iter(self)))[-1]
+        self[key] = entry
+        self.held += entry[-1]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional,
 
 import numpy as np
 
+from pycoll.buffers import unowned
 from pycoll.calls import Call
 from pycoll.engine.express import ExpressLane, ProgramLane, has_express_lane
 from pycoll.engine.request import Request
@@ -285,6 +286,10 @@ def held_bytes(args: tuple) -> int:
     """The memory ``args``' buffers keep alive: each array's whole base (a view keeps all of it)."""
     total = 0
     for a in args:
+        if isinstance(a, tuple) and a:  # (an mpi4py specification: pycoll.mpispec.Spec)
+            a = a[0]
+        if isinstance(a, np.ndarray) and unowned(a):
+            continue  # (a view of memory it keeps no hold of)
         while isinstance(getattr(a, "base", None), np.ndarray):
             a = a.base
         nbytes = getattr(a, "nbytes", 0)

@@ -35,6 +35,17 @@ def test_comm_buffer_specifications_match_mpi4py(n, mpirun):
     mpirun(n, "tests/coll/scripts/comm_buffer_specs.py", timeout=120)
 
 
+@pytest.mark.parametrize(("n", "tls"), [(2, None), (3, "mpi")])
+def test_comm_buffer_objects_at_every_call(n, tls, mpirun):
+    """Every buffer object mpi4py takes (bytearray, bytes, mmap, memoryview, array.array,
+    MPI.buffer, torch), bare and in list specifications, blocking, non-blocking and persistent,
+    at the first call and in the repeats' fast path: MPI's values while contents, counts and
+    places change; a bytearray resizes and an mmap closes after a blocking call, not during a
+    non-blocking one (as under mpi4py)."""
+    mpirun(n, "tests/coll/scripts/comm_buffer_objects.py", timeout=180,
+           env={"PYCOLL_TLS": tls} if tls else None)
+
+
 @pytest.mark.parametrize(("n", "tls"), [(2, "shm,mpi"), (3, "mpi")])
 def test_comm_rejected_calls_leave_it_usable(n, tls, mpirun):
     """A call the Comm rejects (a wrong count, a root out of range, a malformed
