@@ -7,7 +7,7 @@ collective: ``repeat`` calls it on the same buffers every time (a loop's case: f
 call a start of its persistent form, the engine's express lane), ``new`` on one of 256 buffers in
 turn (every call checked, its task taken from the pool and rebound):
 
-    checks      argument checks (pycoll.calls, buffers, ops.check_op/as_op)
+    checks      argument checks (pycoll.calls, buffers, ops.check_op/as_op; the drop-in's forms: mpispec)
     front end   the team's collective method and the planner's post/build (selection is cached)
     express     a repeated call run again (persistent.py, the engine's express lane: engine/express.py)
     selection   algorithm selection when the cache misses (planner.select, algorithms.select)
@@ -26,14 +26,19 @@ time per call: read them as where the time goes, not to the nanosecond.
         persistent,Comm.Allreduce] [--bytes 8] [--iters 20000]
 
 ``persistent`` is ``team.allreduce_init(x, y)`` then ``start().wait()``; ``Comm.Allreduce`` the
-mpi4py drop-in (:class:`pycoll.mpi.Comm`); both against ``comm.Allreduce``.
+mpi4py drop-in (:class:`pycoll.mpi.Comm`); both against ``comm.Allreduce``. ``Comm.Bcast<form>``
+is the drop-in's Bcast of one buffer form as mpi4py users write it (``Comm.Bcast[a BYTE]``,
+``Comm.Bcast[mmap n BYTE]``, ``Comm.Bcastbytearray``...: see ``FORMS``), against ``comm.Bcast`` of
+the same object; ``--colls forms`` runs every one.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import cProfile
 import itertools
+import mmap
 import pstats
 import time
 from typing import Any, Callable, Dict, List, Tuple
@@ -53,7 +58,8 @@ def stage_of(filename: str, function: str) -> str:
     f = filename.replace("\\", "/")
     if function in ("sleep", "sched_yield") or function in ("idle", "reset") and "engine/context" in f:
         return "waiting"
-    if "pycoll/calls.py" in f or "pycoll/buffers.py" in f or function in ("check_op", "as_op"):
+    if "pycoll/calls.py" in f or "pycoll/buffers.py" in f or "pycoll/mpispec.py" in f or \
+            function in ("check_op", "as_op"):
         return "checks"
     if "pycoll/persistent.py" in f or "engine/express.py" in f:
         return "express"
@@ -123,7 +129,26 @@ def call_of(coll: str, team: Team, nbytes: int,
     if coll == "Comm.Allreduce":  # the mpi4py drop-in
         pcomm = DropIn(comm)
         return (lambda: pcomm.Allreduce(x, y)), (lambda: comm.Allreduce(x, y))
+    if coll.startswith("Comm.Bcast"):  # the drop-in's Bcast of one buffer form (FORMS), both the same
+        buf = FORMS[coll[len("Comm.Bcast"):] or "ndarray"](nbytes)
+        pcomm = DropIn(comm)
+        return (lambda: pcomm.Bcast(buf, 0)), (lambda: comm.Bcast(buf, 0))
     raise SystemExit(f"call_cost: no case for {coll!r}")
+
+
+#: The buffer forms of the ``Comm.Bcast<form>`` rows, as mpi4py users pass them (the same objects
+#: at every call; ``[mmap n BYTE]`` is the OSU demos' form: ``n`` bytes of a 1 MiB mmap).
+FORMS: Dict[str, Callable[[int], Any]] = {
+    "ndarray": lambda n: np.zeros(n, np.uint8),
+    "[a BYTE]": lambda n: [np.zeros(n, np.uint8), MPI.BYTE],
+    "[a n BYTE]": lambda n: [np.zeros(n, np.uint8), n, MPI.BYTE],
+    "[big n BYTE]": lambda n: [np.zeros(1 << 20, np.uint8), n, MPI.BYTE],
+    "mmap": lambda n: mmap.mmap(-1, n),
+    "[mmap n BYTE]": lambda n: [mmap.mmap(-1, 1 << 20), n, MPI.BYTE],
+    "bytearray": lambda n: bytearray(n),
+    "memoryview": lambda n: memoryview(bytearray(n)),
+    "array": lambda n: array.array("B", bytes(n)),
+}
 
 
 def timed(call: Callable[[], Any], iters: int, comm: Any) -> float:
@@ -164,7 +189,8 @@ def breakdown(call: Callable[[], Any], iters: int, comm: Any) -> Dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--colls", default=",".join(ROTATING + ("barrier", "persistent", "Comm.Allreduce")))
+    parser.add_argument("--colls", default=",".join(ROTATING + ("barrier", "persistent", "Comm.Allreduce")),
+                        help="collectives (comma-separated); forms: every Comm.Bcast<form> row")
     parser.add_argument("--bytes", type=int, default=8, help="bytes per rank's block")
     parser.add_argument("--iters", type=int, default=20000)
     args = parser.parse_args()
@@ -176,7 +202,8 @@ def main() -> None:
         print(f"# call_cost: {n} ranks, {args.bytes} B per block, float32, transport {transport}; "
               "us per call; stages from cProfile (rank 0) scaled to the unprofiled time")
     rows: List[Tuple[str, float, float, Dict[str, float]]] = []
-    for coll in args.colls.split(","):
+    colls = args.colls.replace("forms", ",".join(f"Comm.Bcast{f}" for f in FORMS)).split(",")
+    for coll in colls:
         kinds = (("repeat", 1), ("new", ROTATE)) if coll in ROTATING else (("", 1),)
         for kind, rotate in kinds:
             py, mp = call_of(coll, team, args.bytes, rotate)
@@ -188,12 +215,12 @@ def main() -> None:
             stages = breakdown(py, args.iters // 4, comm)
             rows.append((f"{coll} {kind}".strip(), t_py, t_mpi, stages))
     if rank == 0:
-        print(f"{'collective':<16} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
+        print(f"{'collective':<24} {'pycoll':>7} {'MPI':>6} " + " ".join(f"{s:>10}" for s in STAGES))
         for name, t_py, t_mpi, stages in rows:
             total = sum(stages.values()) or 1.0
             scaled = [stages[s] / total * t_py * 1e6 for s in STAGES]
             cells = " ".join(f"{v:>10.2f}" for v in scaled)
-            print(f"{name:<16} {t_py * 1e6:>7.2f} {t_mpi * 1e6:>6.2f} {cells}")
+            print(f"{name:<24} {t_py * 1e6:>7.2f} {t_mpi * 1e6:>6.2f} {cells}")
     team.close()
 
 

@@ -104,8 +104,10 @@ def fetch(workdir: str) -> str:
     import mpi4py
 
     version = mpi4py.__version__
+    # (no build isolation: pip would build Cython from source, minutes, only to read the metadata)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    f"mpi4py=={version}", "-d", workdir], check=True, stderr=subprocess.DEVNULL)
+                    "--no-build-isolation", f"mpi4py=={version}", "-d", workdir], check=True,
+                   stderr=subprocess.DEVNULL)
     (sdist,) = glob.glob(os.path.join(workdir, f"mpi4py-{version}.tar.gz"))
     with tarfile.open(sdist) as tar:
         tar.extractall(workdir, filter="data")

@@ -408,13 +408,15 @@ def {name}(self, {params}**kw):
 """
 #: A buffer argument that is not an ndarray, made canonical (:class:`pycoll.mpispec.Specs`); the
 #: non-blocking form also holds an export of its memory until the call is done (as mpi4py's).
-_CANON = """        if type({p}) is not _ndarray:
+_CANON = """        if type({p}) not in _CANONICAL:
             {p} = self.specs.canon({p})
 """
-_CANON_HELD = """        if type({p}) is not _ndarray:
+_CANON_HELD = """        if type({p}) not in _CANONICAL:
             held = hold(held, {p})
             {p} = self.specs.canon({p})
 """
+#: Buffer arguments that are canonical as they are: arrays, None, MPI.IN_PLACE.
+_CANONICAL = frozenset((np.ndarray, type(None), type(MPI.IN_PLACE)))
 #: Arguments that are the same whenever they are the same object (for the others, see
 #: :func:`pycoll.persistent.buffer_dtype`).
 _CONSTANT = (type(None), int, MPI.Op, MPI.Datatype, type(MPI.IN_PLACE), Spec)
@@ -483,7 +485,7 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
 
     names = row.mpi_params
     namespace: Dict[str, Any] = {"post": post, "Request": Request, "PycollError": PycollError,
-                                 "mpi_error": mpi_error, "_ndarray": np.ndarray, "hold": hold}
+                                 "mpi_error": mpi_error, "_CANONICAL": _CANONICAL, "hold": hold}
     params = []
     for p in names:
         if p in _DEFAULTS:

@@ -203,6 +203,13 @@ def hold(held: Optional[list], arg: Any) -> list:
     return held
 
 
+#: Of those, the ones whose address is read through ``MPI.buffer`` (the others have cheaper ways).
+_READ_BY_MPI = EXPORTERS - {memoryview, array.array}
+_buffer_of = MPI.buffer
+#: Counts and displacements given as sequences that may change in place: compared by value.
+_SEQUENCES = frozenset((list, array.array, np.ndarray))
+
+
 class Spec(tuple):
     """An mpi4py buffer specification as :class:`Specs` keeps it: its buffer a numpy view, its
     counts and displacements copies; never changed, so the same object is the same call."""
@@ -232,14 +239,46 @@ class Specs:
 
     def __init__(self) -> None:
         self._views = _Kept()  # id(object) -> (what it was, its view, weakref or None, bytes kept alive)
-        self._specs = _Kept()  # items -> (Spec, bytes kept alive)
+        self._specs = _Kept()  # items -> (Spec, its buffer's dtype, bytes kept alive)
+        # id(list) -> (the list, its items, their Spec, what its buffer was (None: an ndarray),
+        # dtype, flags, 0): the same list object called again (its buffer kept alive by the Spec)
+        self._lists = _Kept()
 
     def canon(self, arg: Any) -> Any:
         """``arg``, canonical: a view, a :class:`Spec`, or ``arg`` itself (an ndarray, None,
         ``MPI.IN_PLACE``, anything not understood here)."""
         kind = type(arg)
         if kind is list or kind is tuple:
+            # the same list as before with the same items, its buffer where it was: its Spec
+            # (written out: the common case, a loop's, costs what a repeated call may add)
+            last = self._lists.get(id(arg))
+            if last is not None and last[0] is arg:
+                items, buf = last[1], arg[0]
+                try:  # (the buffer by identity first: the other items compare by value)
+                    same = buf is items[0] and tuple(arg) == items
+                except ValueError:  # (an array among them, compared by value)
+                    same = False
+                if same:
+                    made, was = last[2], last[3]
+                    if was is None:  # (an ndarray: its dtype and flags may change in place)
+                        if buf.dtype is last[4] and buf.flags.num == last[5]:
+                            return made
+                    elif type(buf) in _READ_BY_MPI:
+                        mem = _buffer_of(buf)
+                        if mem.address == was[0] and mem.nbytes == was[1] and mem.readonly is was[2]:
+                            return made
+                    elif self._buffer(buf, type(buf)) is made[0]:
+                        return made
             return self._spec(arg)
+        if kind in _READ_BY_MPI:  # (a bytearray, an mmap... where it was: its view, written out too)
+            kept = self._views.get(id(arg))
+            if kept is not None:
+                try:
+                    mem = _buffer_of(arg)
+                except (TypeError, ValueError, BufferError):
+                    return arg  # (the call's own parse raises it)
+                if (mem.address, mem.nbytes, mem.readonly) == kept[0]:
+                    return kept[1]
         view = self._buffer(arg, kind)
         return arg if view is None else view
 
@@ -250,17 +289,17 @@ class Specs:
             return obj
         kept = self._views.get(id(obj))
         try:
-            if kind is memoryview:  # (its memory stays where it is until it is released)
-                was: tuple = (obj.nbytes, obj.format, obj.readonly)  # (raises once released)
+            if kind in _READ_BY_MPI:
+                mem = _buffer_of(obj)
+                was: tuple = (mem.address, mem.nbytes, mem.readonly)
+                del mem  # (the export ends here)
+            elif kind is memoryview:  # (its memory stays where it is until it is released)
+                was = (obj.nbytes, obj.format, obj.readonly)  # (raises once released)
                 if kept is not None and kept[0] == was and kept[2]() is obj:
                     return kept[1]
             elif kind is array.array:
                 address, n = obj.buffer_info()
                 was = (address, n * obj.itemsize, obj.typecode)
-            elif kind in EXPORTERS:
-                mem = MPI.buffer(obj)
-                was = (mem.address, mem.nbytes, mem.readonly)
-                del mem  # (the export ends here)
             elif "torch" in sys.modules and isinstance(obj, sys.modules["torch"].Tensor):
                 if obj.device.type != "cpu":
                     return None
@@ -289,43 +328,60 @@ class Specs:
         return view
 
     def _spec(self, spec: Any) -> Any:
+        """The :class:`Spec` of a list or tuple specification, or ``spec`` itself."""
         if not 2 <= len(spec) <= 4:
             return spec
         buf = spec[0]
-        view = self._buffer(buf, type(buf))
+        kind = type(buf)
+        view = self._buffer(buf, kind)
         if view is None:
             return spec
-        # (an array's dtype and flags may change in place; a raw view's are its own)
-        key: list = [id(view), view.dtype, view.flags.num] if view is buf else [id(view)]
+        # (the dtype by identity: hashing one costs a microsecond; the Spec keeps it alive)
+        key: list = [id(view), id(view.dtype), view.flags.num] if view is buf else [id(view)]
+        flat = True  # (no item that changes in place: the same list with the same items is the same call)
         for item in spec[1:]:
             kind = type(item)
             if kind is int:
                 key.append(item)
             elif kind is MPI.Datatype:
-                key.append(id(item))  # (a kept Spec holds it: the id is its own while kept)
-            elif kind is list or kind is tuple:
-                key.append((kind, *[tuple(x) if type(x) is list else x for x in item]))
+                key.append(id(item))  # (the Spec holds it: the id is its own while kept)
+            elif kind is tuple or kind in _SEQUENCES:  # (counts, displacements: by value)
+                inner = [tuple(x) if type(x) in _SEQUENCES else x for x in item]
+                flat = flat and kind is tuple and all(type(x) is int for x in inner)
+                key.append((kind, *inner))
             else:
                 return spec
         try:
             kept = self._specs.get(tuple(key))
         except TypeError:  # (an item that does not hash: parsed at each call)
             return spec
-        if kept is not None and kept[0][0] is view:
-            return kept[0]
+        if kept is not None and kept[0][0] is view and kept[1] is view.dtype:
+            made = kept[0]
+        else:
+            made = self._made(spec, view, tuple(key))
+            if made is None:
+                return spec
+        kept = None if view is buf else self._views.get(id(buf))
+        if flat and (view is buf or kept is not None):
+            was = None if kept is None else kept[0]
+            self._lists.keep(id(spec), (spec, tuple(spec), made, was, view.dtype, view.flags.num, 0))
+        return made
+
+    def _made(self, spec: Any, view: np.ndarray, key: tuple) -> Optional[Spec]:
+        """A new :class:`Spec` of ``spec`` on ``view``, kept at ``key`` (None: not one to keep)."""
         items = []
         for item in spec[1:]:
             kind = type(item)
             if kind is MPI.Datatype and not item.is_predefined:
-                return spec  # (a derived datatype may be freed and its handle reused)
-            if kind is list:
+                return None  # (a derived datatype may be freed and its handle reused)
+            if kind in _SEQUENCES:  # (copies: the caller's may change in place)
                 item = list(item)
             elif kind is tuple:
-                item = tuple(list(x) if type(x) is list else x for x in item)
+                item = tuple(list(x) if type(x) in _SEQUENCES else x for x in item)
             items.append(item)
         made = Spec((view, *items))
-        held = 0 if view is not buf else held_bytes((view,))
-        self._specs.keep(tuple(key), (made, held))
+        held = 0 if view is not spec[0] else held_bytes((view,))
+        self._specs.keep(key, (made, view.dtype, held))
         return made
 
 

@@ -81,7 +81,8 @@ def check_bcast(comm, world, r):
 
 def check_changes(comm, r):
     """What changes between calls on the same objects is seen: a count changed in the same list,
-    a bytearray resized (its memory moves), an mmap closed (an error, not a crash)."""
+    a bytearray resized (its memory moves), counts changed in place in the same lists (lists, and
+    array.array as the OSU demos keep them), an mmap closed (an error, not a crash)."""
     buf = bytearray(N)
     spec = [buf, 4, MPI.BYTE]
     for count in (4, 4, 4, 8, 8, 2, 16):
@@ -97,6 +98,20 @@ def check_changes(comm, r):
         grown[:] = bytes([size % 251]) * size if r == 0 else bytes(size)
         comm.Bcast(grown, root=0)
         assert bytes(grown) == bytes([size % 251]) * size, f"bytearray resized to {size}"
+    n = comm.Get_size()
+    counts, displs = [2] * n, [4 * q for q in range(n)]
+    acounts, adispls = array.array("i", counts), array.array("i", displs)  # (as the OSU demos)
+    out, aout = bytearray(4 * n), bytearray(4 * n)
+    spec, aspec = [out, counts, displs, MPI.BYTE], [aout, (acounts, adispls), MPI.BYTE]
+    for c in (2, 2, 2, 3, 3, 4, 1, 1):  # (the counts change in place, in the same lists)
+        for q in range(n):
+            counts[q] = acounts[q] = c
+        out[:], aout[:] = bytes(4 * n), bytes(4 * n)
+        mine = bytearray([r + 1]) * c
+        comm.Allgatherv([mine, MPI.BYTE], spec)
+        comm.Allgatherv([mine, c, MPI.BYTE], aspec)
+        want = b"".join(bytes([q + 1]) * c + bytes(4 - c) for q in range(n))
+        assert bytes(out) == want and bytes(aout) == want, (c, bytes(out), bytes(aout), want)
     m = mmap.mmap(-1, N)
     for _ in range(3):
         comm.Bcast([m, MPI.BYTE], root=0)
