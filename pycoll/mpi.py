@@ -47,7 +47,17 @@ from pycoll.mpi_errors import (  # noqa: F401 - pycoll.mpi's names (the errors m
 )
 from pycoll.mpi_inter import InterComm
 from pycoll.mpi_requests import Handed, Prequest, Request, testall, waitall  # noqa: F401 - pycoll.mpi's names
-from pycoll.mpispec import Spec, Specs, alltoallw_bytes, as_buffer, as_vbuffer, device_memory, hold
+from pycoll.mpispec import (
+    Spec,
+    Specs,
+    alltoallw_bytes,
+    as_buffer,
+    as_vbuffer,
+    device_memory,
+    hold,
+    hold_all,
+    keep_failed,
+)
 from pycoll.ops import mpi_op_known
 from pycoll.persistent import UNSTABLE, RecentCalls, buffer_dtype, repeat_key
 from pycoll.team import Persistent, Team
@@ -368,23 +378,31 @@ def _bind(row: Collective, args: tuple, kw: Dict[str, Any]) -> Dict[str, Any]:
 # of the same dtypes) checked inline and run as a start of its persistent form.
 _BLOCKING = """
 def {name}(self, {params}**kw):
+    given = ({args})  # (what the caller passed: kept in place should the collective fail)
     try:
 {canon}        entry = self.recent.get(({name!r}, {first}))
         if entry is not None and not ({same}True):
             entry = entry.other  # (the call before, with other arguments)
             if entry is not None and not ({same}True):
                 entry = None
+        req = None
         if entry is not None and not kw:
             lane = entry.lane
             req = lane.run() if lane is not None else None
             if req is None:
                 req = entry.again()
-            if req is not None:
-                req.wait()
-                return
-        post(self, {name!r}, ({args}), kw).wait()
+        if req is None:
+            req = post(self, {name!r}, ({args}), kw)
     except PycollError as exc:
         raise mpi_error(exc) from None
+    try:
+        req.wait()
+    except PycollError as exc:
+        keep_failed(hold_all(given))  # (its collective may still be in flight)
+        raise mpi_error(exc) from None
+    except BaseException:  # (interrupted: the collective goes on)
+        keep_failed(hold_all(given))
+        raise
 """
 _NONBLOCKING = """
 def {name}(self, {params}**kw):
@@ -485,7 +503,8 @@ def _mpi_methods(row: Collective) -> Dict[str, Callable[..., Any]]:
 
     names = row.mpi_params
     namespace: Dict[str, Any] = {"post": post, "Request": Request, "PycollError": PycollError,
-                                 "mpi_error": mpi_error, "_CANONICAL": _CANONICAL, "hold": hold}
+                                 "mpi_error": mpi_error, "_CANONICAL": _CANONICAL, "hold": hold,
+                                 "hold_all": hold_all, "keep_failed": keep_failed}
     params = []
     for p in names:
         if p in _DEFAULTS:

@@ -12,7 +12,9 @@ from pycoll.engine.context import Backoff
 from pycoll.engine.request import Request as _PycollRequest
 from pycoll.errors import PycollError
 from pycoll.mpi_errors import mpi_error
+from pycoll.mpispec import keep_failed
 from pycoll.persistent import Persistent
+from pycoll.tasks.task import COMPLETED
 
 
 def waitall(requests: Sequence[Any], statuses: Any = None) -> bool:
@@ -55,6 +57,7 @@ class Request:
         try:
             self.request.wait()
         except PycollError as exc:
+            keep_failed(self.held)  # (its collective may still be in flight)
             raise mpi_error(exc) from None
         finally:
             self.held = None
@@ -64,6 +67,7 @@ class Request:
         try:
             done = self.request.test()
         except PycollError as exc:
+            keep_failed(self.held)
             self.held = None
             raise mpi_error(exc) from None
         if done:
@@ -138,6 +142,9 @@ class Prequest:
             raise mpi_error(exc) from None
 
     def Free(self) -> None:  # noqa: N802
+        last = self.persistent.request
+        if last is not None and (not last.done or last.state is not COMPLETED):
+            keep_failed(self.held)  # (its last run failed, or is still in flight)
         self.persistent.free()
         self.held = None
 

@@ -19,6 +19,7 @@ import mmap
 import operator
 import sys
 import weakref
+from collections import deque
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -208,6 +209,30 @@ _READ_BY_MPI = EXPORTERS - {memoryview, array.array}
 _buffer_of = MPI.buffer
 #: Counts and displacements given as sequences that may change in place: compared by value.
 _SEQUENCES = frozenset((list, array.array, np.ndarray))
+
+
+def hold_all(args: tuple) -> list:
+    """:func:`hold` of every buffer argument among ``args`` (None, MPI.IN_PLACE, ints, ops: none)."""
+    held: list = []
+    for arg in args:
+        if arg is not None and arg is not MPI.IN_PLACE and type(arg) not in (int, MPI.Op, MPI.Datatype):
+            hold(held, arg)
+    return held
+
+
+#: What keeps in place the buffers of calls that failed or were interrupted (:func:`keep_failed`):
+#: the newest, as many as this (a failed call's team seldom runs many more).
+FAILED_KEPT = 256
+_failed: deque = deque(maxlen=FAILED_KEPT)
+
+
+def keep_failed(held: Optional[list]) -> None:
+    """Keep ``held`` (see :func:`hold`) past the call it was held for, which failed or was
+    interrupted: its collective may still be in flight, and a transport may write into a receive
+    buffer later (MPI, UCX: their receives are withdrawn, not always at once), so its memory must
+    stay where it is."""
+    if held:
+        _failed.append(held)
 
 
 class Spec(tuple):
