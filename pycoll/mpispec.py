@@ -266,7 +266,8 @@ class Specs:
         self._views = _Kept()  # id(object) -> (what it was, its view, weakref or None, bytes kept alive)
         self._specs = _Kept()  # items -> (Spec, its buffer's dtype, bytes kept alive)
         # id(list) -> (the list, its items, their Spec, what its buffer was (None: an ndarray),
-        # dtype, flags, 0): the same list object called again (its buffer kept alive by the Spec)
+        # dtype, flags, its sequences and their values, 0): the same list object called again
+        # (its buffer kept alive by the Spec)
         self._lists = _Kept()
 
     def canon(self, arg: Any) -> Any:
@@ -283,6 +284,11 @@ class Specs:
                     same = buf is items[0] and tuple(arg) == items
                 except ValueError:  # (an array among them, compared by value)
                     same = False
+                if same and last[6]:  # (its counts and displacements: by value)
+                    for seq, values in last[6]:
+                        if tuple(seq) != values:
+                            same = False
+                            break
                 if same:
                     made, was = last[2], last[3]
                     if was is None:  # (an ndarray: its dtype and flags may change in place)
@@ -363,16 +369,23 @@ class Specs:
             return spec
         # (the dtype by identity: hashing one costs a microsecond; the Spec keeps it alive)
         key: list = [id(view), id(view.dtype), view.flags.num] if view is buf else [id(view)]
-        flat = True  # (no item that changes in place: the same list with the same items is the same call)
+        seqs: list = []  # (sequence, its values): what may change in place in the same list
         for item in spec[1:]:
             kind = type(item)
             if kind is int:
                 key.append(item)
             elif kind is MPI.Datatype:
                 key.append(id(item))  # (the Spec holds it: the id is its own while kept)
-            elif kind is tuple or kind in _SEQUENCES:  # (counts, displacements: by value)
-                inner = [tuple(x) if type(x) in _SEQUENCES else x for x in item]
-                flat = flat and kind is tuple and all(type(x) is int for x in inner)
+            elif kind in _SEQUENCES:  # (counts, displacements: by value)
+                seqs.append((item, tuple(item)))
+                key.append((kind, seqs[-1][1]))
+            elif kind is tuple:
+                inner = []
+                for x in item:
+                    if type(x) in _SEQUENCES:
+                        seqs.append((x, tuple(x)))
+                        x = seqs[-1][1]
+                    inner.append(x)
                 key.append((kind, *inner))
             else:
                 return spec
@@ -387,9 +400,10 @@ class Specs:
             if made is None:
                 return spec
         kept = None if view is buf else self._views.get(id(buf))
-        if flat and (view is buf or kept is not None):
+        if view is buf or kept is not None:
             was = None if kept is None else kept[0]
-            self._lists.keep(id(spec), (spec, tuple(spec), made, was, view.dtype, view.flags.num, 0))
+            self._lists.keep(id(spec), (spec, tuple(spec), made, was, view.dtype, view.flags.num,
+                                        tuple(seqs), 0))
         return made
 
     def _made(self, spec: Any, view: np.ndarray, key: tuple) -> Optional[Spec]:
