@@ -10,7 +10,9 @@ it were handed to mpi4py by the Comm (object collectives, neighbor collectives, 
 
 Per file and rank count it prints: tests, passed by mpi4py (the control), passed with pycoll,
 of those through pycoll's engine, failed, errors, and "lost" (no report: the job hung past
-``--timeout`` or crashed). Intercommunicator files are skipped (the Comm wraps intracommunicators).
+``--timeout`` or crashed). The intercommunicator files (``*_inter``) make their intercommunicators
+from the wrapped ones (``Create_intercomm`` of a Comm: a ``pycoll.mpi_inter.InterComm``, whose
+collectives are MPI's; its ``Merge`` is a Comm again).
 
     python benchmarks/mpi4py_suite.py                      # 2, 3 and 4 ranks; every cco file
     python benchmarks/mpi4py_suite.py -n 2 --files buf,vec --json out.json
@@ -29,7 +31,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-FILES = ("buf", "nb_buf", "pr_buf", "vec", "nb_vec", "pr_vec", "obj", "ngh_buf", "pr_ngh_buf", "ngh_obj")
+FILES = ("buf", "nb_buf", "pr_buf", "vec", "nb_vec", "pr_vec", "obj", "ngh_buf", "pr_ngh_buf", "ngh_obj",
+         "buf_inter", "vec_inter", "obj_inter")
 
 
 # ------------------------------------------------------------------ one rank
@@ -158,7 +161,7 @@ def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Opt
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", default="2,3,4", help="rank counts (default 2,3,4)")
-    ap.add_argument("--files", default=",".join(FILES), help="test_cco_<name>.py files (default: all intra)")
+    ap.add_argument("--files", default=",".join(FILES), help="test_cco_<name>.py files (default: all)")
     ap.add_argument("--timeout", type=float, default=600, help="wall-clock limit of one file's job (s)")
     ap.add_argument("--json", help="write every test's outcome here")
     ap.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
