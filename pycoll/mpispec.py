@@ -402,8 +402,9 @@ class Specs:
         kept = None if view is buf else self._views.get(id(buf))
         if view is buf or kept is not None:
             was = None if kept is None else kept[0]
+            alive = 0 if kept is None else view.nbytes  # (the list keeps its object alive: a Spec does not)
             self._lists.keep(id(spec), (spec, tuple(spec), made, was, view.dtype, view.flags.num,
-                                        tuple(seqs), 0))
+                                        tuple(seqs), alive))
         return made
 
     def _made(self, spec: Any, view: np.ndarray, key: tuple) -> Optional[Spec]:
@@ -439,6 +440,9 @@ class _Kept(Dict[Any, tuple]):
         if old is not None:
             self.held -= old[-1]
         while self and (len(self) >= MAX_REPEATED or self.held + entry[-1] > MAX_REPEATED_BYTES):
-            self.held -= self.pop(next(iter(self)))[-1]
+            try:  # (another thread's call on the same Comm may take it first)
+                self.held -= self.pop(next(iter(self)))[-1]
+            except (KeyError, RuntimeError, StopIteration):
+                break
         self[key] = entry
         self.held += entry[-1]
