@@ -22,12 +22,13 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 import types
 from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mpi4py_suite as suite  # noqa: E402 - its sibling: the download and the job
 
 DEMOS = ("bcast", "allgather", "alltoall", "alltoallv", "gather", "scatter")
 
@@ -77,34 +78,15 @@ def rank_main(demodir: str, demo: str, reps: int, out: str) -> None:
 # ------------------------------------------------------------------ the campaign
 def fetch(workdir: str) -> str:
     """The demo directory of the installed mpi4py's source distribution (downloaded here)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from mpi4py_suite import fetch as fetch_tests  # noqa: PLC0415 - its sibling's download
-
-    return os.path.join(os.path.dirname(fetch_tests(workdir)), "demo")
+    return os.path.join(os.path.dirname(suite.fetch(workdir)), "demo")
 
 
 def run_demo(demodir: str, demo: str, n: int, reps: int, timeout: float) -> Optional[Dict[str, Any]]:
     """Rank 0's figures of one demo on ``n`` ranks, or None (the job failed or hung)."""
-    from pycoll.launch import JOB_VAR, end_job, find_mpiexec
-    from pycoll.leftovers import JobFiles
-
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "osu.json")
-        job = f"{os.getpid()}.osu.{demo}.{n}"
-        env = dict(os.environ, **{JOB_VAR: job})
-        cmd = [find_mpiexec(), "-n", str(n), sys.executable, os.path.abspath(__file__), "--rank", demodir,
-               demo, str(reps), out]
-        files = JobFiles(JOB_VAR, job)
-        started = time.time()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        files.launcher(proc.pid, started)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            end_job(proc, job, files)
-            err = b"(timed out)"
-        files.remove()
+        err = suite.run_job([os.path.abspath(__file__), "--rank", demodir, demo, str(reps), out], n,
+                            f"{os.getpid()}.osu.{demo}.{n}", timeout, dict(os.environ))
         try:
             with open(out) as f:
                 return json.load(f)

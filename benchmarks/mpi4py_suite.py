@@ -117,30 +117,36 @@ def fetch(workdir: str) -> str:
     return os.path.join(workdir, f"mpi4py-{version}", "test")
 
 
-def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Optional[Dict[str, List[Any]]]:
-    """{test: [outcome on every rank ("pass" only if all passed), engine used on any rank]}, or
-    None if some rank wrote no report (hung or crashed)."""
+def run_job(args: List[str], n: int, job: str, timeout: float, env: Dict[str, str]) -> bytes:
+    """Run ``python <args>`` on ``n`` ranks under mpiexec as job ``job`` (its processes marked
+    with it: mpiexec gives each rank a session of its own), ended with its ranks after
+    ``timeout`` seconds, MPICH's files of the job removed; its standard error."""
     from pycoll.launch import JOB_VAR, end_job, find_mpiexec
     from pycoll.leftovers import JobFiles
 
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, *args]
+    files = JobFiles(JOB_VAR, job)
+    started = time.time()
+    proc = subprocess.Popen(cmd, env=dict(env, **{JOB_VAR: job}), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    files.launcher(proc.pid, started)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hung job: end it, its ranks too
+        end_job(proc, job, files)
+        err = b"(timed out)"
+    files.remove()  # what MPICH left (a hung or aborted job's): the job's own only
+    return err
+
+
+def run_file(testdir: str, name: str, n: int, wrap: bool, timeout: float) -> Optional[Dict[str, List[Any]]]:
+    """{test: [outcome on every rank ("pass" only if all passed), engine used on any rank]}, or
+    None if some rank wrote no report (hung or crashed)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
-        job = f"{os.getpid()}.{name}.{n}"  # (marks its processes: mpiexec gives each a session of its own)
-        env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", PYTHONPATH=testdir,
-                   **{JOB_VAR: job})
-        me = os.path.abspath(__file__)
-        cmd = [find_mpiexec(), "-n", str(n), sys.executable, me, "--rank", testdir, name, out,
-               "1" if wrap else "0"]
-        files = JobFiles(JOB_VAR, job)
-        started = time.time()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        files.launcher(proc.pid, started)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # a hung job: end it, its ranks too
-            end_job(proc, job, files)
-        files.remove()  # what MPICH left (a hung or aborted job's): the job's own only
+        env = dict(os.environ, PYCOLL_TIMEOUT="20", PYCOLL_ABORT_ON_ERROR="0", PYTHONPATH=testdir)
+        run_job([os.path.abspath(__file__), "--rank", testdir, name, out, "1" if wrap else "0"], n,
+                f"{os.getpid()}.{name}.{n}", timeout, env)
         ranks = []
         for r in range(n):
             try:

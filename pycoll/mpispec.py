@@ -266,8 +266,8 @@ class Specs:
         self._views = _Kept()  # id(object) -> (what it was, its view, weakref or None, bytes kept alive)
         self._specs = _Kept()  # items -> (Spec, its buffer's dtype, bytes kept alive)
         # id(list) -> (the list, its items, their Spec, what its buffer was (None: an ndarray),
-        # dtype, flags, its sequences and their values, 0): the same list object called again
-        # (its buffer kept alive by the Spec)
+        # dtype, flags, its sequences and their values, bytes kept alive): the same list object
+        # called again
         self._lists = _Kept()
 
     def canon(self, arg: Any) -> Any:
@@ -402,7 +402,8 @@ class Specs:
         kept = None if view is buf else self._views.get(id(buf))
         if view is buf or kept is not None:
             was = None if kept is None else kept[0]
-            alive = 0 if kept is None else view.nbytes  # (the list keeps its object alive: a Spec does not)
+            # (the list keeps its buffer alive, past its Spec should that go first)
+            alive = held_bytes((view,)) if kept is None else view.nbytes
             self._lists.keep(id(spec), (spec, tuple(spec), made, was, view.dtype, view.flags.num,
                                         tuple(seqs), alive))
         return made
